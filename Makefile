@@ -1,0 +1,33 @@
+# Two entry points for a fresh machine (see README): `make sweep` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.jointtune-installed
+SWEEP ?= examples/sweep.yaml
+
+.PHONY: install sweep test lint clean
+
+# A machine that already has torch (the GPU images) keeps it: the venv sees the system packages.
+# Without torch and without a GPU, pip takes the CPU wheel torch 2.13.0 (never a multi-GB CUDA build).
+$(STAMP): pyproject.toml
+	@if $(PY) -c "import torch" 2>/dev/null; then $(PY) -m venv --system-site-packages $(VENV); \
+	 else $(PY) -m venv $(VENV); fi
+	@if ! $(BIN)/python -c "import torch" 2>/dev/null; then \
+	   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then $(BIN)/pip install -q torch; \
+	   else $(BIN)/pip install -q "torch==2.13.0"; fi; fi
+	$(BIN)/pip install -q -e '.[dev,postgres]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+sweep: $(STAMP)
+	$(BIN)/jointtune sweep $(SWEEP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,46 @@
+"""One root exception; narrow subclasses also inherit the builtin that callers already catch.
+
+Every message names the field, the value and what is allowed, so a user can fix the input
+without reading our code.
+"""
+
+from __future__ import annotations
+
+
+class JointtuneError(Exception):
+    """Root of every error jointtune raises on purpose."""
+
+
+class SpaceError(JointtuneError, ValueError):
+    """A config, shape or space definition is invalid (names the field and what is allowed)."""
+
+
+class ShapeError(JointtuneError, ValueError):
+    """Tensor shapes, dtypes or devices passed to a kernel launcher don't fit together."""
+
+
+class UnknownNameError(JointtuneError, KeyError):
+    """A kernel, space or family name that is not registered."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain.
+        return str(self.args[0]) if self.args else ""
+
+
+class StoreError(JointtuneError, RuntimeError):
+    """The tuning store can't be opened, migrated, read or written."""
+
+
+class DatabaseURLError(StoreError, ValueError):
+    """A database URL that can't be parsed or names an unsupported backend."""
+
+
+class KernelError(JointtuneError, RuntimeError):
+    """A kernel failed to compile or launch, or produced a wrong result."""
+
+
+class TuningError(JointtuneError, RuntimeError):
+    """A tuning study could not run (not a failed trial: those are results)."""
+
+
+class ServiceError(JointtuneError, RuntimeError):
+    """The config service answered with an error or could not be reached."""

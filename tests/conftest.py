@@ -1,0 +1,60 @@
+"""Shared fixtures: the CPU interpreter for kernels, and a fresh PostgreSQL database per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+# Kernels run in Triton's interpreter when there is no GPU; it must be chosen before triton.jit runs.
+try:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:  # pragma: no cover - torch is a hard dependency
+    pass
+
+PG_ADMIN_URL = os.environ.get("JOINTTUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _pg_admin_engine():
+    import sqlalchemy as sa
+
+    return sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+
+
+@pytest.fixture(scope="session")
+def pg_available() -> bool:
+    try:
+        import sqlalchemy as sa
+
+        with _pg_admin_engine().connect() as conn:
+            conn.execute(sa.text("select 1"))
+        return True
+    except Exception as exc:  # noqa: BLE001
+        if os.environ.get("JOINTTUNE_REQUIRE_PG"):
+            pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} is required (JOINTTUNE_REQUIRE_PG) but unreachable: {exc}")
+        return False
+
+
+@pytest.fixture
+def pg_url(pg_available: bool) -> Iterator[str]:
+    """URL of a brand-new, empty PostgreSQL database, dropped after the test."""
+    if not pg_available:
+        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}")
+    import sqlalchemy as sa
+
+    name = f"jt_{uuid.uuid4().hex[:12]}"
+    admin = _pg_admin_engine()
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
