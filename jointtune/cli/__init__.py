@@ -44,10 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         print("aborted", file=sys.stderr)
         raise SystemExit(1) from None
-    except Exception as exc:  # click's usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
+    except Exception as exc:
+        # usage errors (click's, or the copy typer vendors) know how to print themselves
+        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
             raise SystemExit(exc.exit_code) from None
         raise

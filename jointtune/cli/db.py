@@ -1,0 +1,103 @@
+"""`jointtune db ...`: migrate, inspect and list the tuning store.
+
+Every command takes `--db URL` (default: $JOINTTUNE_DB_URL, then the per-user SQLite file). A bad
+or unreachable URL is a StoreError, which `jointtune.cli.main` prints as one line with exit 2.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help="SQLAlchemy URL (sqlite:///PATH or postgresql+psycopg://...); "
+        "default: $JOINTTUNE_DB_URL, then ~/.local/share/jointtune/jointtune.db",
+        show_default=False,
+    ),
+]
+
+db_app = typer.Typer(no_args_is_help=True, help="Migrate, inspect and list the tuning store.")
+
+
+@db_app.command("upgrade")
+def upgrade_command(db: DbOption = None) -> None:
+    """Create or migrate the store's tables to the newest schema (safe to run repeatedly)."""
+    from jointtune.db import Store
+
+    with Store(db, migrate=False) as store:
+        result = store.upgrade()
+        if result.changed:
+            typer.echo(f"{store.display_url}: upgraded {result.before or 'empty'} -> {result.after}")
+        else:
+            typer.echo(f"{store.display_url}: already at {result.after} (head)")
+
+
+@db_app.command("info")
+def info_command(db: DbOption = None) -> None:
+    """Show the URL (password hidden), backend, schema revision and how much the store holds."""
+    from jointtune.db import Store
+
+    with Store(db, migrate=False) as store:
+        revision, head = store.revision(), store.head_revision()
+        typer.echo(f"url:      {store.display_url}")
+        typer.echo(f"backend:  {store.backend}")
+        if revision is None:
+            typer.echo(f"revision: none (empty; head is {head}, applied on first use or by `jointtune db upgrade`)")
+            return
+        state = "head" if revision == head else f"behind head {head}; run `jointtune db upgrade`"
+        typer.echo(f"revision: {revision} ({state})")
+        if revision == head:
+            typer.echo(f"records:  {store.count_records()}")
+            typer.echo(f"kernels:  {len(store.list_kernels())}")
+            typer.echo(f"hardware: {len(store.list_hardware())}")
+
+
+@db_app.command("list")
+def list_command(
+    db: DbOption = None,
+    kernel: Annotated[str | None, typer.Option(help="only this kernel")] = None,
+    hardware: Annotated[str | None, typer.Option(help="only this hardware id")] = None,
+    dtype: Annotated[str | None, typer.Option(help="only this dtype")] = None,
+    world_size: Annotated[int | None, typer.Option(help="only this world size")] = None,
+    limit: Annotated[int, typer.Option(help="rows to show")] = 50,
+    offset: Annotated[int, typer.Option(help="rows to skip")] = 0,
+) -> None:
+    """Show stored records as a table (best config per key)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from jointtune.db import Store
+
+    filters = {"kernel": kernel, "hardware_id": hardware, "dtype": dtype, "world_size": world_size}
+    with Store(db) as store:
+        records = store.list_records(**filters, limit=limit, offset=offset)
+        total = store.count_records(**filters)
+    table = Table(title=f"{store.display_url}: {len(records)} of {total} records", title_justify="left")
+    for name in ("id", "kernel", "version", "shape", "dtype", "ws", "hardware", "p50 µs", "speedup", "trials"):
+        table.add_column(name, justify="right" if name in {"id", "ws", "p50 µs", "speedup", "trials"} else "left")
+    for rec in records:
+        table.add_row(
+            str(rec.id),
+            rec.kernel,
+            rec.kernel_version[:12],
+            rec.shape_key,
+            rec.dtype,
+            str(rec.world_size),
+            rec.hardware_id,
+            f"{rec.latency_p50_us:.1f}",
+            "-" if rec.speedup is None else f"{rec.speedup:.2f}x",
+            str(rec.trials),
+        )
+    console = Console()
+    if not console.is_terminal:  # piped: don't squeeze the table into 80 columns
+        console = Console(width=200)
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `db` command group to the jointtune app."""
+    app.add_typer(db_app, name="db")

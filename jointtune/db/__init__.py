@@ -1,0 +1,46 @@
+"""The tuning store: best configs per (kernel, kernel version, shape, dtype, world size, hardware).
+
+SQLAlchemy 2 models and Alembic migrations (shipped in `migrations/`, applied on first use) over
+an embedded SQLite file by default or any PostgreSQL URL. Trial history is not here: it lives in
+Optuna's RDB storage on the same database URL (see `_models` for why).
+
+Example:
+    >>> from jointtune.db import NewRecord, open_store                    # doctest: +SKIP
+    >>> store = open_store()            # $JOINTTUNE_DB_URL or ~/.local/share/jointtune/jointtune.db
+    >>> record, stored = store.upsert_record(NewRecord(...))
+    >>> store.best(kernel="ag_gemm", kernel_version=v, shape={"M": 8192, "N": 4096, "K": 12288},
+    ...            dtype="bfloat16", world_size=2, hardware_id=hw)
+"""
+
+from __future__ import annotations
+
+from jointtune.db._migrate import MigrationResult, head_revision
+from jointtune.db._store import Store, open_store
+from jointtune.db._url import ENV_DB_URL, default_sqlite_path, redact_url, resolve_db_url
+from jointtune.db._values import (
+    HardwareProfile,
+    InvalidRecordError,
+    KernelInfo,
+    NewRecord,
+    Record,
+    config_hash,
+    shape_key,
+)
+
+__all__ = [
+    "ENV_DB_URL",
+    "HardwareProfile",
+    "InvalidRecordError",
+    "KernelInfo",
+    "MigrationResult",
+    "NewRecord",
+    "Record",
+    "Store",
+    "config_hash",
+    "default_sqlite_path",
+    "head_revision",
+    "open_store",
+    "redact_url",
+    "resolve_db_url",
+    "shape_key",
+]

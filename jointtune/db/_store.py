@@ -1,0 +1,338 @@
+"""`Store`: the tuning store's one entry point; sessions and transactions never leave it.
+
+Publishing keeps the better record: a new record replaces the stored one for its key only when
+its `latency_p50_us` is strictly lower; ties keep the existing record. Trials are not added up: a
+record's `trials` is the size of the study that found its config. Summing would make a retried
+publish (the same record sent twice, e.g. after a client timeout) count twice and break
+idempotency; the full history stays in the Optuna study named by `study_name`.
+
+Longer than our usual module because it is the store's whole public surface, one short method
+per operation; the SQL lives in `_queries`, argument checks in `_checks`, migrations in `_migrate`.
+
+Example:
+    >>> store = open_store("sqlite:///tuning.db")                         # doctest: +SKIP
+    >>> record, stored = store.upsert_record(new_record)                  # doctest: +SKIP
+    >>> store.nearest(kernel="ag_gemm", kernel_version=None, shape={"M": 4096, "N": 4096, "K": 8192},
+    ...               dtype="bfloat16", world_size=2, hardware_id=hw)    # doctest: +SKIP
+    [(Record(id=1, ...), 1.0)]
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
+
+from jointtune.db import _queries as q
+from jointtune.db._checks import check_hardware, check_kernel, check_key, check_page
+from jointtune.db._engine import (
+    CONNECT_TIMEOUT_S,
+    SQLITE_BUSY_TIMEOUT_S,
+    WRITE_OPTION,
+    is_retryable,
+    make_engine,
+    store_error,
+)
+from jointtune.db._migrate import MigrationResult, current_revision, head_revision, upgrade
+from jointtune.db._models import HardwareRow, KernelRow, RecordRow
+from jointtune.db._url import backend_name, is_memory_sqlite, redact_url, resolve_db_url
+from jointtune.db._values import HardwareProfile, KernelInfo, NewRecord, Record, shape_key
+from jointtune.errors import StoreError
+
+T = TypeVar("T")
+_RETRIES = 5
+
+
+class Store:
+    """Best configs per (kernel, kernel_version, shape, dtype, world_size, hardware) in one database.
+
+    Opening migrates an empty or outdated database (pass `migrate=False` to only inspect it).
+    Methods take keyword arguments and return frozen dataclasses; errors are StoreError (driver
+    problems, naming the URL with the password hidden) or InvalidRecordError (bad arguments).
+    """
+
+    def __init__(self, url: str | None = None, *, migrate: bool = True) -> None:
+        self.url = resolve_db_url(url)
+        self.display_url = redact_url(self.url)
+        self.backend = backend_name(self.url)
+        if self.backend == "sqlite" and not is_memory_sqlite(self.url):
+            folder = Path(sa.make_url(self.url).database or "").parent
+            if not folder.is_dir():
+                raise StoreError(f"database {self.display_url}: directory {folder} does not exist; create it first")
+        self.engine = make_engine(self.url)
+        self._read = sessionmaker(self.engine, expire_on_commit=False)
+        self._write = sessionmaker(self.engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False)
+        try:
+            with self.engine.connect():
+                pass
+        except sa.exc.SQLAlchemyError as exc:
+            self.engine.dispose()
+            raise store_error(self.url, "connecting", exc) from exc
+        try:
+            self.migration: MigrationResult | None = self.upgrade() if migrate else None
+        except StoreError:
+            self.engine.dispose()
+            raise
+
+    def __repr__(self) -> str:
+        return f"Store({self.display_url!r})"
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the connections and forget this store in `open_store`'s cache."""
+        with _CACHE_LOCK:
+            if _CACHE.get(self.url) is self:
+                del _CACHE[self.url]
+        self.engine.dispose()
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    def upgrade(self) -> MigrationResult:
+        """Migrate to the newest schema (idempotent; concurrent callers wait on a lock)."""
+        try:
+            return upgrade(self.engine, display_url=self.display_url)
+        except sa.exc.SQLAlchemyError as exc:
+            raise store_error(self.url, "migrating the schema", exc) from exc
+        except Exception as exc:
+            from alembic.util import CommandError  # imported only here: opening stays Alembic-free
+
+            if isinstance(exc, CommandError):
+                raise store_error(self.url, "migrating the schema", exc) from exc
+            raise
+
+    def revision(self) -> str | None:
+        """The schema revision the database is at (None before the first migration)."""
+        return self._run("reading the schema revision", _revision_in, write=False)
+
+    @staticmethod
+    def head_revision() -> str:
+        return head_revision()
+
+    def optuna_engine_kwargs(self) -> dict[str, Any]:
+        """`engine_kwargs` for Optuna's RDBStorage on this URL: the same wait and timeout rules."""
+        if self.backend == "sqlite":
+            return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
+        return {"pool_pre_ping": True, "connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
+
+    # -- records --------------------------------------------------------------------------------
+
+    def upsert_record(self, record: NewRecord) -> tuple[Record, bool]:
+        """Store `record` unless the stored one for its key is as fast or faster.
+
+        Returns the record now stored for the key and whether it is the new one.
+        """
+        record.validate()
+        dialect = self.backend
+
+        def run(session: Session) -> tuple[Record, bool]:
+            session.execute(q.ensure_kernel(dialect, record.kernel, record.kernel_version))
+            session.execute(q.ensure_hardware(dialect, record.hardware_id))
+            stored_id = session.execute(q.upsert_record(dialect, record)).scalar_one_or_none()
+            if stored_id is not None:
+                session.execute(q.insert_dims(dialect, stored_id, record.shape))
+            clauses = q.key_filter(
+                kernel=record.kernel,
+                kernel_version=record.kernel_version,
+                dtype=record.dtype,
+                world_size=record.world_size,
+                hardware_id=record.hardware_id,
+            )
+            row = session.scalars(sa.select(RecordRow).where(*clauses, RecordRow.shape_key == record.shape_key))
+            return q.to_record(row.one()), stored_id is not None
+
+        return self._run("publishing a record", run, write=True)
+
+    def best(
+        self, *, kernel: str, kernel_version: str, shape: dict[str, int], dtype: str, world_size: int, hardware_id: str
+    ) -> Record | None:
+        """The stored record for exactly this key, or None."""
+        check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=True)
+        clauses = q.key_filter(
+            kernel=kernel, kernel_version=kernel_version, dtype=dtype, world_size=world_size, hardware_id=hardware_id
+        )
+        stmt = sa.select(RecordRow).where(*clauses, RecordRow.shape_key == shape_key(shape))
+        return self._run("looking up a record", lambda s: _first(s.scalars(stmt).first()), write=False)
+
+    def nearest(
+        self,
+        *,
+        kernel: str,
+        kernel_version: str | None,
+        shape: dict[str, int],
+        dtype: str,
+        world_size: int,
+        hardware_id: str,
+        limit: int = 1,
+    ) -> list[tuple[Record, float]]:
+        """Records of the same kernel, hardware, dtype and world size (and kernel_version unless
+        None) with the same dim names, closest first: distance = Euclidean distance between the
+        log2 of the dims (0 for the exact shape). Ties go to the lower p50, then the older record."""
+        check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=False)
+        check_page(limit, 0)
+        clauses = q.key_filter(
+            kernel=kernel, kernel_version=kernel_version, dtype=dtype, world_size=world_size, hardware_id=hardware_id
+        )
+        stmt = q.nearest(dict(shape), clauses, limit)
+        rows = self._run("finding the nearest shapes", lambda s: s.execute(stmt).all(), write=False)
+        return [(q.to_record(row), q.distance(dist2)) for row, dist2 in rows]
+
+    def get_record(self, record_id: int) -> Record | None:
+        stmt = sa.select(RecordRow).where(RecordRow.id == record_id)
+        return self._run("reading a record", lambda s: _first(s.scalars(stmt).first()), write=False)
+
+    def list_records(
+        self,
+        *,
+        kernel: str | None = None,
+        kernel_version: str | None = None,
+        hardware_id: str | None = None,
+        dtype: str | None = None,
+        world_size: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[Record]:
+        """Records matching every given filter, in a stable order (kernel, hardware, dtype, shape, id)."""
+        check_page(limit, offset)
+        where = q.filters(
+            kernel=kernel, kernel_version=kernel_version, hardware_id=hardware_id, dtype=dtype, world_size=world_size
+        )
+        stmt = (
+            sa.select(RecordRow)
+            .where(*where)
+            .order_by(
+                RecordRow.kernel,
+                RecordRow.kernel_version,
+                RecordRow.hardware_id,
+                RecordRow.dtype,
+                RecordRow.world_size,
+                RecordRow.shape_key,
+                RecordRow.id,
+            )
+            .limit(limit)
+            .offset(offset)
+        )
+        rows = self._run("listing records", lambda s: s.scalars(stmt).all(), write=False)
+        return [q.to_record(row) for row in rows]
+
+    def count_records(
+        self,
+        *,
+        kernel: str | None = None,
+        kernel_version: str | None = None,
+        hardware_id: str | None = None,
+        dtype: str | None = None,
+        world_size: int | None = None,
+    ) -> int:
+        where = q.filters(
+            kernel=kernel, kernel_version=kernel_version, hardware_id=hardware_id, dtype=dtype, world_size=world_size
+        )
+        stmt = sa.select(sa.func.count()).select_from(RecordRow).where(*where)
+        return self._run("counting records", lambda s: int(s.execute(stmt).scalar_one()), write=False)
+
+    def delete_record(self, record_id: int) -> bool:
+        """Delete one record (its dims go with it); False when no record has this id."""
+        stmt = sa.delete(RecordRow.__table__).where(RecordRow.__table__.c.id == record_id)
+        return self._run("deleting a record", lambda s: s.execute(stmt).rowcount > 0, write=True)
+
+    # -- hardware and kernels -------------------------------------------------------------------
+
+    def upsert_hardware(self, *, hardware_id: str, name: str, fingerprint: dict[str, Any]) -> HardwareProfile:
+        """Create or update a hardware profile (name and fingerprint are replaced)."""
+        check_hardware(hardware_id, name, fingerprint)
+        dialect = self.backend
+
+        def run(session: Session) -> HardwareProfile:
+            session.execute(q.upsert_hardware(dialect, hardware_id, name, fingerprint))
+            row = session.scalars(sa.select(HardwareRow).where(HardwareRow.hardware_id == hardware_id)).one()
+            return q.to_hardware(row)
+
+        return self._run("saving a hardware profile", run, write=True)
+
+    def get_hardware(self, hardware_id: str) -> HardwareProfile | None:
+        stmt = sa.select(HardwareRow).where(HardwareRow.hardware_id == hardware_id)
+        row = self._run("reading a hardware profile", lambda s: s.scalars(stmt).first(), write=False)
+        return None if row is None else q.to_hardware(row)
+
+    def list_hardware(self) -> list[HardwareProfile]:
+        stmt = sa.select(HardwareRow).order_by(HardwareRow.hardware_id)
+        rows = self._run("listing hardware", lambda s: s.scalars(stmt).all(), write=False)
+        return [q.to_hardware(row) for row in rows]
+
+    def upsert_kernel(self, *, name: str, version: str) -> KernelInfo:
+        """Register a kernel version (publishing a record does this too); idempotent."""
+        check_kernel(name, version)
+        dialect = self.backend
+
+        def run(session: Session) -> KernelInfo:
+            session.execute(q.ensure_kernel(dialect, name, version))
+            stmt = sa.select(KernelRow).where(KernelRow.name == name, KernelRow.version == version)
+            return q.to_kernel(session.scalars(stmt).one())
+
+        return self._run("saving a kernel", run, write=True)
+
+    def list_kernels(self, *, name: str | None = None) -> list[KernelInfo]:
+        stmt = sa.select(KernelRow).order_by(KernelRow.name, KernelRow.created_at, KernelRow.id)
+        if name is not None:
+            stmt = stmt.where(KernelRow.name == name)
+        rows = self._run("listing kernels", lambda s: s.scalars(stmt).all(), write=False)
+        return [q.to_kernel(row) for row in rows]
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _run(self, action: str, fn: Callable[[Session], T], *, write: bool) -> T:
+        """Run `fn` in one transaction; retry PostgreSQL deadlocks, wrap driver errors."""
+        maker = self._write if write else self._read
+        for attempt in range(_RETRIES):
+            try:
+                with maker() as session, session.begin():
+                    return fn(session)
+            except sa.exc.SQLAlchemyError as exc:
+                if is_retryable(exc) and attempt + 1 < _RETRIES:
+                    time.sleep(0.01 * 2**attempt)
+                    continue
+                raise store_error(self.url, action, exc) from exc
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _revision_in(session: Session) -> str | None:
+    return current_revision(session.connection())
+
+
+def _first(row: RecordRow | None) -> Record | None:
+    return None if row is None else q.to_record(row)
+
+
+_CACHE: dict[str, Store] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def open_store(url: str | None = None) -> Store:
+    """The process-wide Store for a URL (resolved as `resolve_db_url` does), opened on first use."""
+    resolved = resolve_db_url(url)
+    with _CACHE_LOCK:
+        store = _CACHE.get(resolved)
+        if store is None:
+            store = Store(resolved)
+            _CACHE[resolved] = store
+        return store
+
+
+def _after_fork_in_child() -> None:
+    # Pooled connections belong to the parent; closing them here would break its sockets.
+    for store in _CACHE.values():
+        store.engine.dispose(close=False)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

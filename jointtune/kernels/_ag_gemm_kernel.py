@@ -1,0 +1,198 @@
+"""The Triton kernel behind All-Gather+GEMM: one kernel for the pull, push and copy-engine modes.
+
+Rows this rank owns come from `a_ptr`; rows of other ranks through a table of element offsets,
+one per owning rank, relative to a stable base `src_ptr`: peers' symmetric buffers (pull), or this
+rank's inbox that peers pushed into (push). The table depends only on buffer addresses, so the
+host builds it once and reuses it. Offsets are rounded `// 16 * 16` in the kernel, a no-op on the
+16-element-aligned buffers we hand in (checked on the host) that lets the compiler keep 16-byte
+vector loads.
+
+Program ids below `COMM_SMS` are producers (push only): they copy this rank's rows chunk by chunk
+into every peer's inbox and release a flag per chunk (value = the call's epoch). The other
+programs, and the producers once they are done, are a persistent GEMM taking tiles from a ticket
+counter, in an order rotated so each rank starts on its own rows; under push a tile acquire-waits
+on the flags of the remote chunks it reads. Producers wait on nothing before they finish pushing,
+and the grid is no larger than the SM count, so every producer is resident and every wait ends:
+deadlock-free by construction.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _push_chunks(
+    a_ptr,
+    inbox_ptr,
+    inbox_deltas_ptr,
+    flag_ptrs_ptr,
+    pid,
+    K,
+    R,
+    slot,
+    rank,
+    epoch,
+    n_chunks,
+    WORLD: tl.constexpr,
+    COMM_SMS: tl.constexpr,
+    CHUNK_M: tl.constexpr,
+    GATHER_LOCAL: tl.constexpr,
+    CP_M: tl.constexpr,
+    CP_K: tl.constexpr,
+):
+    # ---- producer: copy my rows into every peer's inbox, one flag per chunk ----
+    for c in range(pid, n_chunks, COMM_SMS):
+        r0 = c * CHUNK_M
+        r1 = tl.minimum(r0 + CHUNK_M, R)
+        for rr in range(r0, r1, CP_M):
+            rows = rr + tl.arange(0, CP_M)
+            rmask = rows < r1
+            for kk in range(0, K, CP_K):
+                ks = kk + tl.arange(0, CP_K)
+                mask = rmask[:, None] & (ks[None, :] < K)
+                x = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + ks[None, :], mask=mask)
+                dst = inbox_ptr + rank.to(tl.int64) * slot + rows[:, None].to(tl.int64) * K + ks[None, :]
+                for j in range(1 - GATHER_LOCAL, WORLD):
+                    peer = (rank + j) % WORLD
+                    delta = (tl.load(inbox_deltas_ptr + peer) // 16) * 16
+                    tl.store(dst + delta, x, mask=mask)
+        tl.debug_barrier()
+        for j in range(1, WORLD):
+            peer = (rank + j) % WORLD
+            flags = tl.load(flag_ptrs_ptr + peer).to(tl.pointer_type(tl.int32))
+            tl.atomic_xchg(flags + rank * n_chunks + c, epoch, sem="release", scope="sys")
+
+
+@triton.jit
+def _wait_rows(flags_ptr, row_first, row_last, R, rank, epoch, n_chunks, CHUNK_M: tl.constexpr):
+    # ---- consumer: acquire every remote chunk that rows [row_first, row_last] read ----
+    for p in range(row_first // R, row_last // R + 1):
+        if p != rank:
+            lo = tl.maximum(row_first, p * R) - p * R
+            hi = tl.minimum(row_last, p * R + R - 1) - p * R
+            for c in range(lo // CHUNK_M, hi // CHUNK_M + 1):
+                flag = flags_ptr + p * n_chunks + c
+                while tl.atomic_add(flag, 0, sem="acquire", scope="sys") < epoch:
+                    pass
+
+
+# Call-varying integers stay runtime values: Triton would otherwise compile anew for 1 vs not-1.
+@triton.jit(do_not_specialize=["row_lo", "rank", "epoch", "n_chunks", "shift", "num_consumers", "pid_base"])
+def ag_gemm_kernel(
+    a_ptr,
+    src_ptr,
+    deltas_ptr,
+    b_ptr,
+    c_ptr,
+    inbox_ptr,
+    inbox_deltas_ptr,
+    flags_ptr,
+    flag_ptrs_ptr,
+    tickets_ptr,
+    N,
+    K,
+    R,
+    slot,
+    row_lo,
+    rows,
+    rank,
+    epoch,
+    n_chunks,
+    shift,
+    num_consumers,
+    pid_base,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    WORLD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    COMM_SMS: tl.constexpr,
+    CHUNK_M: tl.constexpr,
+    WAIT: tl.constexpr,
+    GATHER_LOCAL: tl.constexpr,
+    CP_M: tl.constexpr,
+    CP_K: tl.constexpr,
+    DYNAMIC: tl.constexpr,
+    PRODUCERS_CONSUME: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid = tl.program_id(0) + pid_base
+    if pid < COMM_SMS:
+        _push_chunks(
+            a_ptr, inbox_ptr, inbox_deltas_ptr, flag_ptrs_ptr, pid, K, R, slot, rank, epoch, n_chunks,
+            WORLD, COMM_SMS, CHUNK_M, GATHER_LOCAL, CP_M, CP_K,
+        )  # fmt: skip
+    if (pid >= COMM_SMS) or PRODUCERS_CONSUME:
+        # ---- consumer: GEMM tiles over the gathered rows [row_lo, row_lo + rows) ----
+        # DYNAMIC: tiles are taken from a ticket counter, so programs that finished pushing (or
+        # waited less) take the next tile; else a static round-robin over `num_consumers` programs.
+        num_pid_m = tl.cdiv(rows, BLOCK_M)
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        num_tiles = num_pid_m * num_pid_n
+        row_end = row_lo + rows
+        if DYNAMIC:
+            tile = tl.atomic_add(tickets_ptr, 1)
+        else:
+            tile = pid - COMM_SMS
+        while tile < num_tiles:
+            group_size = GROUP_M * num_pid_n
+            group = tile // group_size
+            first_m = group * GROUP_M
+            group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+            pid_m = first_m + (tile % group_size) % group_m
+            pid_n = (tile % group_size) // group_m
+            pid_m = (pid_m + shift) % num_pid_m
+
+            offs_m = row_lo + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            mmask = offs_m < row_end
+            nmask = offs_n < N
+            owner = offs_m // R
+            local_row = (offs_m - owner * R).to(tl.int64) * K
+            delta = (tl.load(deltas_ptr + owner, mask=mmask, other=0) // 16) * 16
+            a_rows = tl.where(owner == rank, a_ptr + local_row, src_ptr + delta + local_row)
+            if WAIT:
+                row_first = row_lo + pid_m * BLOCK_M
+                row_last = tl.minimum(row_first + BLOCK_M, row_end) - 1
+                _wait_rows(flags_ptr, row_first, row_last, R, rank, epoch, n_chunks, CHUNK_M)
+
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kb in range(0, tl.cdiv(K, BLOCK_K)):
+                offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+                kmask = offs_k < K
+                a = tl.load(a_rows[:, None] + offs_k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+                b = tl.load(
+                    b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=kmask[:, None] & nmask[None, :],
+                    other=0.0,
+                )
+                if UPCAST:  # the CPU interpreter's bf16 dot is wrong (Triton 3.9); fp32 operands are exact
+                    acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+                else:
+                    acc = tl.dot(a, b, acc)
+            c = acc.to(c_ptr.dtype.element_ty)
+            c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+            tl.store(c_ptrs, c, mask=mmask[:, None] & nmask[None, :])
+            if DYNAMIC:
+                tile = tl.atomic_add(tickets_ptr, 1)
+            else:
+                tile += num_consumers
+
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def compile_options(config: dict) -> dict:
+    """Launch options Triton takes beside the kernel arguments."""
+    return {"num_warps": int(config.get("num_warps", 4)), "num_stages": int(config.get("num_stages", 3))}
+
+
+__all__ = ["ag_gemm_kernel", "compile_options", "triton"]

@@ -1,0 +1,406 @@
+"""All-Gather + GEMM for a column-parallel linear layer: C_r = all_gather(A) @ B_r.
+
+Rank r holds A_r [M/W, K] and B_r [K, N/W] and gets C_r [M, N/W] (and, if asked, the gathered A,
+as `torch.ops.symm_mem.fused_all_gather_matmul` gives). The config's `mode` picks how A travels:
+
+- pull: the GEMM loads peers' rows straight from their symmetric buffers; no extra kernel.
+- push: producer programs inside the GEMM's persistent grid push rows into every peer's inbox.
+- ce: the copy engine pulls peers' rows on a side stream, chunk by chunk; per chunk a Triton tile
+  GEMM or cuBLAS consumes it as soon as its event fires. Local rows are multiplied first.
+- baseline: NCCL all-gather, then torch.matmul (kept in the space: tuning never loses to it).
+
+A may already live in the world's symmetric memory (`world.empty`, written by the previous
+layer: nothing is copied) or be an ordinary tensor (copied into a staging buffer). Staging and
+inbox buffers alternate between two halves by call parity, so a peer writing call t+1 never
+overwrites what a rank still reads of call t; flags carry epochs, so nothing is reset per call.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from jointtune.errors import ShapeError
+from jointtune.kernels._ag_gemm_kernel import INTERPRETED, ag_gemm_kernel, compile_options
+from jointtune.kernels._family import Family, register_family
+from jointtune.kernels.world import World
+
+_DTYPES = (torch.bfloat16, torch.float16)
+_ALIGN = 16  # elements; see the kernel's docstring
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A config resolved against a call's shape: everything the launch needs, computed once."""
+
+    mode: str
+    BLOCK_M: int = 64
+    BLOCK_N: int = 64
+    BLOCK_K: int = 64
+    GROUP_M: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    comm_sms: int = 0
+    chunk_m: int = 0
+    ce_consumer: str = "triton"
+    ce_chunks: int = 1
+
+    @staticmethod
+    @functools.lru_cache(maxsize=4096)
+    def of(items: tuple[tuple[str, Any], ...]) -> Plan:
+        config = dict(items)
+        return Plan(**{k: v for k, v in config.items() if k in Plan.__dataclass_fields__})
+
+
+def _plan(config: Mapping[str, Any]) -> Plan:
+    return Plan.of(tuple(sorted(config.items())))
+
+
+def _as_list(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [x] if isinstance(x, torch.Tensor) else list(x)
+
+
+def _check(a: list[torch.Tensor], b: list[torch.Tensor], world: World) -> tuple[int, int, int]:
+    n_local = len(world.local_ranks)
+    if len(a) != n_local or len(b) != n_local:
+        raise ShapeError(f"a, b: expected one tensor per local rank ({n_local}), got {len(a)} and {len(b)}")
+    R, K = a[0].shape
+    N_r = b[0].shape[1]
+    for i, (ai, bi) in enumerate(zip(a, b)):
+        if ai.dim() != 2 or bi.dim() != 2:
+            raise ShapeError(f"a, b: must be 2-D, got a{list(ai.shape)} and b{list(bi.shape)} on rank index {i}")
+        if tuple(ai.shape) != (R, K) or bi.shape[0] != K or bi.shape[1] != N_r:
+            raise ShapeError(
+                f"shapes: a must be [R, K] and b [K, N_r] alike on every rank; rank index {i} has "
+                f"a{list(ai.shape)}, b{list(bi.shape)} against a[{R}, {K}], b[{K}, {N_r}]"
+            )
+        if ai.dtype not in _DTYPES or bi.dtype != ai.dtype:
+            raise ShapeError(f"dtype: a {ai.dtype} and b {bi.dtype}; both must be bfloat16 or float16")
+        if ai.device != world.device or bi.device != world.device:
+            raise ShapeError(f"device: tensors must be on {world.device}, got {ai.device} and {bi.device}")
+    return R, K, N_r
+
+
+def _offset(t: torch.Tensor | int, base: int, elem: int) -> int:
+    diff = (t if isinstance(t, int) else t.data_ptr()) - base
+    if diff % (elem * _ALIGN):
+        raise ShapeError(f"alignment: buffers must be {elem * _ALIGN}-byte aligned relative to each other")
+    return diff // elem
+
+
+def _slot(R: int, K: int) -> int:
+    """Elements per rank's rows in a shared buffer, rounded so every rank's slot stays aligned."""
+    return triton_cdiv(R * K, _ALIGN) * _ALIGN
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    return x if x.data_ptr() % (x.element_size() * _ALIGN) == 0 else x.clone()
+
+
+def ag_gemm(
+    a: torch.Tensor | Sequence[torch.Tensor],
+    b: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    world: World,
+    config: Mapping[str, Any],
+    return_gathered: bool = False,
+    out: torch.Tensor | Sequence[torch.Tensor] | None = None,
+) -> Any:
+    """All-gather `a` over the world's ranks and multiply by this rank's `b`.
+
+    On the CUDA world `a` and `b` are this rank's tensors and the result is C (or (C, A_gathered));
+    on the local world they are lists with one tensor per simulated rank, and so is the result.
+    `out` (optional, [M, N_r] per rank) receives C instead of a new tensor.
+    """
+    a_l, b_l = _as_list(a), _as_list(b)
+    R, K, N_r = _check(a_l, b_l, world)
+    plan = _plan(config)
+    run = _MODES.get(plan.mode)
+    if run is None:
+        raise ShapeError(f"config.mode: {plan.mode!r} is not allowed; choose one of {', '.join(_MODES)}")
+    a_l = [x if world.symmetric_of(x) is not None else _aligned(x) for x in a_l]
+    M = R * world.world_size
+    if out is None:
+        c_l = [torch.empty((M, N_r), dtype=x.dtype, device=world.device) for x in a_l]
+    else:
+        c_l = _as_list(out)
+        if len(c_l) != len(a_l) or any(c.shape != (M, N_r) or c.dtype != a_l[0].dtype or c.stride(1) != 1 for c in c_l):
+            raise ShapeError(f"out: must be one row-major [{M}, {N_r}] {a_l[0].dtype} tensor per local rank")
+    outs, gathered = run(plan, a_l, b_l, c_l, world, R, K, N_r, return_gathered)
+    result = list(zip(outs, gathered)) if return_gathered else outs
+    return result[0] if isinstance(a, torch.Tensor) else result
+
+
+# ----------------------------------------------------------------------------------------------
+# modes
+
+
+def _baseline(plan, a, b, c, world, R, K, N_r, want_gathered):
+    gathered = world.all_gather(a)
+    for g, bi, ci in zip(gathered, b, c):
+        torch.matmul(g, bi, out=ci)
+    return c, gathered
+
+
+def _symmetric_a(a, world, R, K, parity):
+    """This rank's A in symmetric memory: the caller's own buffer, or a staging half we copy into.
+
+    Returns the buffer, this rank's [R, K] views, every rank's base address (as this rank maps it)
+    and whether the caller owns the buffer (then we barrier before returning).
+    """
+    user = [world.symmetric_of(x) for x in a]
+    if all(u is not None for u in user) and len({id(u) for u in user}) == 1:
+        buf = user[0]
+        bases = [[buf.peers[i][p].data_ptr() for p in range(world.world_size)] for i in range(len(a))]
+        return buf, list(a), bases, True
+    slot = _slot(R, K)
+    buf = world.symmetric("ag_gemm.stage", (2 * slot,), a[0].dtype)
+    off = parity * slot
+    views = [buf.tensors[i][off : off + R * K].view(R, K) for i in range(len(a))]
+    for v, x in zip(views, a):
+        v.copy_(x)
+    elem = a[0].element_size()
+    bases = [[buf.peers[i][p].data_ptr() + off * elem for p in range(world.world_size)] for i in range(len(a))]
+    return buf, views, bases, False
+
+
+def _launch_gemm(plan, world, i, a_view, b, c, K, N_r, *, R, rows, row_lo=0, rank=0, shift=0, src=None,
+                 deltas=None, push=None, pid_range=None):  # fmt: skip
+    """One launch of the kernel for local rank index `i` (GEMM programs, plus producers under push)."""
+    num_tiles = triton_cdiv(rows, plan.BLOCK_M) * triton_cdiv(N_r, plan.BLOCK_N)
+    zero = world.int_table((0,) * world.world_size)
+    src = a_view if src is None else src
+    deltas = zero if deltas is None else deltas
+    if push is None:
+        push = dict(inbox=a_view, inbox_deltas=zero, flags=zero, flag_ptrs=zero, epoch=0, n_chunks=1, slot=0,
+                    comm_sms=0, consumers=num_tiles, gather_local=False, tickets=zero)  # fmt: skip
+    dynamic = push["comm_sms"] > 0
+    comm, consumers = push["comm_sms"], push["consumers"]
+    lo, hi = pid_range or (0, comm + consumers)
+    ag_gemm_kernel[(hi - lo,)](
+        a_view, src, deltas, b, c, push["inbox"], push["inbox_deltas"], push["flags"], push["flag_ptrs"],
+        push["tickets"], N_r, K, R, push["slot"], row_lo, rows, rank, push["epoch"], push["n_chunks"], shift,
+        consumers, lo,
+        b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        WORLD=world.world_size, BLOCK_M=plan.BLOCK_M, BLOCK_N=plan.BLOCK_N, BLOCK_K=plan.BLOCK_K,
+        GROUP_M=plan.GROUP_M, COMM_SMS=comm, CHUNK_M=max(plan.chunk_m, 1), WAIT=comm > 0,
+        GATHER_LOCAL=push["gather_local"], CP_M=16, CP_K=256, DYNAMIC=dynamic,
+        PRODUCERS_CONSUME=dynamic and world.kind == "cuda", UPCAST=INTERPRETED, **compile_options(plan.__dict__),
+    )  # fmt: skip
+
+
+def triton_cdiv(x: int, y: int) -> int:
+    return (x + y - 1) // y
+
+
+def _pull(plan, a, b, c_out, world, R, K, N_r, want_gathered):
+    M = R * world.world_size
+    elem = a[0].element_size()
+    epoch = world.next_epoch("ag_gemm")
+    buf, views, bases, user_owned = _symmetric_a(a, world, R, K, epoch % 2)
+    world.barrier(buf)  # every rank's A is in place
+    outs = []
+    for i, r in enumerate(world.local_ranks):
+        src = bases[i][r]
+        deltas = world.int_table(tuple(_offset(bases[i][p], src, elem) for p in range(world.world_size)))
+        c = c_out[i]
+        _launch_gemm(plan, world, i, views[i], b[i], c, K, N_r, R=R, rows=M, rank=r,
+                     shift=(r * R) // plan.BLOCK_M, src=views[i], deltas=deltas)  # fmt: skip
+        outs.append(c)
+    gathered = []
+    if want_gathered:
+        for i in range(len(a)):
+            peers = [buf.peers[i][p] for p in range(world.world_size)]
+            start = (bases[i][0] - peers[0].data_ptr()) // elem
+            gathered.append(torch.cat([p[start : start + R * K].view(R, K) for p in peers]))
+    if user_owned:
+        world.barrier(buf)  # peers are done reading our A before the caller may overwrite it
+    return outs, gathered
+
+
+def _push(plan, a, b, c_out, world, R, K, N_r, want_gathered):
+    W = world.world_size
+    M = R * W
+    elem = a[0].element_size()
+    epoch = world.next_epoch("ag_gemm.push")
+    slot = _slot(R, K)
+    half = (epoch % 2) * W * slot
+    n_chunks = triton_cdiv(R, plan.chunk_m)
+    inbox = world.symmetric("ag_gemm.inbox", (2 * W * slot,), a[0].dtype)
+    flags = world.symmetric("ag_gemm.flags", (W * triton_cdiv(R, 16),), torch.int32, zero=True)
+    tiles = triton_cdiv(M, plan.BLOCK_M) * triton_cdiv(N_r, plan.BLOCK_N)
+    consumers = max(1, min(_num_sms(world) - plan.comm_sms, tiles))
+    tickets = world.symmetric("ag_gemm.tickets", (1,), torch.int32)  # local use only: one counter per rank
+    launches = []
+    for i, r in enumerate(world.local_ranks):
+        local_inbox = inbox.tensors[i][half:]
+        base = local_inbox.data_ptr()
+        deltas = world.int_table(tuple(p * slot for p in range(W)))
+        inbox_deltas = world.int_table(tuple(_offset(inbox.peers[i][p][half:], base, elem) for p in range(W)))
+        push = dict(inbox=local_inbox, inbox_deltas=inbox_deltas, flags=flags.tensors[i], flag_ptrs=flags.ptrs[i],
+                    epoch=epoch, n_chunks=n_chunks, slot=slot, comm_sms=plan.comm_sms, consumers=consumers,
+                    gather_local=want_gathered, tickets=tickets.tensors[i])  # fmt: skip
+        tickets.tensors[i].zero_()
+        c = c_out[i]
+        launches.append((i, r, local_inbox, deltas, push, c))
+    # The interpreter runs launches in order: every rank's producers before any rank's consumers.
+    phases = [(0, plan.comm_sms), (plan.comm_sms, plan.comm_sms + consumers)] if world.kind == "local" else [None]
+    for phase in phases:
+        for i, r, local_inbox, deltas, push, c in launches:
+            _launch_gemm(plan, world, i, a[i], b[i], c, K, N_r, R=R, rows=M, rank=r, shift=(r * R) // plan.BLOCK_M,
+                         src=local_inbox, deltas=deltas, push=push, pid_range=phase)  # fmt: skip
+    outs = [entry[-1] for entry in launches]
+    gathered = []
+    if want_gathered:
+        gathered = [torch.cat([e[2][p * slot : p * slot + R * K].view(R, K) for p in range(W)]) for e in launches]
+    return outs, gathered
+
+
+def _ce(plan, a, b, c_out, world, R, K, N_r, want_gathered):
+    W = world.world_size
+    M = R * W
+    elem = a[0].element_size()
+    epoch = world.next_epoch("ag_gemm")
+    buf, views, bases, user_owned = _symmetric_a(a, world, R, K, epoch % 2)
+    world.barrier(buf)
+    gathered_buf = world.symmetric("ag_gemm.gathered", (M * K,), a[0].dtype)
+    chunk = triton_cdiv(R, plan.ce_chunks)
+    outs, gathered = [], []
+    for i, r in enumerate(world.local_ranks):
+        g = gathered_buf.tensors[i][: M * K].view(M, K)
+        c = c_out[i]
+        events = []
+        with world.side_stream(i):  # copy engine: peers' rows, chunk by chunk, in ring order
+            for p in [(r + j) % W for j in range(1, W)]:
+                peer = buf.peers[i][p]
+                start = (bases[i][p] - peer.data_ptr()) // elem
+                src = peer[start : start + R * K].view(R, K)
+                for lo in range(0, R, chunk):
+                    hi = min(R, lo + chunk)
+                    g[p * R + lo : p * R + hi].copy_(src[lo:hi], non_blocking=True)
+                    events.append((p * R + lo, hi - lo, world.record_event()))
+        _consume(plan, world, i, views[i], b[i], c[r * R : (r + 1) * R])  # local rows first
+        for row_lo, rows, event in events:
+            world.wait_event(event)
+            _consume(plan, world, i, g[row_lo : row_lo + rows], b[i], c[row_lo : row_lo + rows])
+        world.wait_side_stream()
+        outs.append(c)
+        if want_gathered:
+            g[r * R : (r + 1) * R].copy_(views[i])
+            gathered.append(g.clone())
+    if user_owned:
+        world.barrier(buf)
+    return outs, gathered
+
+
+def _consume(plan, world, i, a_rows, b, c_rows):
+    """c_rows = a_rows @ b for contiguous rows: cuBLAS, or the tile kernel with no communication."""
+    if plan.ce_consumer == "cublas":
+        torch.mm(a_rows, b, out=c_rows)
+        return
+    rows, K = a_rows.shape
+    _launch_gemm(plan, world, i, a_rows, b, c_rows, K, b.shape[1], R=rows, rows=rows)
+
+
+def _num_sms(world: World) -> int:
+    if world.device.type == "cuda":
+        return torch.cuda.get_device_properties(world.device).multi_processor_count
+    return 132  # the interpreter's nominal Hopper, as DeviceLimits.nominal_hopper
+
+
+_MODES = {"pull": _pull, "push": _push, "ce": _ce, "baseline": _baseline}
+
+
+def reference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """float32 reference: every rank's C from all ranks' A shards and each rank's B."""
+    gathered = torch.cat([x.float() for x in a], dim=0)
+    return [gathered @ bi.float() for bi in b]
+
+
+# ----------------------------------------------------------------------------------------------
+# the family: what the tuner and the benchmarks call
+
+
+@dataclass
+class AgGemmInputs:
+    """Every local rank's shards, and all ranks' A shards for the reference."""
+
+    problem: Any
+    a: list[torch.Tensor]
+    b: list[torch.Tensor]
+    all_a: list[torch.Tensor]
+
+
+class AgGemmFamily(Family):
+    name = "ag_gemm"
+    space = "ag_gemm"
+    dims = ("M", "N", "K")
+
+    def make_inputs(self, problem: Any, world: World, *, seed: int, symmetric: bool = True) -> AgGemmInputs:
+        M, N, K = (problem.dim(d) for d in self.dims)
+        W = world.world_size
+        if problem.world_size != W or M % W or N % W:
+            raise ShapeError(
+                f"shape: M={M} and N={N} must be divisible by world_size={W} (the problem says {problem.world_size})"
+            )
+        dtype = getattr(torch, problem.dtype)
+        R, N_r = M // W, N // W
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        # every rank draws every shard from one seed, so each can build the reference on its own
+        all_a = [(torch.randn(R, K, generator=gen) / K**0.25).to(dtype).to(world.device) for _ in range(W)]
+        all_b = [(torch.randn(K, N_r, generator=gen) / K**0.25).to(dtype) for _ in range(W)]
+        b = [all_b[r].to(world.device) for r in world.local_ranks]
+        a = [all_a[r] for r in world.local_ranks]
+        if symmetric:
+            slots = world.empty((R, K), dtype)
+            for s, x in zip(slots, a):
+                s.copy_(x)
+            a = slots
+        return AgGemmInputs(problem, a, b, all_a)
+
+    def run(self, inputs: AgGemmInputs, config: Mapping[str, Any], world: World) -> list[torch.Tensor]:
+        return ag_gemm(inputs.a, inputs.b, world=world, config=config)
+
+    def reference(self, inputs: AgGemmInputs) -> list[torch.Tensor]:
+        return reference(inputs.all_a, inputs.b)
+
+    def max_error(self, outputs: Any, reference: Any) -> float:
+        worst = 0.0
+        for out, ref in zip(outputs, reference):
+            err = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            worst = max(worst, err if err == err else float("inf"))
+        return worst
+
+    def flops(self, problem: Any) -> float:
+        M, N, K = (problem.dim(d) for d in self.dims)
+        return 2.0 * M * N * K
+
+    def precompile(self, config: Mapping[str, Any], problem: Any) -> None:
+        """Compile the config's kernel ahead of its trial (tuners call this on a thread pool)."""
+        plan = _plan(config)
+        if plan.mode == "baseline" or (plan.mode == "ce" and plan.ce_consumer == "cublas") or INTERPRETED:
+            return
+        warmup = getattr(ag_gemm_kernel, "warmup", None)
+        if warmup is None:
+            return
+        push = plan.mode == "push"
+        # warmup compiles for the arguments' types and divisibility; tiny stand-ins with the same traits
+        M, K = 64, 64
+        t = torch.empty(M * K * 4, dtype=getattr(torch, problem.dtype), device="cuda")
+        i64 = torch.zeros(8, dtype=torch.int64, device="cuda")
+        i32 = torch.zeros(8, dtype=torch.int32, device="cuda")
+        warmup(
+            t, t, i64, t, t, t, i64, i32, i64, problem.dim("N"), problem.dim("K"), M, 16, 0, M, 0, 1, 1, 0, 1, 0,
+            problem.dim("N") // problem.world_size, 1, problem.dim("N") // problem.world_size, 1,
+            WORLD=problem.world_size, BLOCK_M=plan.BLOCK_M, BLOCK_N=plan.BLOCK_N, BLOCK_K=plan.BLOCK_K,
+            GROUP_M=plan.GROUP_M, COMM_SMS=plan.comm_sms if push else 0, CHUNK_M=max(plan.chunk_m, 1), WAIT=push,
+            GATHER_LOCAL=False, CP_M=16, CP_K=256, UPCAST=False, grid=(1,), **compile_options(plan.__dict__),
+        )  # fmt: skip
+
+
+register_family(AgGemmFamily())

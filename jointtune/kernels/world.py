@@ -1,0 +1,302 @@
+"""Where peer memory lives: one interface over CUDA symmetric memory and W simulated ranks.
+
+Kernels see peers only through tables of addresses: a `SymmetricBuffer` gives, for every rank
+this process drives, its own tensor and a device tensor of all ranks' base addresses. On the
+CUDA world those come from `torch.distributed._symmetric_memory` (one process per GPU, NVLink
+peer mappings); on the local world they are ordinary tensors of one process, which Triton's
+interpreter follows like device pointers, so every mode and every launch path runs on the CPU.
+
+Buffers are allocated once per name and grown to the largest size asked for (a collective on the
+CUDA world: every rank asks in the same order, which holds since every rank runs the same ops).
+Flags in symmetric memory carry epochs, so nothing has to be reset between calls.
+
+Example:
+    >>> world = create_world("local", world_size=2)
+    >>> buf = world.symmetric("inbox", (4, 8), torch.float32)
+    >>> [t.shape for t in buf.tensors]
+    [torch.Size([4, 8]), torch.Size([4, 8])]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from jointtune.errors import KernelError
+
+# Multicast stays off on the shared NVLink machines; we never need it.
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+
+@dataclass
+class SymmetricBuffer:
+    """One named buffer on every rank: `tensors[i]` belongs to `local_ranks[i]`.
+
+    `ptrs` is an int64 device tensor of the base address of every rank's buffer (indexed by rank);
+    `peer(i, p)` is rank p's buffer as rank `local_ranks[i]` sees it (a peer mapping on CUDA).
+    """
+
+    name: str
+    numel: int
+    dtype: torch.dtype
+    tensors: list[torch.Tensor]
+    ptrs: list[torch.Tensor]
+    peers: list[list[torch.Tensor]]
+    handle: Any = None
+
+    def view(self, i: int, shape: Sequence[int], *, peer: int | None = None) -> torch.Tensor:
+        """Rank `local_ranks[i]`'s buffer (or its mapping of `peer`'s) viewed as `shape`."""
+        flat = self.tensors[i] if peer is None else self.peers[i][peer]
+        n = 1
+        for s in shape:
+            n *= s
+        return flat[:n].view(*shape)
+
+
+class World(ABC):
+    """The ranks of one tensor-parallel group, as this process sees them."""
+
+    kind: str
+    world_size: int
+    rank: int
+    device: torch.device
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, torch.dtype], SymmetricBuffer] = {}
+        self._tables: dict[tuple[int, ...], torch.Tensor] = {}
+        self.epochs: dict[str, int] = {}
+
+    @property
+    @abstractmethod
+    def local_ranks(self) -> tuple[int, ...]:
+        """Ranks this process drives: all of them on the local world, one on CUDA."""
+
+    def next_epoch(self, op: str) -> int:
+        """A per-op call counter, identical on every rank since every rank runs the same calls."""
+        self.epochs[op] = self.epochs.get(op, 0) + 1
+        return self.epochs[op]
+
+    def int_table(self, values: tuple[int, ...]) -> torch.Tensor:
+        """A device int64 tensor holding `values`, made once: no host-to-device copy on the hot path."""
+        table = self._tables.get(values)
+        if table is None:
+            table = torch.tensor(values, dtype=torch.int64, device=self.device)
+            self._tables[values] = table
+        return table
+
+    def symmetric(self, name: str, shape: Sequence[int], dtype: torch.dtype, *, zero: bool = False) -> SymmetricBuffer:
+        """The buffer `name`, at least `prod(shape)` elements, reused across calls."""
+        numel = 1
+        for s in shape:
+            numel *= int(s)
+        key = (name, dtype)
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel < numel:
+            buf = self._allocate(name, max(numel, 1), dtype, zero=zero)
+            self._buffers[key] = buf
+        return buf
+
+    @abstractmethod
+    def _allocate(self, name: str, numel: int, dtype: torch.dtype, *, zero: bool) -> SymmetricBuffer: ...
+
+    def empty(self, shape: Sequence[int], dtype: torch.dtype) -> list[torch.Tensor]:
+        """Tensors in symmetric memory for a producer to write into (one per local rank).
+
+        A fused op reading them needs no copy-in; each call allocates a new buffer, so keep and
+        reuse what it returns (it is the input slot of the next layer, not scratch).
+        """
+        name = f"user-{len(self._buffers)}"
+        buf = self._allocate(name, max(1, _prod(shape)), dtype, zero=False)
+        self._buffers[(name, dtype)] = buf
+        views = [buf.view(i, shape) for i in range(len(self.local_ranks))]
+        for v in views:
+            self._user_views[v.data_ptr()] = buf
+        return views
+
+    @property
+    def _user_views(self) -> dict[int, SymmetricBuffer]:
+        if not hasattr(self, "_user_view_map"):
+            self._user_view_map: dict[int, SymmetricBuffer] = {}
+        return self._user_view_map
+
+    def symmetric_of(self, tensor: torch.Tensor) -> SymmetricBuffer | None:
+        """The symmetric buffer `tensor` starts, if it came from `empty` (else None: copy it in)."""
+        return self._user_views.get(tensor.data_ptr())
+
+    @abstractmethod
+    def synchronize(self) -> None: ...
+
+    @abstractmethod
+    def barrier(self, buffer: SymmetricBuffer | None = None) -> None:
+        """All ranks reach this point (in stream order on CUDA) before any goes on."""
+
+    @abstractmethod
+    def all_gather(self, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The baseline collective: NCCL all-gather on CUDA, a concatenation on the local world."""
+
+    def side_stream(self, i: int) -> contextlib.AbstractContextManager[Any]:
+        """Context in which copy-engine work of local rank index `i` is issued."""
+        return contextlib.nullcontext()
+
+    def record_event(self) -> Any:
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def wait_side_stream(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self._buffers.clear()
+
+
+def _prod(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+@dataclass
+class LocalWorld(World):
+    """W simulated ranks in one process over ordinary tensors (CPU interpreter, or one GPU for debugging).
+
+    Triton's interpreter runs a grid's programs one after another and our launches one rank after
+    another, so launchers order their launches such that no program waits on a flag that only a
+    later program sets (push: every rank's producers before any rank's consumers).
+    """
+
+    world_size: int = 2
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    kind: str = "local"
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise KernelError(f"world_size: {self.world_size} is not allowed; it must be >= 1")
+        World.__init__(self)
+
+    @property
+    def local_ranks(self) -> tuple[int, ...]:
+        return tuple(range(self.world_size))
+
+    def _allocate(self, name: str, numel: int, dtype: torch.dtype, *, zero: bool) -> SymmetricBuffer:
+        alloc = torch.zeros if zero else torch.empty
+        tensors = [alloc(numel, dtype=dtype, device=self.device) for _ in range(self.world_size)]
+        table = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=self.device)
+        return SymmetricBuffer(
+            name, numel, dtype, tensors, ptrs=[table] * self.world_size, peers=[tensors] * self.world_size
+        )
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def barrier(self, buffer: SymmetricBuffer | None = None) -> None:
+        return None  # launches of all simulated ranks are already ordered
+
+    def all_gather(self, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        gathered = torch.cat(list(shards), dim=0)
+        return [gathered] * self.world_size
+
+
+class CudaWorld(World):
+    """One rank per process over NVLink, through PyTorch's symmetric memory.
+
+    Needs `torch.distributed` initialised with NCCL and the current CUDA device set. A side
+    stream carries copy-engine work; events order it against the compute stream.
+    """
+
+    kind = "cuda"
+
+    def __init__(self, group: Any = None) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise KernelError("world: torch.distributed is not initialised; call init_process_group('nccl') first")
+        super().__init__()
+        self.group = group or dist.group.WORLD
+        self.world_size = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self._side = torch.cuda.Stream(device=self.device)
+        self._group_name = self.group.group_name
+
+    @property
+    def local_ranks(self) -> tuple[int, ...]:
+        return (self.rank,)
+
+    def _allocate(self, name: str, numel: int, dtype: torch.dtype, *, zero: bool) -> SymmetricBuffer:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        tensor = symm_mem.empty(numel, dtype=dtype, device=self.device)
+        if zero:
+            tensor.zero_()
+        handle = symm_mem.rendezvous(tensor, self._group_name)
+        table = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=self.device)
+        peers = [tensor if p == self.rank else handle.get_buffer(p, (numel,), dtype, 0) for p in range(self.world_size)]
+        handle.barrier(channel=0)  # every rank's zeroing is done before anyone signals into it
+        torch.cuda.synchronize(self.device)
+        return SymmetricBuffer(name, numel, dtype, [tensor], ptrs=[table], peers=[peers], handle=handle)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def barrier(self, buffer: SymmetricBuffer | None = None) -> None:
+        if buffer is None:
+            buffer = self.symmetric("barrier", (1,), torch.int32, zero=True)
+        buffer.handle.barrier(channel=0)
+
+    def all_gather(self, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        import torch.distributed as dist
+
+        (shard,) = shards
+        out = torch.empty((shard.shape[0] * self.world_size, *shard.shape[1:]), dtype=shard.dtype, device=shard.device)
+        dist.all_gather_into_tensor(out, shard.contiguous(), group=self.group)
+        return [out]
+
+    def side_stream(self, i: int) -> contextlib.AbstractContextManager[Any]:
+        self._side.wait_stream(torch.cuda.current_stream(self.device))
+        return torch.cuda.stream(self._side)
+
+    def record_event(self) -> Any:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def wait_event(self, event: Any) -> None:
+        torch.cuda.current_stream(self.device).wait_event(event)
+
+    def wait_side_stream(self) -> None:
+        torch.cuda.current_stream(self.device).wait_stream(self._side)
+
+
+def create_world(kind: str = "auto", world_size: int | None = None, *, group: Any = None) -> World:
+    """`auto`: CUDA world when torch.distributed runs on GPUs, else a local world of `world_size` ranks."""
+    if kind not in ("auto", "local", "cuda"):
+        raise KernelError(f"world kind: {kind!r} is not allowed; choose auto, local or cuda")
+    if kind == "auto":
+        import torch.distributed as dist
+
+        use_cuda = torch.cuda.is_available() and dist.is_initialized() and dist.get_backend(group) == "nccl"
+        kind = "cuda" if use_cuda else "local"
+    if kind == "cuda":
+        world = CudaWorld(group)
+        if world_size is not None and world_size != world.world_size:
+            raise KernelError(f"world_size: {world_size} does not match the process group's {world.world_size}")
+        return world
+    return LocalWorld(world_size=world_size or 2)
+
+
+def iter_local(world: World) -> Iterator[tuple[int, int]]:
+    """(index into per-rank lists, rank) for every rank this process drives."""
+    yield from enumerate(world.local_ranks)

@@ -1,0 +1,163 @@
+"""Pieces the two GEMM families share: tile params, copy-engine params, and their constraints.
+
+Both `ag_gemm` and `gemm_rs` run a Triton tile GEMM in `pull`/`push` modes and, in `ce` mode,
+either a Triton tile GEMM or cuBLAS per chunk; `baseline` is NCCL + cuBLAS with no knobs. Only
+the GEMM's extents differ (all-gather: M x N/W x K; reduce-scatter: M x N x K/W), so the tile
+rules take the context names of those extents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from jointtune.search_spaces._params import (
+    Condition,
+    Constraint,
+    Context,
+    Param,
+    Value,
+    categorical,
+    cdiv,
+    choice,
+    next_pow2,
+    pow2,
+    when,
+)
+
+MODES = ("pull", "push", "ce", "baseline")
+#: tiles exist whenever a Triton GEMM runs
+TILES_WHEN = when(mode=("pull", "push")) | when(mode="ce", ce_consumer="triton")
+#: below this many rows per rank a fused kernel rarely beats NCCL + cuBLAS: default to baseline
+BASELINE_BELOW_ROWS = 512
+
+
+def mode_param(doc: str) -> Param:
+    return categorical("mode", MODES, doc=doc)
+
+
+def ce_params(consumer_doc: str, chunks_doc: str) -> list[Param]:
+    on_ce = when(mode="ce")
+    return [
+        categorical("ce_consumer", ("triton", "cublas"), when=on_ce, doc=consumer_doc),
+        choice("ce_chunks", (1, 2, 4, 8), when=on_ce, doc=chunks_doc),
+    ]
+
+
+def tile_params(cond: Condition = TILES_WHEN) -> list[Param]:
+    return [
+        pow2("BLOCK_M", 16, 256, when=cond, doc="rows of C per program"),
+        pow2("BLOCK_N", 32, 256, when=cond, doc="columns of C per program"),
+        pow2("BLOCK_K", 32, 256, when=cond, doc="depth of one k-step"),
+        choice("GROUP_M", (1, 4, 8, 16), when=cond, doc="row tiles per group of the L2-friendly swizzle"),
+        choice("num_warps", (4, 8), when=cond, doc="warps per program"),
+        choice("num_stages", (2, 3, 4, 5, 6), when=cond, doc="software-pipeline depth of the k loop"),
+    ]
+
+
+def _tile_bound(field: str, floor: int, extent: str, label: str) -> Constraint:
+    def check(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+        limit = max(floor, next_pow2(ctx[extent]))
+        if cfg[field] <= limit:
+            return None
+        return (
+            f"{field}: {cfg[field]} is not allowed for {extent}={ctx[extent]} ({label}); "
+            f"allowed: <= max({floor}, next_pow2({extent})) = {limit}"
+        )
+
+    return Constraint(f"{field}_fits_problem", (field,), f"{field} <= max({floor}, next_pow2({extent}))", check)
+
+
+def _smem(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    bm, bn, bk, stages = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_stages"]
+    need = (bm * bk + bk * bn) * ctx["dtype_bytes"] * stages
+    if need <= ctx["max_shared_mem"]:
+        return None
+    return (
+        f"shared memory: (BLOCK_M*BLOCK_K + BLOCK_K*BLOCK_N) * dtype_bytes * num_stages = "
+        f"({bm}*{bk} + {bk}*{bn}) * {ctx['dtype_bytes']} * {stages} = {need} bytes with "
+        f"BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, num_stages={stages} is not allowed; "
+        f"allowed: <= max_shared_mem = {ctx['max_shared_mem']}"
+    )
+
+
+def _warps(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    area = cfg["BLOCK_M"] * cfg["BLOCK_N"]
+    if cfg["num_warps"] != 8 or area >= 8192:
+        return None
+    return (
+        f"num_warps: 8 is not allowed with BLOCK_M*BLOCK_N = {cfg['BLOCK_M']}*{cfg['BLOCK_N']} = {area}; "
+        f"allowed: 8 only when BLOCK_M*BLOCK_N >= 8192, else 4"
+    )
+
+
+def _group_m(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    row_tiles = cdiv(ctx["M"], cfg["BLOCK_M"])
+    if cfg["GROUP_M"] == 1 or cfg["GROUP_M"] <= row_tiles:
+        return None
+    return (
+        f"GROUP_M: {cfg['GROUP_M']} is not allowed with BLOCK_M={cfg['BLOCK_M']}, M={ctx['M']} "
+        f"(cdiv(M, BLOCK_M) = {row_tiles} row tiles); allowed: 1 or <= {row_tiles}"
+    )
+
+
+def tile_constraints(cols: str, cols_label: str, depth: str, depth_label: str) -> list[Constraint]:
+    """Rules for one GEMM of extents M x `cols` x `depth` (context names, with their meaning)."""
+    return [
+        Constraint(
+            "shared_memory",
+            ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages"),
+            "(BLOCK_M*BLOCK_K + BLOCK_K*BLOCK_N) * dtype_bytes * num_stages <= max_shared_mem",
+            _smem,
+        ),
+        _tile_bound("BLOCK_M", 16, "M", "global rows"),
+        _tile_bound("BLOCK_N", 32, cols, cols_label),
+        _tile_bound("BLOCK_K", 32, depth, depth_label),
+        Constraint(
+            "warps_fit_tile",
+            ("num_warps", "BLOCK_M", "BLOCK_N"),
+            "num_warps == 4 or BLOCK_M*BLOCK_N >= 8192",
+            _warps,
+        ),
+        Constraint("group_fits_rows", ("GROUP_M", "BLOCK_M"), "GROUP_M == 1 or GROUP_M <= cdiv(M, BLOCK_M)", _group_m),
+    ]
+
+
+def _chunk_m(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    rows, chunk = ctx["R"], cfg["chunk_m"]
+    if rows % chunk == 0 or chunk == next_pow2(rows):
+        return None
+    return (
+        f"chunk_m: {chunk} is not allowed for R={rows} rows per rank (M / world_size); "
+        f"allowed: a divisor of R, or {next_pow2(rows)} (one chunk per rank)"
+    )
+
+
+def _comm_sms(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    if cfg["comm_sms"] <= ctx["num_sms"] // 4:
+        return None
+    return (
+        f"comm_sms: {cfg['comm_sms']} is not allowed with num_sms={ctx['num_sms']}; "
+        f"allowed: <= num_sms // 4 = {ctx['num_sms'] // 4}"
+    )
+
+
+def _ce_chunks(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    if cfg["ce_chunks"] <= ctx["R"]:
+        return None
+    return f"ce_chunks: {cfg['ce_chunks']} is not allowed for R={ctx['R']} rows per rank; allowed: <= R"
+
+
+def comm_constraints() -> list[Constraint]:
+    """Rules for the communication knobs; `R` is the rows each rank owns (M / world_size)."""
+    return [
+        Constraint("chunk_divides_rows", ("chunk_m",), "R % chunk_m == 0 or chunk_m == next_pow2(R)", _chunk_m),
+        Constraint("comm_sms_budget", ("comm_sms",), "comm_sms <= num_sms // 4", _comm_sms),
+        Constraint("ce_chunks_fit_rows", ("ce_chunks",), "ce_chunks <= R", _ce_chunks),
+    ]
+
+
+def gemm_default(ctx: Context) -> dict[str, Value]:
+    """Baseline for small per-rank row counts, else copy engine + cuBLAS: valid for any shape."""
+    if ctx["R"] < BASELINE_BELOW_ROWS:
+        return {"mode": "baseline"}
+    return {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1}

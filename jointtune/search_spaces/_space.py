@@ -1,0 +1,280 @@
+"""`Space`: one kernel family's joint search space over compute tiles and communication knobs.
+
+A space is data (params with conditions, constraints with their rules as text) plus three small
+functions (problem check, derived numbers, default). Everything a tuner, a store or a user needs
+goes through it: Optuna suggestions, enumeration and counts, validation with messages that name
+the field, canonical JSON and hashes for configs, and a version that changes when the space does.
+
+Example:
+    >>> from jointtune.search_spaces import get_space, DeviceLimits
+    >>> space = get_space("ag_gemm")
+    >>> problem = space.make_problem("8192x4096x12288", dtype="bf16", world_size=2)
+    >>> space.validate({"mode": "baseline"}, problem, DeviceLimits.nominal_hopper())
+    {'mode': 'baseline'}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from jointtune.errors import SpaceError
+from jointtune.search_spaces._config import canonical_json, config_hash
+from jointtune.search_spaces._enumerate import count_configs, iter_configs
+from jointtune.search_spaces._params import Constraint, Context, Param, Value, format_choices, format_value
+from jointtune.search_spaces._problem import DeviceLimits, Problem
+from jointtune.search_spaces._shape import parse_shape
+
+if TYPE_CHECKING:
+    import optuna
+
+
+def _setting(p: Param, config: Mapping[str, Value]) -> str:
+    """The values of the fields `p`'s condition reads, as the config has them: 'mode="push"'."""
+    assert p.when is not None
+    parts = [f"{f}={format_value(config[f])}" for f in p.when.fields if f in config]
+    return ", ".join(parts) or "none of " + ", ".join(p.when.fields)
+
+
+class Space:
+    """Params, conditions and constraints of one family; see the module docstring for an example.
+
+    `derive(problem)` adds numbers the constraints read (e.g. rows per rank `R`); `check_problem`
+    rejects shapes the family can't run; `default(ctx)` gives a config valid for every problem.
+    Bump `revision` whenever constraint code or the default changes meaning.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        dims: Sequence[str],
+        params: Sequence[Param],
+        constraints: Sequence[Constraint] = (),
+        revision: int,
+        default: Callable[[Context], dict[str, Value]],
+        derive: Callable[[Problem], dict[str, int]] | None = None,
+        check_problem: Callable[[Problem], None] | None = None,
+        doc: str = "",
+    ) -> None:
+        self.name = name
+        self.dims = tuple(dims)
+        self.params = tuple(params)
+        self.constraints = tuple(constraints)
+        self.revision = revision
+        self.doc = doc
+        self._default = default
+        self._derive = derive
+        self._check_problem = check_problem
+        self._by_name: dict[str, Param] = {}
+        self._contexts: dict[tuple[Problem, DeviceLimits], dict[str, int]] = {}
+        self._check_definition()
+        #: params that conditions read: enumeration branches on them before the rest
+        self.structural = frozenset(f for p in self.params if p.when for f in p.when.fields)
+        blob = json.dumps(self._definition(), sort_keys=True, separators=(",", ":"))
+        self.version = hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def _check_definition(self) -> None:
+        for p in self.params:
+            if p.name in self._by_name:
+                raise SpaceError(f"{self.name}: param {p.name!r} is defined twice")
+            for clause in p.when.clauses if p.when else ():
+                for field, values in clause:
+                    if field not in self._by_name:
+                        raise SpaceError(f"{self.name}.{p.name}: condition reads {field!r}, not an earlier param")
+                    bad = [v for v in values if self._by_name[field].canonical(v) is None]
+                    if bad:
+                        raise SpaceError(f"{self.name}.{p.name}: condition value {bad[0]!r} is not a choice of {field}")
+            self._by_name[p.name] = p
+        names = set()
+        for c in self.constraints:
+            unknown = [f for f in c.fields if f not in self._by_name]
+            if unknown or c.name in names:
+                raise SpaceError(f"{self.name}: constraint {c.name!r} is duplicated or reads unknown {unknown}")
+            names.add(c.name)
+
+    def _definition(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "revision": self.revision,
+            "dims": list(self.dims),
+            "params": [p.to_json() for p in self.params],
+            "constraints": [c.to_json() for c in self.constraints],
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """The definition as JSON (what `jointtune spaces show` prints), with docs and version."""
+        data = self._definition()
+        for entry, p in zip(data["params"], self.params, strict=True):
+            entry["doc"] = p.doc
+        return {"name": self.name, "version": self.version, "doc": self.doc, **data}
+
+    def __repr__(self) -> str:
+        return f"Space({self.name!r}, version={self.version!r}, params={len(self.params)})"
+
+    # ---- params -------------------------------------------------------------------------------
+    def param(self, name: str) -> Param:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise SpaceError(
+                f"{name}: unknown field for space {self.name!r}; allowed fields: {', '.join(self._by_name)}"
+            ) from None
+
+    @property
+    def modes(self) -> tuple[Value, ...]:
+        """The choices of `mode` (empty if the space has no `mode` param)."""
+        return self._by_name["mode"].choices if "mode" in self._by_name else ()
+
+    # ---- problems -----------------------------------------------------------------------------
+    def validate_problem(self, problem: Problem) -> None:
+        """Raise SpaceError if this family can't run `problem` (wrong dims, indivisible shapes...)."""
+        names = [name for name, _ in problem.shape]
+        for dim in self.dims:
+            if dim not in names:
+                raise SpaceError(
+                    f"shape: dim {dim!r} is missing for space {self.name!r}; required dims: {', '.join(self.dims)}"
+                )
+        for dim in names:
+            if dim not in self.dims:
+                raise SpaceError(
+                    f"shape: dim {dim!r} is not allowed for space {self.name!r}; allowed: {', '.join(self.dims)}"
+                )
+        if self._check_problem:
+            self._check_problem(problem)
+
+    def make_problem(self, shape: Mapping[str, int] | str, *, dtype: Any = "bfloat16", world_size: int = 1) -> Problem:
+        """A checked Problem from a dict or text ("8192x4096x12288" or "M=8192,N=4096,K=12288")."""
+        dims = parse_shape(shape, self.dims) if isinstance(shape, str) else dict(shape)
+        problem = Problem.of(dims, dtype=dtype, world_size=world_size)
+        self.validate_problem(problem)
+        return problem
+
+    def context(self, problem: Problem, limits: DeviceLimits) -> dict[str, int]:
+        """The numbers constraints read: dims, W, dtype_bytes, device limits, and derived values."""
+        key = (problem, limits)
+        ctx = self._contexts.get(key)
+        if ctx is None:
+            self.validate_problem(problem)
+            ctx = {
+                **problem.dims,
+                "W": problem.world_size,
+                "dtype_bytes": problem.dtype_bytes,
+                "max_shared_mem": limits.max_shared_mem,
+                "num_sms": limits.num_sms,
+            }
+            if self._derive:
+                ctx.update(self._derive(problem))
+            if len(self._contexts) > 256:
+                self._contexts.clear()
+            self._contexts[key] = ctx
+        return ctx
+
+    # ---- configs ------------------------------------------------------------------------------
+    def suggest(self, trial: optuna.trial.BaseTrial, problem: Problem, limits: DeviceLimits) -> dict[str, Value]:
+        """Ask an Optuna trial for one config: only the params active under earlier answers.
+
+        Every param always uses the same categorical distribution (its full choices), which Optuna
+        requires across trials; the result may still break a constraint, so check `violations`.
+        """
+        self.context(problem, limits)
+        config: dict[str, Value] = {}
+        for p in self.params:
+            if p.when is None or p.when.holds(config):
+                config[p.name] = trial.suggest_categorical(p.name, list(p.choices))
+        return config
+
+    def distributions(self) -> dict[str, optuna.distributions.CategoricalDistribution]:
+        """Each param's Optuna distribution, for `optuna.trial.create_trial` when importing results."""
+        from optuna.distributions import CategoricalDistribution
+
+        return {p.name: CategoricalDistribution(list(p.choices)) for p in self.params}
+
+    def _check(self, config: Any, ctx: Context) -> tuple[dict[str, Value], list[str]]:
+        if not isinstance(config, Mapping):
+            return {}, [f"config: {config!r} is not allowed; it must be a JSON object of field -> value"]
+        errors = [
+            f"{key}: unknown field for space {self.name!r}; allowed fields: {', '.join(self._by_name)}"
+            for key in config
+            if key not in self._by_name
+        ]
+        canonical: dict[str, Value] = {}
+        broken: set[str] = set()  # fields in error: params conditioned on them can't be judged
+        for p in self.params:
+            if p.when and broken.intersection(p.when.fields):
+                broken.add(p.name)
+                continue
+            active = p.when is None or p.when.holds(canonical)
+            if active and p.name not in config:
+                cond = f" (required with {_setting(p, canonical)})" if p.when else ""
+                errors.append(f"{p.name}: missing{cond}; allowed: {format_choices(p.choices)}")
+                broken.add(p.name)
+            elif active:
+                value = p.canonical(config[p.name])
+                if value is None:
+                    errors.append(f"{p.name}: {config[p.name]!r} is not allowed; allowed: {format_choices(p.choices)}")
+                    broken.add(p.name)
+                else:
+                    canonical[p.name] = value
+            elif p.name in config:
+                assert p.when is not None
+                errors.append(
+                    f"{p.name}: {config[p.name]!r} is not allowed with {_setting(p, canonical)}; "
+                    f"{p.name} only exists when {p.when.describe()}"
+                )
+        if not errors:
+            for c in self.constraints:
+                if all(f in canonical for f in c.fields):
+                    message = c.check(canonical, ctx)
+                    if message:
+                        errors.append(message)
+        return canonical, errors
+
+    def violations(self, config: Mapping[str, Any], problem: Problem, limits: DeviceLimits) -> list[str]:
+        """Everything wrong with `config` for this problem and device; empty means valid."""
+        return self._check(config, self.context(problem, limits))[1]
+
+    def validate(self, config: Mapping[str, Any], problem: Problem, limits: DeviceLimits) -> dict[str, Value]:
+        """The canonical config (params in definition order), or SpaceError listing every fault."""
+        canonical, errors = self._check(config, self.context(problem, limits))
+        if errors:
+            raise SpaceError(f"{self.name} config: " + "; ".join(errors))
+        return canonical
+
+    def default(self, problem: Problem, limits: DeviceLimits) -> dict[str, Value]:
+        """A config valid for every problem the family accepts (the fallback before tuning)."""
+        return self.validate(self._default(self.context(problem, limits)), problem, limits)
+
+    def _where(self, where: Mapping[str, Any] | None) -> dict[str, Value]:
+        out: dict[str, Value] = {}
+        for name, value in (where or {}).items():
+            canonical = self.param(name).canonical(value)
+            if canonical is None:
+                allowed = format_choices(self._by_name[name].choices)
+                raise SpaceError(f"{name}: {value!r} is not allowed; allowed: {allowed}")
+            out[name] = canonical
+        return out
+
+    def enumerate(
+        self, problem: Problem, limits: DeviceLimits, *, where: Mapping[str, Any] | None = None
+    ) -> Iterator[dict[str, Value]]:
+        """Every valid config (optionally only those with the given field values), in a fixed order."""
+        return iter_configs(self, self.context(problem, limits), self._where(where))
+
+    def count(self, problem: Problem, limits: DeviceLimits, *, where: Mapping[str, Any] | None = None) -> int:
+        """How many configs `enumerate` yields, without building them."""
+        return count_configs(self, self.context(problem, limits), self._where(where))
+
+    def count_by_mode(self, problem: Problem, limits: DeviceLimits) -> dict[str, int]:
+        """Valid configs per `mode` choice (what `jointtune spaces count` prints)."""
+        return {str(m): self.count(problem, limits, where={"mode": m}) for m in self.modes}
+
+    @staticmethod
+    def canonical_json(config: Mapping[str, Value]) -> str:
+        return canonical_json(config)
+
+    @staticmethod
+    def config_hash(config: Mapping[str, Value]) -> str:
+        return config_hash(config)

@@ -1,0 +1,113 @@
+"""AG+GEMM on the CPU: every mode through the same launch paths the GPUs use, W = 2 and 4."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jointtune.errors import ShapeError
+from jointtune.kernels import get_family
+from jointtune.kernels.ag_gemm import ag_gemm, reference
+from jointtune.kernels.world import create_world
+from jointtune.search_spaces import Problem, get_space
+from jointtune.search_spaces._problem import DeviceLimits
+
+TILES = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=2)
+CONFIGS = {
+    "baseline": dict(mode="baseline"),
+    "pull": dict(mode="pull", **TILES),
+    "push": dict(mode="push", comm_sms=2, chunk_m=16, **TILES),
+    "push_one_chunk": dict(mode="push", comm_sms=1, chunk_m=64, **dict(TILES, BLOCK_M=32)),
+    "ce_triton": dict(mode="ce", ce_consumer="triton", ce_chunks=2, **TILES),
+    "ce_cublas": dict(mode="ce", ce_consumer="cublas", ce_chunks=4),
+}
+TOL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
+
+
+def _inputs(W, R, K, N_r, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    a = [(torch.randn(R, K, generator=gen) / K**0.25).to(dtype) for _ in range(W)]
+    b = [(torch.randn(K, N_r, generator=gen) / K**0.25).to(dtype) for _ in range(W)]
+    return a, b
+
+
+def _rel(out, ref):
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("W,R,K,N_r", [(2, 24, 40, 48), (4, 13, 37, 20)])
+def test_every_mode_matches_reference_with_poisoned_output(name, W, R, K, N_r):
+    """Ragged shapes (nothing a multiple of the tiles), NaN-poisoned outputs, repeated calls reusing buffers."""
+    world = create_world("local", world_size=W)
+    for call, dtype in enumerate([torch.bfloat16, torch.float16, torch.bfloat16]):
+        a, b = _inputs(W, R, K, N_r, dtype, seed=call)
+        out = [torch.full((W * R, N_r), float("nan"), dtype=dtype) for _ in range(W)]
+        result = ag_gemm(a, b, world=world, config=CONFIGS[name], out=out)
+        assert all(r is o for r, o in zip(result, out))
+        for o, ref in zip(out, reference(a, b)):
+            assert not torch.isnan(o).any(), "an output element was never written"
+            assert _rel(o, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("name", ["pull", "push", "ce_triton", "baseline"])
+def test_gathered_a_is_returned_and_symmetric_input_needs_no_copy(name):
+    W, R, K, N_r = 2, 16, 32, 32
+    world = create_world("local", world_size=W)
+    a, b = _inputs(W, R, K, N_r, torch.bfloat16, seed=7)
+    slots = world.empty((R, K), torch.bfloat16)
+    for s, x in zip(slots, a):
+        s.copy_(x)
+    assert world.symmetric_of(slots[0]) is not None
+    results = ag_gemm(slots, b, world=world, config=CONFIGS[name], return_gathered=True)
+    full = torch.cat(a)
+    for (c, gathered), ref in zip(results, reference(a, b)):
+        assert torch.equal(gathered, full)
+        assert _rel(c, ref) < TOL[torch.bfloat16]
+
+
+def test_push_reuses_buffers_across_calls_with_changing_configs():
+    """Flags carry epochs: calls with different chunking on the same buffers stay correct."""
+    W, R, K, N_r = 2, 32, 32, 32
+    world = create_world("local", world_size=W)
+    for chunk in (16, 32, 16, 32):
+        a, b = _inputs(W, R, K, N_r, torch.float16, seed=chunk)
+        cfg = dict(CONFIGS["push"], chunk_m=chunk)
+        for o, ref in zip(ag_gemm(a, b, world=world, config=cfg), reference(a, b)):
+            assert _rel(o, ref) < TOL[torch.float16]
+
+
+def test_family_runs_configs_from_the_space():
+    """The space's default and enumerated configs run through the family and pass its tolerance."""
+    fam = get_family("ag_gemm")
+    space = get_space(fam.space)
+    problem = Problem.of({"M": 64, "N": 64, "K": 64}, dtype="bfloat16", world_size=2)
+    limits = DeviceLimits.nominal_hopper()
+    world = create_world("local", world_size=2)
+    inputs = fam.make_inputs(problem, world, seed=3)
+    ref = fam.reference(inputs)
+    picks = [space.default(problem, limits)]
+    for mode in ("pull", "push", "ce"):
+        picks.append(
+            next(c for c in space.enumerate(problem, limits) if c["mode"] == mode and c.get("BLOCK_K", 32) == 32)
+        )
+    for cfg in picks:
+        assert fam.max_error(fam.run(inputs, cfg, world), ref) <= fam.tolerance(problem.dtype), cfg
+
+
+def test_bad_inputs_name_the_field():
+    world = create_world("local", world_size=2)
+    a, b = _inputs(2, 8, 16, 8, torch.float16, seed=0)
+    with pytest.raises(ShapeError, match=r"config\.mode"):
+        ag_gemm(a, b, world=world, config={"mode": "teleport"})
+    with pytest.raises(ShapeError, match="shapes"):
+        ag_gemm(a, [b[0], b[1][:4]], world=world, config={"mode": "baseline"})
+    with pytest.raises(ShapeError, match="dtype"):
+        ag_gemm([x.float() for x in a], [x.float() for x in b], world=world, config={"mode": "baseline"})
+    with pytest.raises(ShapeError, match="one tensor per local rank"):
+        ag_gemm(a[:1], b[:1], world=world, config={"mode": "baseline"})
+    with pytest.raises(ShapeError, match="out"):
+        ag_gemm(a, b, world=world, config={"mode": "baseline"}, out=[torch.empty(3, 3)] * 2)
+    fam = get_family("ag_gemm")
+    with pytest.raises(ShapeError, match="divisible by world_size"):
+        fam.make_inputs(Problem.of({"M": 9, "N": 8, "K": 8}, dtype="fp16", world_size=2), world, seed=0)

@@ -1,0 +1,235 @@
+"""The three families' spaces: the exact definitions kernels are written against, counts, messages."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+
+import pytest
+from spaces_oracle import active_fields, broken_rules
+
+from jointtune.errors import SpaceError
+from jointtune.search_spaces import (
+    AG_GEMM,
+    ANCHORS,
+    DeviceLimits,
+    Space,
+    anchor_problems,
+    get_space,
+    pow2,
+)
+
+HOPPER = DeviceLimits.nominal_hopper()
+TILES = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+
+
+def test_ag_gemm_params_are_exactly_the_kernel_contract() -> None:
+    space = get_space("ag_gemm")
+    assert {p.name: p.choices for p in space.params} == {
+        "mode": ("pull", "push", "ce", "baseline"),
+        "ce_consumer": ("triton", "cublas"),
+        "ce_chunks": (1, 2, 4, 8),
+        "BLOCK_M": (16, 32, 64, 128, 256),
+        "BLOCK_N": (32, 64, 128, 256),
+        "BLOCK_K": (32, 64, 128, 256),
+        "GROUP_M": (1, 4, 8, 16),
+        "num_warps": (4, 8),
+        "num_stages": (2, 3, 4, 5, 6),
+        "comm_sms": (1, 2, 4, 8, 16, 32),
+        "chunk_m": (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+    }
+    conditions = {p.name: p.when.describe() if p.when else None for p in space.params}
+    assert conditions["ce_consumer"] == conditions["ce_chunks"] == 'mode == "ce"'
+    assert conditions["comm_sms"] == conditions["chunk_m"] == 'mode == "push"'
+    for tile in TILES:
+        assert conditions[tile] == 'mode in ["pull", "push"] or (mode == "ce" and ce_consumer == "triton")'
+
+
+def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
+    # If this fails you changed a space: bump its `revision` if constraint code changed meaning,
+    # then update the pinned value. Stored records are keyed by these versions.
+    assert {name: get_space(name).version for name in ("ag_gemm", "gemm_rs", "flash_decode")} == {
+        "ag_gemm": "028d62b44863",
+        "gemm_rs": "7f8dfc3a0b0d",
+        "flash_decode": "b08fba860040",
+    }
+
+
+def _rebuild(space: Space, **changes) -> Space:
+    args = {
+        "dims": space.dims,
+        "params": space.params,
+        "constraints": space.constraints,
+        "revision": space.revision,
+        "default": space._default,
+        "derive": space._derive,
+        "check_problem": space._check_problem,
+        "doc": space.doc,
+    }
+    args.update(changes)
+    return Space(space.name, **args)
+
+
+def test_version_follows_the_definition_not_the_docs() -> None:
+    assert _rebuild(AG_GEMM).version == AG_GEMM.version
+    assert _rebuild(AG_GEMM, doc="other words").version == AG_GEMM.version
+    assert _rebuild(AG_GEMM, revision=2).version != AG_GEMM.version
+    params = [pow2("chunk_m", 16, 4096, when=p.when) if p.name == "chunk_m" else p for p in AG_GEMM.params]
+    assert _rebuild(AG_GEMM, params=params).version != AG_GEMM.version
+    assert _rebuild(AG_GEMM, constraints=AG_GEMM.constraints[1:]).version != AG_GEMM.version
+
+
+def test_to_json_describes_params_conditions_and_rules() -> None:
+    data = json.loads(json.dumps(get_space("gemm_rs").to_json()))
+    assert data["name"] == "gemm_rs" and data["version"] == get_space("gemm_rs").version
+    chunk = next(p for p in data["params"] if p["name"] == "chunk_m")
+    assert chunk["when"] == [{"mode": ["pull", "push"]}] and chunk["kind"] == "pow2" and chunk["doc"]
+    rules = {c["name"]: c for c in data["constraints"]}
+    assert rules["BLOCK_K_fits_problem"]["rule"] == "BLOCK_K <= max(32, next_pow2(K_r))"
+    assert rules["shared_memory"]["fields"] == ["BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages"]
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "world_size", "message"),
+    [
+        ("ag_gemm", {"M": 8191, "N": 4096, "K": 64}, 2, "world_size: 2 is not allowed for ag_gemm; M=8191"),
+        ("ag_gemm", {"M": 8192, "N": 4095, "K": 64}, 2, "N=4095 must be divisible by it"),
+        ("ag_gemm", {"M": 8192, "N": 4096}, 2, "shape: dim 'K' is missing for space 'ag_gemm'"),
+        ("ag_gemm", {"M": 8, "N": 8, "K": 8, "B": 1}, 1, "shape: dim 'B' is not allowed for space 'ag_gemm'"),
+        ("gemm_rs", {"M": 8192, "N": 4095, "K": 12287}, 2, "K=12287 must be divisible by it"),
+        ("flash_decode", {"B": 1, "H": 32, "H_KV": 8, "S": 8192, "D": 96}, 2, "shape.D: 96 is not allowed"),
+        ("flash_decode", {"B": 1, "H": 32, "H_KV": 6, "S": 8192, "D": 128}, 2, "shape.H_KV: 6 is not allowed"),
+        ("flash_decode", {"B": 1, "H": 32, "H_KV": 8, "S": 3, "D": 128}, 4, "shape.S: 3 is not allowed"),
+    ],
+)
+def test_problems_a_family_cannot_run_are_refused(name, shape, world_size, message) -> None:
+    with pytest.raises(SpaceError, match=message):
+        get_space(name).make_problem(shape, world_size=world_size)
+
+
+def _problem(name: str, text: str, world_size: int = 2):
+    return get_space(name).make_problem(text, dtype="bf16", world_size=world_size)
+
+
+def test_error_messages_name_field_value_and_what_is_allowed() -> None:
+    space, problem = AG_GEMM, _problem("ag_gemm", "1024x8192x8192")
+    tiles = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+    cases = [
+        ({"mode": "pushy"}, 'mode: \'pushy\' is not allowed; allowed: "pull", "push", "ce", "baseline"'),
+        ({"mode": "ce", "ce_consumer": "cublas"}, 'ce_chunks: missing (required with mode="ce"); allowed: 1, 2, 4, 8'),
+        ({"mode": "baseline", "chunk_m": 64}, 'chunk_m: 64 is not allowed with mode="baseline"; chunk_m only exists'),
+        ({"mode": "baseline", "blockm": 64}, "blockm: unknown field for space 'ag_gemm'; allowed fields: mode, "),
+        (
+            {"mode": "pull", **tiles, "num_stages": 6, "BLOCK_K": 256},
+            "allowed: <= max_shared_mem = 232448",
+        ),
+        (
+            {"mode": "push", **tiles, "comm_sms": 8, "chunk_m": 8192},
+            "chunk_m: 8192 is not allowed for R=512 rows per rank (M / world_size); allowed: a divisor of R, or 512",
+        ),
+        ({"mode": "pull", **tiles, "BLOCK_M": 16}, "num_warps: 8 is not allowed with BLOCK_M*BLOCK_N = 16*128 = 2048"),
+    ]
+    for cfg, message in cases:
+        found = space.violations(cfg, problem, HOPPER)
+        assert any(message in v for v in found), (message, found)
+        with pytest.raises(SpaceError) as e:
+            space.validate(cfg, problem, HOPPER)
+        assert message in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(SpaceError, match="config: 'mode=pull' is not allowed; it must be a JSON object"):
+        space.validate("mode=pull", problem, HOPPER)  # type: ignore[arg-type]
+
+
+def test_small_problems_cap_tiles_groups_and_chunks() -> None:
+    small = _problem("ag_gemm", "32x64x16")  # R=16, N_r=32, K=16
+    limits = DeviceLimits(max_shared_mem=232448, num_sms=40, compute_capability=(9, 0))
+    tiles = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+    assert AG_GEMM.violations({"mode": "pull", **tiles}, small, limits) == []
+    assert (
+        "BLOCK_M: 64 is not allowed for M=32"
+        in AG_GEMM.violations({"mode": "pull", **tiles, "BLOCK_M": 64}, small, limits)[0]
+    )
+    assert "GROUP_M: 4 is not allowed" in AG_GEMM.violations({"mode": "pull", **tiles, "GROUP_M": 4}, small, limits)[0]
+    push = {"mode": "push", **tiles, "comm_sms": 16, "chunk_m": 16}
+    assert AG_GEMM.violations(push, small, limits) == [
+        "comm_sms: 16 is not allowed with num_sms=40; allowed: <= num_sms // 4 = 10"
+    ]
+    assert AG_GEMM.violations(
+        {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 8}, _problem("ag_gemm", "8x64x16"), limits
+    )
+    assert AG_GEMM.count(small, limits, where={"mode": "push"}) > 0
+
+
+def test_flash_decode_rules() -> None:
+    space, problem = get_space("flash_decode"), _problem("flash_decode", "B=3,H=24,H_KV=8,S=1000,D=256")
+    base = {
+        "mode": "pull",
+        "kv_split": 256,
+        "BLOCK_N": 32,
+        "heads_per_program": 1,
+        "num_warps": 4,
+        "num_stages": 2,
+        "combine_chunks": 4,
+    }
+    assert space.violations(base, problem, HOPPER) == []
+    assert (
+        "kv_split: 1024 is not allowed for S_r=500" in space.violations({**base, "kv_split": 1024}, problem, HOPPER)[0]
+    )
+    assert "a divisor of G" in space.violations({**base, "heads_per_program": 2}, problem, HOPPER)[0]  # G = 3
+    assert "allowed: a divisor of rows" in space.violations({**base, "combine_chunks": 16}, problem, HOPPER)[0]
+    assert (
+        "num_warps: 8 is not allowed with BLOCK_N=32" in space.violations({**base, "num_warps": 8}, problem, HOPPER)[0]
+    )
+    heavy = {**base, "kv_split": 512, "BLOCK_N": 256, "num_warps": 8, "num_stages": 2}
+    assert "2 * 256 * 256 * 2 * 2 = 524288 bytes" in space.violations(heavy, problem, HOPPER)[0]
+    assert space.count(problem, HOPPER, where={"mode": "baseline"}) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "where"),
+    [
+        ("ag_gemm", "8192x4096x12288", {"mode": "pull"}),
+        ("ag_gemm", "128x8192x8192", {"mode": "pull"}),
+        ("ag_gemm", "96x96x48", {"mode": "ce"}),
+        ("ag_gemm", "200x40x100", {"mode": "push", "comm_sms": 4}),
+        ("gemm_rs", "1024x8192x8192", {"mode": "pull"}),
+        ("gemm_rs", "200x40x100", {"mode": "push", "comm_sms": 16}),
+        ("flash_decode", "16x24x8x30000x128", {"mode": "push"}),
+    ],
+)
+def test_enumeration_is_the_brute_force_filter_of_the_cross_product(name: str, shape: str, where: dict) -> None:
+    space, problem = get_space(name), _problem(name, shape)
+    limits = DeviceLimits(max_shared_mem=166912, num_sms=64, compute_capability=(8, 0))
+    # every param some config of this mode may have, each over all of its choices
+    variants = [{**where, "ce_consumer": c} for c in ("triton", "cublas")]
+    names = sorted(set().union(*(active_fields(name, v) for v in variants)) - set(where))
+    expected = set()
+    for values in itertools.product(*[space.param(n).choices for n in names]):
+        full = {**where, **dict(zip(names, values, strict=True))}
+        cfg = {k: v for k, v in full.items() if k in active_fields(name, full)}
+        if not broken_rules(name, cfg, problem, limits):
+            expected.add(json.dumps(cfg, sort_keys=True))
+    got = [json.dumps(c, sort_keys=True) for c in space.enumerate(problem, limits, where=where)]
+    assert len(got) == len(set(got)) == space.count(problem, limits, where=where)
+    assert set(got) == expected and expected
+
+
+def test_anchor_counts_are_fast_and_add_up() -> None:
+    start = time.perf_counter()
+    rows = [(s, p, s.count(p, HOPPER), s.count_by_mode(p, HOPPER)) for s, p in anchor_problems(["ag_gemm"])]
+    assert time.perf_counter() - start < 2.0
+    assert len(rows) == len(ANCHORS["ag_gemm"]) == 5
+    for _, _, total, modes in rows:
+        assert total == sum(modes.values()) and modes["baseline"] == 1
+    # (8192, 4096, 12288): 1556 tile configs; ce = 4 chunks x (cuBLAS + 1556 tiles); push x 6 SMs x 9 chunks
+    assert rows[0][3] == {"pull": 1556, "push": 1556 * 6 * 9, "ce": 4 * 1557, "baseline": 1}
+
+
+def test_count_filters_must_name_real_choices() -> None:
+    problem = _problem("ag_gemm", "8192x4096x12288")
+    with pytest.raises(SpaceError, match='mode: \'warp\' is not allowed; allowed: "pull", "push"'):
+        AG_GEMM.count(problem, HOPPER, where={"mode": "warp"})
+    with pytest.raises(SpaceError, match="chunk: unknown field"):
+        AG_GEMM.count(problem, HOPPER, where={"chunk": 1})
+    assert AG_GEMM.count(problem, HOPPER, where={"mode": "baseline", "chunk_m": 64}) == 0
+    assert AG_GEMM.count(problem, HOPPER, where={"ce_consumer": "cublas"}) == 4
