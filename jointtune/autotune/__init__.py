@@ -1,0 +1,63 @@
+"""Autotuning: the decorator, keys, hardware fingerprints, benchmarking, tuner, workers, client.
+
+Names are re-exported lazily: `from jointtune.autotune import detect` imports only the module that
+defines `detect`, so light users (the service, the CLI's `hw`) never pay for torch, Triton or
+Optuna they don't use. To export a name, add one line to `_EXPORTS` (name -> submodule), one to
+`__all__`, and one to the `TYPE_CHECKING` import block for type checkers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jointtune.autotune.hardware import (
+        KEY_FIELDS,
+        HardwareError,
+        HardwareFingerprint,
+        cpu_fingerprint,
+        current_limits,
+        detect,
+        memory_bucket_gib,
+        normalize_gpu_name,
+        parse_topo_matrix,
+    )
+
+#: public name -> the submodule of this package that defines it.
+_EXPORTS: dict[str, str] = {
+    "KEY_FIELDS": "hardware",
+    "HardwareError": "hardware",
+    "HardwareFingerprint": "hardware",
+    "cpu_fingerprint": "hardware",
+    "current_limits": "hardware",
+    "detect": "hardware",
+    "memory_bucket_gib": "hardware",
+    "normalize_gpu_name": "hardware",
+    "parse_topo_matrix": "hardware",
+}
+
+__all__ = [
+    "KEY_FIELDS",
+    "HardwareError",
+    "HardwareFingerprint",
+    "cpu_fingerprint",
+    "current_limits",
+    "detect",
+    "memory_bucket_gib",
+    "normalize_gpu_name",
+    "parse_topo_matrix",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
