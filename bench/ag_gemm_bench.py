@@ -40,19 +40,31 @@ TILES = [
 ]
 
 
+SMALL_M_TILES = [
+    dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4),
+    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4),
+    dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4),
+]
+
+
 def candidates(M: int, W: int) -> dict[str, list[dict]]:
+    """A shortlist per mode: big tiles for big M; for small M, smaller tiles with split-K."""
     R = M // W
-    small = [t for t in TILES if t["BLOCK_M"] <= max(64, R)]
-    push = []
-    for t in small[:3] if R >= 512 else small:
-        for sms in (8, 16, 32):
-            for chunk in sorted({min(R, 256), min(R, 1024)}):
-                push.append(dict(mode="push", comm_sms=sms, chunk_m=chunk, **t))
+    if R >= 2048:
+        tiles = TILES[:3]
+        push = [dict(mode="push", comm_sms=s, chunk_m=c, **t) for t in tiles for s in (8, 16, 32) for c in (256, 1024)]
+        pull = [dict(mode="pull", **t) for t in tiles[:2]]
+        ce_triton = [dict(mode="ce", ce_consumer="triton", ce_chunks=c, **t) for t in TILES[:2] for c in (1, 2)]
+    else:
+        tiles = [dict(t, SPLIT_K=k) for t in SMALL_M_TILES for k in (1, 2, 4, 8)]
+        push = [dict(mode="push", comm_sms=s, chunk_m=min(R, 256), **t) for t in tiles for s in (4, 16)]
+        pull = [dict(mode="pull", **t) for t in tiles if t["SPLIT_K"] in (1, 4)]
+        ce_triton = [dict(mode="ce", ce_consumer="triton", ce_chunks=1, **t) for t in tiles if t["SPLIT_K"] in (2, 4)]
     return {
         "baseline": [dict(mode="baseline")],
         "ce_cublas": [dict(mode="ce", ce_consumer="cublas", ce_chunks=c) for c in (1, 2, 4)],
-        "ce_triton": [dict(mode="ce", ce_consumer="triton", ce_chunks=c, **t) for t in small[:2] for c in (1, 2)],
-        "pull": [dict(mode="pull", **t) for t in small],
+        "ce_triton": ce_triton,
+        "pull": pull,
         "push": push,
     }
 
@@ -157,7 +169,7 @@ def bench_shape(M: int, N: int, K: int, world, bench: Bench, group_name: str) ->
     peer = world.symmetric_of(a_sym).peers[0][(rank + 1) % W][: R * K].view(R, K)
     landing = torch.empty_like(a_sym)
     # what the copy engine moves alone
-    record("peer_copy_alone", lambda: landing.copy_(peer) and None, entry["anchors"])
+    record("peer_copy_alone", lambda: (landing.copy_(peer), None)[1], entry["anchors"])
 
     for family, cands in candidates(M, W).items():
         best = None

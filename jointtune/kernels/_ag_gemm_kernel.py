@@ -14,6 +14,11 @@ counter, in an order rotated so each rank starts on its own rows; under push a t
 on the flags of the remote chunks it reads. Producers wait on nothing before they finish pushing,
 and the grid is no larger than the SM count, so every producer is resident and every wait ends:
 deadlock-free by construction.
+
+With SPLIT_K > 1 a tile's K loop is split over SPLIT_K work items whose fp32 partial sums meet in a
+per-tile slot of a workspace through atomics; the last to arrive (per-tile counter) writes C and
+resets slot and counter. Small M needs that parallelism: without it a few dozen tiles with long K
+loops leave most SMs idle.
 """
 
 from __future__ import annotations
@@ -93,6 +98,8 @@ def ag_gemm_kernel(
     flags_ptr,
     flag_ptrs_ptr,
     tickets_ptr,
+    ws_ptr,
+    counts_ptr,
     N,
     K,
     R,
@@ -114,6 +121,7 @@ def ag_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     COMM_SMS: tl.constexpr,
     CHUNK_M: tl.constexpr,
     WAIT: tl.constexpr,
@@ -136,13 +144,18 @@ def ag_gemm_kernel(
         # waited less) take the next tile; else a static round-robin over `num_consumers` programs.
         num_pid_m = tl.cdiv(rows, BLOCK_M)
         num_pid_n = tl.cdiv(N, BLOCK_N)
-        num_tiles = num_pid_m * num_pid_n
+        num_work = num_pid_m * num_pid_n * SPLIT_K
+        k_blocks = tl.cdiv(K, BLOCK_K)
+        k_per_split = tl.cdiv(k_blocks, SPLIT_K)
         row_end = row_lo + rows
         if DYNAMIC:
-            tile = tl.atomic_add(tickets_ptr, 1)
+            work = tl.atomic_add(tickets_ptr, 1)
         else:
-            tile = pid - COMM_SMS
-        while tile < num_tiles:
+            work = pid - COMM_SMS
+        while work < num_work:
+            # work item = (tile, split); the splits of a tile are neighbours, so they run together
+            tile = work // SPLIT_K
+            split = work % SPLIT_K
             group_size = GROUP_M * num_pid_n
             group = tile // group_size
             first_m = group * GROUP_M
@@ -165,7 +178,9 @@ def ag_gemm_kernel(
                 _wait_rows(flags_ptr, row_first, row_last, R, rank, epoch, n_chunks, CHUNK_M)
 
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kb in range(0, tl.cdiv(K, BLOCK_K)):
+            kb_lo = split * k_per_split
+            kb_hi = tl.minimum(kb_lo + k_per_split, k_blocks)
+            for kb in range(kb_lo, kb_hi):
                 offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
                 kmask = offs_k < K
                 a = tl.load(a_rows[:, None] + offs_k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
@@ -178,13 +193,27 @@ def ag_gemm_kernel(
                     acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
                 else:
                     acc = tl.dot(a, b, acc)
-            c = acc.to(c_ptr.dtype.element_ty)
             c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
-            tl.store(c_ptrs, c, mask=mmask[:, None] & nmask[None, :])
-            if DYNAMIC:
-                tile = tl.atomic_add(tickets_ptr, 1)
+            if SPLIT_K == 1:
+                tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
             else:
-                tile += num_consumers
+                # ---- split-K: add into the tile's fp32 slot; the last split to arrive stores C and
+                # leaves slot and counter at zero for the next call (no per-call clearing) ----
+                in_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+                slot_ptrs = ws_ptr + tile.to(tl.int64) * (BLOCK_M * BLOCK_N) + in_tile
+                tl.atomic_add(slot_ptrs, acc, sem="relaxed")
+                tl.debug_barrier()
+                arrived = tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel")
+                if arrived == SPLIT_K - 1:
+                    # the adds live in L2 (atomics); .cg reads there, past any stale L1 line
+                    total = tl.load(slot_ptrs, cache_modifier=".cg")
+                    tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+                    tl.store(slot_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
+                    tl.store(counts_ptr + tile, 0)
+            if DYNAMIC:
+                work = tl.atomic_add(tickets_ptr, 1)
+            else:
+                work += num_consumers
 
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

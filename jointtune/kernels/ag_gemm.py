@@ -42,6 +42,7 @@ class Plan:
     BLOCK_N: int = 64
     BLOCK_K: int = 64
     GROUP_M: int = 8
+    SPLIT_K: int = 1
     num_warps: int = 4
     num_stages: int = 3
     comm_sms: int = 0
@@ -174,24 +175,38 @@ def _launch_gemm(plan, world, i, a_view, b, c, K, N_r, *, R, rows, row_lo=0, ran
     """One launch of the kernel for local rank index `i` (GEMM programs, plus producers under push)."""
     num_tiles = triton_cdiv(rows, plan.BLOCK_M) * triton_cdiv(N_r, plan.BLOCK_N)
     zero = world.int_table((0,) * world.world_size)
-    src = a_view if src is None else src
-    deltas = zero if deltas is None else deltas
+    if plan.SPLIT_K > 1:
+        ws = world.scratch("ag_gemm.splitk", num_tiles * plan.BLOCK_M * plan.BLOCK_N, torch.float32)[i]
+        counts = world.scratch("ag_gemm.splitk_counts", num_tiles, torch.int32)[i]
+    else:
+        ws, counts = c, zero
     if push is None:
         push = dict(inbox=a_view, inbox_deltas=zero, flags=zero, flag_ptrs=zero, epoch=0, n_chunks=1, slot=0,
-                    comm_sms=0, consumers=num_tiles, gather_local=False, tickets=zero)  # fmt: skip
-    dynamic = push["comm_sms"] > 0
-    comm, consumers = push["comm_sms"], push["consumers"]
-    lo, hi = pid_range or (0, comm + consumers)
-    ag_gemm_kernel[(hi - lo,)](
-        a_view, src, deltas, b, c, push["inbox"], push["inbox_deltas"], push["flags"], push["flag_ptrs"],
-        push["tickets"], N_r, K, R, push["slot"], row_lo, rows, rank, push["epoch"], push["n_chunks"], shift,
-        consumers, lo,
-        b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        WORLD=world.world_size, BLOCK_M=plan.BLOCK_M, BLOCK_N=plan.BLOCK_N, BLOCK_K=plan.BLOCK_K,
-        GROUP_M=plan.GROUP_M, COMM_SMS=comm, CHUNK_M=max(plan.chunk_m, 1), WAIT=comm > 0,
-        GATHER_LOCAL=push["gather_local"], CP_M=16, CP_K=256, DYNAMIC=dynamic,
-        PRODUCERS_CONSUME=dynamic and world.kind == "cuda", UPCAST=INTERPRETED, **compile_options(plan.__dict__),
+                    comm_sms=0, consumers=num_tiles * plan.SPLIT_K, gather_local=False, tickets=zero)  # fmt: skip
+    lo, hi = pid_range or (0, push["comm_sms"] + push["consumers"])
+    args, constexprs = _kernel_args(
+        plan, world.world_size, world.kind, a_view, a_view if src is None else src, zero if deltas is None else deltas,
+        b, c, ws, counts, push, K, N_r, R, rows, row_lo, rank, shift, lo,
     )  # fmt: skip
+    ag_gemm_kernel[(hi - lo,)](*args, **constexprs)
+
+
+def _kernel_args(plan, world_size, kind, a_view, src, deltas, b, c, ws, counts, push, K, N_r, R, rows, row_lo,
+                 rank, shift, pid_base):  # fmt: skip
+    """The kernel's arguments and compile-time constants; shared by launches and ahead-of-time compiles."""
+    dynamic = push["comm_sms"] > 0
+    args = (
+        a_view, src, deltas, b, c, push["inbox"], push["inbox_deltas"], push["flags"], push["flag_ptrs"],
+        push["tickets"], ws, counts, N_r, K, R, push["slot"], row_lo, rows, rank, push["epoch"], push["n_chunks"],
+        shift, push["consumers"], pid_base, b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+    )  # fmt: skip
+    constexprs = dict(
+        WORLD=world_size, BLOCK_M=plan.BLOCK_M, BLOCK_N=plan.BLOCK_N, BLOCK_K=plan.BLOCK_K, GROUP_M=plan.GROUP_M,
+        SPLIT_K=plan.SPLIT_K, COMM_SMS=push["comm_sms"], CHUNK_M=max(plan.chunk_m, 1), WAIT=dynamic,
+        GATHER_LOCAL=push["gather_local"], CP_M=16, CP_K=256, DYNAMIC=dynamic,
+        PRODUCERS_CONSUME=dynamic and kind == "cuda", UPCAST=INTERPRETED, **compile_options(plan.__dict__),
+    )  # fmt: skip
+    return args, constexprs
 
 
 def triton_cdiv(x: int, y: int) -> int:
@@ -233,8 +248,8 @@ def _push(plan, a, b, c_out, world, R, K, N_r, want_gathered):
     n_chunks = triton_cdiv(R, plan.chunk_m)
     inbox = world.symmetric("ag_gemm.inbox", (2 * W * slot,), a[0].dtype)
     flags = world.symmetric("ag_gemm.flags", (W * triton_cdiv(R, 16),), torch.int32, zero=True)
-    tiles = triton_cdiv(M, plan.BLOCK_M) * triton_cdiv(N_r, plan.BLOCK_N)
-    consumers = max(1, min(_num_sms(world) - plan.comm_sms, tiles))
+    work = triton_cdiv(M, plan.BLOCK_M) * triton_cdiv(N_r, plan.BLOCK_N) * plan.SPLIT_K
+    consumers = max(1, min(_num_sms(world) - plan.comm_sms, work))
     tickets = world.symmetric("ag_gemm.tickets", (1,), torch.int32)  # local use only: one counter per rank
     launches = []
     for i, r in enumerate(world.local_ranks):
@@ -388,19 +403,25 @@ class AgGemmFamily(Family):
         warmup = getattr(ag_gemm_kernel, "warmup", None)
         if warmup is None:
             return
-        push = plan.mode == "push"
-        # warmup compiles for the arguments' types and divisibility; tiny stand-ins with the same traits
-        M, K = 64, 64
-        t = torch.empty(M * K * 4, dtype=getattr(torch, problem.dtype), device="cuda")
-        i64 = torch.zeros(8, dtype=torch.int64, device="cuda")
-        i32 = torch.zeros(8, dtype=torch.int32, device="cuda")
-        warmup(
-            t, t, i64, t, t, t, i64, i32, i64, problem.dim("N"), problem.dim("K"), M, 16, 0, M, 0, 1, 1, 0, 1, 0,
-            problem.dim("N") // problem.world_size, 1, problem.dim("N") // problem.world_size, 1,
-            WORLD=problem.world_size, BLOCK_M=plan.BLOCK_M, BLOCK_N=plan.BLOCK_N, BLOCK_K=plan.BLOCK_K,
-            GROUP_M=plan.GROUP_M, COMM_SMS=plan.comm_sms if push else 0, CHUNK_M=max(plan.chunk_m, 1), WAIT=push,
-            GATHER_LOCAL=False, CP_M=16, CP_K=256, UPCAST=False, grid=(1,), **compile_options(plan.__dict__),
-        )  # fmt: skip
+        # Compiles specialise on dtypes, on which integers are 16-divisible and on pointer alignment:
+        # 1-element stand-ins with the call's real dims compile what the trial will launch.
+        W = problem.world_size
+        M, N, K = (problem.dim(d) for d in self.dims)
+        R, N_r = M // W, N // W
+        dev = torch.device("cuda", torch.cuda.current_device())
+        t = torch.empty(1, dtype=getattr(torch, problem.dtype), device=dev)
+        i64 = torch.zeros(1, dtype=torch.int64, device=dev)
+        i32 = torch.zeros(1, dtype=torch.int32, device=dev)
+        f32 = torch.zeros(1, dtype=torch.float32, device=dev)
+        b = torch.empty_strided((1, 1), (N_r, 1), dtype=t.dtype, device=dev)
+        c = torch.empty_strided((1, 1), (N_r, 1), dtype=t.dtype, device=dev)
+        comm = plan.comm_sms if plan.mode == "push" else 0
+        push = dict(inbox=t, inbox_deltas=i64, flags=i32, flag_ptrs=i64, epoch=0, n_chunks=2, slot=_slot(R, K),
+                    comm_sms=comm, consumers=2, gather_local=False, tickets=i32)  # fmt: skip
+        args, constexprs = _kernel_args(
+            plan, W, "cuda", t, t, i64, b, c, f32 if plan.SPLIT_K > 1 else c, i32, push, K, N_r, R, M, 0, 0, 0, 0
+        )
+        warmup(*args, grid=(1,), **constexprs)
 
 
 register_family(AgGemmFamily())

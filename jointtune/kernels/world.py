@@ -72,6 +72,7 @@ class World(ABC):
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, torch.dtype], SymmetricBuffer] = {}
         self._tables: dict[tuple[int, ...], torch.Tensor] = {}
+        self._scratch: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
         self.epochs: dict[str, int] = {}
 
     @property
@@ -91,6 +92,15 @@ class World(ABC):
             table = torch.tensor(values, dtype=torch.int64, device=self.device)
             self._tables[values] = table
         return table
+
+    def scratch(self, name: str, numel: int, dtype: torch.dtype) -> list[torch.Tensor]:
+        """Zeroed private memory per local rank that kernels hand back zeroed (split-K slots, counters)."""
+        key = (name, dtype)
+        bufs = self._scratch.get(key)
+        if bufs is None or bufs[0].numel() < numel:
+            bufs = [torch.zeros(max(numel, 1), dtype=dtype, device=self.device) for _ in self.local_ranks]
+            self._scratch[key] = bufs
+        return bufs
 
     def symmetric(self, name: str, shape: Sequence[int], dtype: torch.dtype, *, zero: bool = False) -> SymmetricBuffer:
         """The buffer `name`, at least `prod(shape)` elements, reused across calls."""

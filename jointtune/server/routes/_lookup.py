@@ -1,0 +1,109 @@
+"""Helpers of the lookup route: reading shape dims from the query string, and explaining a miss.
+
+Dims travel as query parameters named after the kernel's dims (`?M=8192&N=4096&K=12288`); every
+parameter that is not a known field is a dim. A miss answers with what the store does have
+nearby, so a user can tell a typo'd dtype from a shape nobody has tuned yet.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import HTTPException
+
+from jointtune.db import Record, Store
+
+_DIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_MAX_DIMS = 16
+_SCAN = 1000
+
+
+def _error(name: str, msg: str) -> dict[str, Any]:
+    return {"loc": ["query", name], "msg": msg, "type": "value_error"}
+
+
+def parse_dims(params: Iterable[tuple[str, str]], known: set[str]) -> dict[str, int]:
+    """The shape from the query; 422 naming every bad parameter."""
+    shape: dict[str, int] = {}
+    errors: list[dict[str, Any]] = []
+    for name, raw in params:
+        if name in known:
+            continue
+        if not _DIM_NAME.match(name):
+            errors.append(_error(name[:64], "not a known parameter and not a dim name (use an identifier like M)"))
+        elif name in shape:
+            errors.append(_error(name, "given more than once"))
+        elif not raw.isascii() or not raw.isdigit() or len(raw) > 18 or int(raw) < 1:
+            errors.append(_error(name, f"{raw[:32]!r} is not allowed; dims must be integers > 0"))
+        else:
+            shape[name] = int(raw)
+    if not shape and not errors:
+        errors.append(_error("shape", "no dims given; pass the kernel's dims as query parameters, e.g. ?M=8192&N=4096"))
+    if len(shape) > _MAX_DIMS:
+        errors.append(_error("shape", f"{len(shape)} dims is not allowed; at most {_MAX_DIMS}"))
+    if errors:
+        raise HTTPException(422, errors)
+    return shape
+
+
+def _log_distance(a: dict[str, int], b: dict[str, int]) -> float:
+    return math.sqrt(sum((math.log2(a[k]) - math.log2(b[k])) ** 2 for k in a))
+
+
+def explain_miss(store: Store, *, kernel: str, shape: dict[str, int], query: dict[str, Any]) -> str:
+    """A 404 message that says what exists for this kernel: the closest shapes, dtypes, world sizes."""
+    asked = ", ".join(f"{k}={v}" for k, v in query.items() if v is not None)
+    base = f"no stored config for kernel {kernel!r} with {asked} and shape {_fmt(shape)}"
+    on_hw = store.list_records(kernel=kernel, hardware_id=query["hardware_id"], limit=_SCAN)
+    if not on_hw:
+        hardware = sorted({r.hardware_id for r in store.list_records(kernel=kernel, limit=_SCAN)})
+        return f"{base}; kernel {kernel!r} has records only for hardware {hardware}"
+    same = [r for r in on_hw if r.dtype == query["dtype"] and r.world_size == query["world_size"]]
+    if query.get("kernel_version") is not None:
+        versioned = [r for r in same if r.kernel_version == query["kernel_version"]]
+        if same and not versioned:
+            versions = sorted({r.kernel_version for r in same})
+            return f"{base}; kernel_version {query['kernel_version']!r} has none, these do: {versions}"
+        same = versioned
+    if not same:
+        combos = sorted({(r.dtype, r.world_size) for r in on_hw})
+        listed = ", ".join(f"dtype={d} world_size={w}" for d, w in combos[:10])
+        return f"{base}; on this hardware the kernel has records for: {listed}"
+    comparable = [r for r in same if set(r.shape) == set(shape)]
+    if not comparable:
+        dims = " or ".join(sorted({",".join(sorted(r.shape)) for r in same}))
+        return f"{base}; stored shapes have dims {dims}, the query has {','.join(sorted(shape))}"
+    closest = sorted(comparable, key=lambda r: _log_distance(shape, r.shape))[:3]
+    return f"{base}; closest stored shapes: " + "; ".join(_fmt(r.shape) for r in closest)
+
+
+def _fmt(shape: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(shape.items()))
+
+
+def lookup_json(record: Record, distance: float) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "kernel": record.kernel,
+        "kernel_version": record.kernel_version,
+        "shape": record.shape,
+        "dtype": record.dtype,
+        "world_size": record.world_size,
+        "hardware_id": record.hardware_id,
+        "config": record.config,
+        "latency_us": {"p10": record.latency_p10_us, "p50": record.latency_p50_us, "p90": record.latency_p90_us},
+        "baseline_us": record.baseline_us,
+        "speedup": record.speedup,
+        "provenance": {
+            "study_name": record.study_name,
+            "trials": record.trials,
+            "tuner_version": record.tuner_version,
+            "triton_version": record.triton_version,
+            "updated_at": record.updated_at,
+        },
+        "match": "exact" if distance == 0 else "nearest",
+        "distance": distance,
+    }

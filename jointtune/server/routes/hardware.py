@@ -1,0 +1,22 @@
+"""`/v1/hardware`: the hardware profiles records refer to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from jointtune.server.auth import ReadAuthDep
+from jointtune.server.deps import StoreDep
+from jointtune.server.schemas import HardwareOut
+
+router = APIRouter(prefix="/v1/hardware", tags=["hardware"])
+
+
+@router.get("", response_model=list[HardwareOut])
+def list_hardware(store: StoreDep, _role: ReadAuthDep) -> list[dict[str, Any]]:
+    """Every hardware profile (placeholders for hardware only seen in records have an empty fingerprint)."""
+    return [
+        {"hardware_id": h.hardware_id, "name": h.name, "fingerprint": h.fingerprint, "created_at": h.created_at}
+        for h in store.list_hardware()
+    ]

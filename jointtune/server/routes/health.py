@@ -1,0 +1,37 @@
+"""`/healthz` (the process answers), `/readyz` (the database answers, at the newest schema), `/metrics`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from jointtune.errors import StoreError
+from jointtune.server.deps import get_store
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, Any]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(request: Request) -> Response:
+    """503 while the store can't be opened or read, or its schema is not at head."""
+    try:
+        store = get_store(request)
+        revision, head = store.revision(), store.head_revision()
+    except StoreError:
+        return JSONResponse({"status": "unavailable", "detail": "the tuning store can't be reached"}, status_code=503)
+    if revision != head:
+        return JSONResponse({"status": "unavailable", "detail": f"schema at {revision}, head is {head}"}, 503)
+    return JSONResponse({"status": "ready", "backend": store.backend, "revision": revision})
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(request: Request) -> Response:
+    body, content_type = request.app.state.metrics.render()
+    return Response(body, media_type=content_type)

@@ -1,0 +1,60 @@
+"""`jointtune serve` in a real subprocess: migrates on start, answers, refuses bad settings in one line."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from jointtune.db import Store
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def testserve_subprocess(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'served.db'}"
+    port = _free_port()
+    env = {**os.environ, "JOINTTUNE_TOKENS": "write:serve-token-123"}
+    cmd = [sys.executable, "-c", "from jointtune.cli import main; main()", "serve", "--port", str(port), "--db", db]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline, ready = time.monotonic() + 30, None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1, trust_env=False)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert ready is not None and ready.json()["status"] == "ready"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    with Store(db, migrate=False) as store:
+        assert store.revision() == store.head_revision()
+
+
+def testserve_refuses_bad_tokens(tmp_path: Path) -> None:
+    env = {**os.environ, "JOINTTUNE_TOKENS": "root:whatever-token"}
+    cmd = [
+        sys.executable,
+        "-c",
+        "from jointtune.cli import main; main()",
+        "serve",
+        "--db",
+        f"sqlite:///{tmp_path}/x.db",
+    ]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: JOINTTUNE_TOKENS: entry 1 is not allowed; use role:token with role one of read, write, admin "
+        "and a token of >= 8 characters"
+    ]

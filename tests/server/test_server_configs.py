@@ -1,0 +1,95 @@
+"""Lookups (exact, nearest, 404 that says what exists), publish, list, delete, kernels, hardware, health."""
+
+from __future__ import annotations
+
+from jt_server import ADMIN, LOOKUP, WRITE, LiveServer, record
+
+
+def _publish(server: LiveServer, **overrides: object) -> dict:
+    with server.client(WRITE) as http:
+        response = http.post("/v1/configs", json=record(**overrides))
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_lookup_exact_nearest_and_miss(server: LiveServer) -> None:
+    _publish(server)
+    with server.client() as http:
+        exact = http.get("/v1/configs/ag_gemm", params={**LOOKUP, "M": 8192, "N": 4096, "K": 12288}).json()
+        assert exact["match"] == "exact" and exact["distance"] == 0
+        assert exact["config"] == {"BLOCK_M": 128, "BLOCK_N": 128, "mode": "pull"}
+        assert exact["latency_us"] == {"p10": 590.0, "p50": 600.0, "p90": 620.0}
+        assert exact["speedup"] == 940.0 / 600.0
+        assert exact["provenance"]["study_name"] == "ag_gemm-8192" and exact["provenance"]["trials"] == 64
+
+        near = http.get("/v1/configs/ag_gemm", params={**LOOKUP, "M": 4096, "N": 4096, "K": 12288}).json()
+        assert near["match"] == "nearest" and near["distance"] == 1.0
+
+        only_exact = http.get(
+            "/v1/configs/ag_gemm", params={**LOOKUP, "M": 4096, "N": 4096, "K": 12288, "nearest": "false"}
+        )
+        assert only_exact.status_code == 404
+        assert "closest stored shapes: K=12288,M=8192,N=4096" in only_exact.json()["detail"]
+
+        other_dtype = http.get("/v1/configs/ag_gemm", params={**LOOKUP, "dtype": "float16", "M": 1, "N": 1, "K": 1})
+        assert other_dtype.status_code == 404
+        assert "dtype=bfloat16 world_size=2" in other_dtype.json()["detail"]
+
+        other_dims = http.get("/v1/configs/ag_gemm", params={**LOOKUP, "B": 4, "S": 1024})
+        assert other_dims.status_code == 404 and "dims K,M,N, the query has B,S" in other_dims.json()["detail"]
+
+        unknown = http.get("/v1/configs/no_such_kernel", params={**LOOKUP, "M": 1})
+        assert unknown.status_code == 404 and "'ag_gemm'" in unknown.json()["detail"]
+
+        version = http.get("/v1/configs/ag_gemm", params={**LOOKUP, "kernel_version": "v9", "M": 8192})
+        assert version.status_code == 404
+
+        metrics = http.get("/metrics").text
+    assert 'jointtune_lookups_total{result="exact"} 1.0' in metrics
+    assert 'jointtune_lookups_total{result="nearest"} 1.0' in metrics
+    assert 'jointtune_lookups_total{result="miss"} 5.0' in metrics
+    assert 'route="/v1/configs/{kernel}"' in metrics
+
+
+def test_publish_keeps_better_and_is_idempotent(server: LiveServer) -> None:
+    first = _publish(server)
+    assert first["changed"] is True
+    again = _publish(server)
+    assert again["changed"] is False and again["record"]["id"] == first["record"]["id"]
+    slower = _publish(server, latency_p50_us=700.0, config={"BLOCK_M": 64})
+    assert slower["changed"] is False and slower["record"]["config"]["BLOCK_M"] == 128
+    faster = _publish(server, latency_p50_us=500.0, config={"BLOCK_M": 256})
+    assert faster["changed"] is True and faster["record"]["config"] == {"BLOCK_M": 256}
+    with server.client() as http:
+        page = http.get("/v1/configs").json()
+    assert page["total"] == 1 and page["items"][0]["latency_p50_us"] == 500.0
+
+
+def test_list_filter_paginate_delete_kernels_hardware(server: LiveServer) -> None:
+    for m in (1024, 2048, 4096):
+        _publish(server, shape={"M": m, "N": 4096, "K": 4096})
+    _publish(server, kernel="gemm_rs", hardware_id="h100x8")
+    with server.client() as http:
+        page = http.get("/v1/configs", params={"kernel": "ag_gemm", "limit": 2, "offset": 1}).json()
+        assert page["total"] == 3 and len(page["items"]) == 2
+        assert http.get("/v1/configs", params={"limit": 1001}).status_code == 422
+        assert http.get("/v1/configs", params={"hardware_id": "h100x8"}).json()["total"] == 1
+        kernels = {k["name"] for k in http.get("/v1/kernels").json()}
+        hardware = {h["hardware_id"] for h in http.get("/v1/hardware").json()}
+        target = page["items"][0]["id"]
+    assert kernels == {"ag_gemm", "gemm_rs"} and hardware == {"h200x2-nvl", "h100x8"}
+    with server.client(WRITE) as http:
+        assert http.delete(f"/v1/configs/{target}").status_code == 403
+    with server.client(ADMIN) as http:
+        assert http.delete(f"/v1/configs/{target}").status_code == 204
+        assert http.delete(f"/v1/configs/{target}").status_code == 404
+        assert http.get("/v1/configs", params={"kernel": "ag_gemm"}).json()["total"] == 2
+
+
+def test_health_ready_docs(server: LiveServer) -> None:
+    with server.client() as http:
+        assert http.get("/healthz").json() == {"status": "ok"}
+        ready = http.get("/readyz").json()
+        assert ready["status"] == "ready" and ready["revision"]
+        assert http.get("/docs").status_code == 200
+        assert "/v1/configs/{kernel}" in http.get("/openapi.json").json()["paths"]

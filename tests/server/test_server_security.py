@@ -1,0 +1,112 @@
+"""Bad input and missing rights are 4xx, never 5xx, and write nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from jt_server import ADMIN, LOOKUP, READ, TOKENS, WRITE, LiveServer, count, record, serve
+
+from jointtune.server import TokenConfigError, TokenSet
+
+
+def test_writes_need_a_write_token(server: LiveServer) -> None:
+    with server.client() as http:
+        assert http.post("/v1/configs", json=record()).status_code == 401
+        assert http.post("/v1/bundles", json={}).status_code == 401
+    with server.client("wrong-token-123") as http:
+        assert http.post("/v1/configs", json=record()).status_code == 401
+    with server.client(READ) as http:
+        assert http.post("/v1/configs", json=record()).status_code == 403
+    with server.client(ADMIN) as http:
+        assert http.post("/v1/configs", headers={"Authorization": "Basic abc"}, json=record()).status_code == 401
+    assert count(server.db_url) == 0
+
+
+def test_bad_input_is_4xx_and_writes_nothing(server: LiveServer) -> None:
+    with server.client(WRITE) as http:
+        missing = http.post("/v1/configs", json={k: v for k, v in record().items() if k != "dtype"})
+        assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["body", "dtype"]
+        bad_shape = http.post("/v1/configs", json=record(shape={"M": -4}))
+        assert bad_shape.status_code == 422 and "shape.M" in bad_shape.text
+        assert http.post("/v1/configs", json=record(extra_field=1)).status_code == 422
+        infinite = json.dumps(record(latency_p50_us=1.5)).replace("1.5", "1e400")
+        inf = http.post("/v1/configs", content=infinite, headers={"content-type": "application/json"})
+        assert inf.status_code == 422 and "latency_p50_us" in inf.text
+        order = http.post("/v1/configs", json=record(latency_p10_us=900.0))
+        assert order.status_code == 422 and "p10 <= p50" in order.text
+        not_json = http.post("/v1/configs", content=b"{nope", headers={"content-type": "application/json"})
+        assert not_json.status_code == 422
+        huge = http.post("/v1/configs", content=b"x" * (2 * 1024 * 1024), headers={"content-type": "application/json"})
+        assert huge.status_code == 413
+        nul = http.post("/v1/configs", json=record(config={"mode": "pu\x00ll"}))
+        assert nul.status_code == 422 and nul.json()["detail"][0]["loc"] == ["body", "config"]
+        assert http.post("/v1/configs", json=record(hardware_id="h\x00")).status_code == 422
+        assert http.post("/v1/configs", json=record(latency_p50_us=1e-300, baseline_us=1e12)).status_code == 422
+        sqlish = "x'; DROP TABLE jt_records; --"
+        assert http.post("/v1/configs", json=record(dtype=sqlish, kernel=sqlish)).status_code == 200
+    with server.client() as http:
+        dims = http.get("/v1/configs/ag_gemm", params={**LOOKUP, "M": "abc", "N": "0", "K": "1e3"})
+        assert dims.status_code == 422
+        assert [e["loc"] for e in dims.json()["detail"]] == [["query", "M"], ["query", "N"], ["query", "K"]]
+        no_dims = http.get("/v1/configs/ag_gemm", params=LOOKUP)
+        assert no_dims.status_code == 422 and "no dims given" in no_dims.text
+        assert http.get("/v1/configs/ag_gemm", params={**LOOKUP, "world_size": 0, "M": 1}).status_code == 422
+        assert http.get("/v1/configs/ag_gemm", params={**LOOKUP, "M'--": 1}).status_code == 422
+        assert http.get("/v1/configs/ag_gemm", params={**LOOKUP, "hardware_id": "h\x00", "M": 1}).status_code == 422
+        assert http.get("/v1/configs/" + "k" * 300, params={**LOOKUP, "M": 1}).status_code == 422
+        injected = http.get("/v1/configs/x' OR '1'='1", params={**LOOKUP, "M": 1})
+        assert injected.status_code == 404 and "Traceback" not in injected.text
+        page = http.get("/v1/configs", params={"dtype": "x'; DROP TABLE jt_records; --"}).json()
+    assert page["total"] == 1  # the SQL-looking string is data, stored and found like any other
+    assert count(server.db_url) == 1
+
+
+def test_read_token_required(sqlite_url: str) -> None:
+    for live in serve(sqlite_url, read_token_required=True):
+        with live.client() as http:
+            assert http.get("/v1/kernels").status_code == 401
+            assert http.get("/healthz").status_code == 200
+        with live.client(READ) as http:
+            assert http.get("/v1/kernels").status_code == 200
+
+
+def test_tokens_parse_from_env_and_file(tmp_path, monkeypatch) -> None:
+    tokens = TokenSet.parse(TOKENS)
+    assert tokens.role_of(ADMIN) == "admin" and tokens.role_of("nope-nope") is None
+    path = tmp_path / "tokens"
+    path.write_text("# ops\nwrite:file-token-9999\n\n")
+    monkeypatch.setenv("JOINTTUNE_TOKENS", f"read:{READ}")
+    monkeypatch.setenv("JOINTTUNE_TOKENS_FILE", str(path))
+    from jointtune.server import Settings
+
+    settings = Settings()
+    loaded = TokenSet.load(settings.tokens, settings.tokens_file)
+    assert loaded.role_of("file-token-9999") == "write" and loaded.role_of(READ) == "read"
+    assert TOKENS not in repr(settings)
+    with pytest.raises(TokenConfigError, match="entry 1 is not allowed"):
+        TokenSet.parse("root:abcdefghij")
+    with pytest.raises(TokenConfigError, match="can't be read"):
+        TokenSet.load("", tmp_path / "missing")
+
+
+def test_streamed_body_over_the_limit_is_413(sqlite_server: LiveServer) -> None:
+    def chunks():
+        for _ in range(40):
+            yield b"x" * 65536  # 2.5 MiB in chunks, no Content-Length
+
+    with sqlite_server.client(WRITE) as http:
+        response = http.post("/v1/configs", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "1048576 bytes" in response.text
+    assert count(sqlite_server.db_url) == 0
+
+
+def test_store_outage_is_503_without_details(tmp_path) -> None:
+    for live in serve(f"sqlite:///{tmp_path / 'missing-dir' / 'x.db'}"):
+        with live.client() as http:
+            assert http.get("/healthz").status_code == 200
+            ready = http.get("/readyz")
+            kernels = http.get("/v1/kernels")
+    assert ready.status_code == 503 and kernels.status_code == 503
+    assert kernels.json() == {"detail": "the tuning store is unavailable; try again later"}
+    assert "missing-dir" not in ready.text + kernels.text
