@@ -182,7 +182,16 @@ def count(
     modes: list[str] = []
     for row in rows:
         modes += [m for m in row["modes"] if m not in modes]
-    table = Table("space", "shape", "total", *modes, title=title, caption=_describe(limits, source))
+    table = Table(
+        "space",
+        "shape",
+        "total",
+        *modes,
+        title=title,
+        caption=_describe(limits, source),
+        padding=(0, 1),
+        pad_edge=False,
+    )
     for row in rows:
         per_mode = [str(row["modes"][m]) if m in row["modes"] else "-" for m in modes]
         table.add_row(row["space"], "x".join(str(v) for v in _ordered(row)), str(row["total"]), *per_mode)

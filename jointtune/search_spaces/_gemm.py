@@ -3,7 +3,9 @@
 Both `ag_gemm` and `gemm_rs` run a Triton tile GEMM in `pull`/`push` modes and, in `ce` mode,
 either a Triton tile GEMM or cuBLAS per chunk; `baseline` is NCCL + cuBLAS with no knobs. Only
 the GEMM's extents differ (all-gather: M x N/W x K; reduce-scatter: M x N x K/W), so the tile
-rules take the context names of those extents.
+rules take the context names of those extents. `SPLIT_K` splits one output tile's k loop over
+that many programs whose fp32 partial sums meet through atomics; the depth it splits is the one
+the local GEMM loops over (K for all-gather, K/W for reduce-scatter).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ MODES = ("pull", "push", "ce", "baseline")
 TILES_WHEN = when(mode=("pull", "push")) | when(mode="ce", ce_consumer="triton")
 #: below this many rows per rank a fused kernel rarely beats NCCL + cuBLAS: default to baseline
 BASELINE_BELOW_ROWS = 512
+#: programs one output tile's k loop is split over
+SPLIT_KS = (1, 2, 4, 8)
 
 
 def mode_param(doc: str) -> Param:
@@ -51,6 +55,7 @@ def tile_params(cond: Condition = TILES_WHEN) -> list[Param]:
         choice("GROUP_M", (1, 4, 8, 16), when=cond, doc="row tiles per group of the L2-friendly swizzle"),
         choice("num_warps", (4, 8), when=cond, doc="warps per program"),
         choice("num_stages", (2, 3, 4, 5, 6), when=cond, doc="software-pipeline depth of the k loop"),
+        choice("SPLIT_K", SPLIT_KS, when=cond, doc="programs sharing one tile's k loop (fp32 atomic reduction)"),
     ]
 
 
@@ -100,6 +105,23 @@ def _group_m(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     )
 
 
+def _split_k(depth: str, label: str) -> Constraint:
+    def check(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+        split, bk = cfg["SPLIT_K"], cfg["BLOCK_K"]
+        need = 2 * bk  # each split runs at least two k-steps, or splitting only adds atomics
+        if split == 1 or cdiv(ctx[depth], split) >= need:
+            return None
+        ok = ", ".join(str(s) for s in SPLIT_KS if s == 1 or cdiv(ctx[depth], s) >= need)
+        return (
+            f"SPLIT_K: {split} is not allowed with BLOCK_K={bk} for {depth}={ctx[depth]} ({label}); "
+            f"cdiv({depth}, SPLIT_K) = {cdiv(ctx[depth], split)} < 2 * BLOCK_K = {need}; "
+            f"allowed: 1 or cdiv({depth}, SPLIT_K) >= 2 * BLOCK_K, here {ok}"
+        )
+
+    rule = f"SPLIT_K == 1 or cdiv({depth}, SPLIT_K) >= 2 * BLOCK_K"
+    return Constraint("split_k_fits_depth", ("SPLIT_K", "BLOCK_K"), rule, check)
+
+
 def tile_constraints(cols: str, cols_label: str, depth: str, depth_label: str) -> list[Constraint]:
     """Rules for one GEMM of extents M x `cols` x `depth` (context names, with their meaning)."""
     return [
@@ -119,6 +141,7 @@ def tile_constraints(cols: str, cols_label: str, depth: str, depth_label: str) -
             _warps,
         ),
         Constraint("group_fits_rows", ("GROUP_M", "BLOCK_M"), "GROUP_M == 1 or GROUP_M <= cdiv(M, BLOCK_M)", _group_m),
+        _split_k(depth, depth_label),
     ]
 
 

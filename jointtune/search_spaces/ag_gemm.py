@@ -8,6 +8,8 @@ Dims M, N, K are global; R = M / W rows per rank, N_r = N / W columns per rank. 
   ce        the copy engine gathers A in `ce_chunks` chunks per peer shard; a Triton tile GEMM or
             cuBLAS (`ce_consumer`) consumes each chunk after it lands;
   baseline  NCCL all_gather, then one cuBLAS GEMM (no knobs: the unfused reference speed).
+Tiles (BLOCK_M/N/K, GROUP_M, num_warps, num_stages, SPLIT_K) exist wherever a Triton GEMM runs;
+`SPLIT_K` splits the k loop over the global K, each split at least two BLOCK_K steps deep.
 The ag_gemm kernel is written against exactly these names, values and meanings.
 """
 
@@ -44,7 +46,7 @@ def _derive(problem: Problem) -> dict[str, int]:
 AG_GEMM = Space(
     "ag_gemm",
     dims=("M", "N", "K"),
-    revision=1,
+    revision=2,  # 2: SPLIT_K (split-K tiles) and its depth rule
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         mode_param("how A's shards reach the GEMM: fused pull/push, copy engine, or NCCL + cuBLAS"),

@@ -10,6 +10,8 @@ ends with its R = M / W rows of sum_r P_r. Dims M, N, K are global; K_r = K / W.
   ce        a Triton tile GEMM or cuBLAS (`ce_consumer`, named as in ag_gemm) computes each peer's
             rows in `ce_chunks` chunks; the copy engine sends each chunk as it completes;
   baseline  one cuBLAS GEMM, then NCCL reduce_scatter (no knobs: the unfused reference speed).
+Tiles are ag_gemm's; `SPLIT_K` splits the local k loop, over K_r (not K), each split at least two
+BLOCK_K steps deep.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _derive(problem: Problem) -> dict[str, int]:
 GEMM_RS = Space(
     "gemm_rs",
     dims=("M", "N", "K"),
-    revision=1,
+    revision=2,  # 2: SPLIT_K (split-K tiles) and its depth rule
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         mode_param("how partial rows reach their owner: fused pull/push, copy engine, or cuBLAS + NCCL"),

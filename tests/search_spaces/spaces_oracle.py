@@ -10,7 +10,7 @@ from typing import Any
 
 from jointtune.search_spaces import DeviceLimits, Problem
 
-TILES = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+TILES = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "SPLIT_K")
 DECODE = ("kv_split", "BLOCK_N", "heads_per_program", "num_warps", "num_stages", "combine_chunks")
 
 
@@ -74,6 +74,8 @@ def broken_rules(space: str, cfg: dict[str, Any], problem: Problem, lim: DeviceL
             bad.append("warps")
         if cfg["GROUP_M"] != 1 and cfg["GROUP_M"] > -(-d["M"] // bm):
             bad.append("group")
+        if cfg["SPLIT_K"] != 1 and -(-depth // cfg["SPLIT_K"]) < 2 * bk:
+            bad.append("split_k")
     if "chunk_m" in cfg and rows % cfg["chunk_m"] and cfg["chunk_m"] != np2(rows):
         bad.append("chunk_m")
     if "comm_sms" in cfg and cfg["comm_sms"] > lim.num_sms // 4:

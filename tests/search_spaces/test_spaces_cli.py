@@ -38,9 +38,9 @@ def test_list_and_show(invoke) -> None:
     assert rows[0] == {
         "name": "ag_gemm",
         "version": get_space("ag_gemm").version,
-        "revision": 1,
+        "revision": 2,
         "dims": ["M", "N", "K"],
-        "params": 11,
+        "params": 12,
     }
     table = invoke("list")
     assert get_space("gemm_rs").version in table and "flash_decode" in table
@@ -64,7 +64,7 @@ def test_count_one_problem_matches_the_api(invoke) -> None:
     )
 
 
-def test_count_anchors_covers_every_anchor(invoke) -> None:
+def test_count_anchors_covers_every_anchor(invoke, monkeypatch: pytest.MonkeyPatch) -> None:
     data = json.loads(invoke("count", "--anchors", "--nominal", "--json"))
     assert data["limits"].startswith("nominal Hopper")
     assert [(r["space"], r["shape"]) for r in data["counts"]] == [(n, s) for n in ANCHORS for s in ANCHORS[n]]
@@ -74,6 +74,8 @@ def test_count_anchors_covers_every_anchor(invoke) -> None:
         assert row["total"] == space.count(problem, HOPPER) == sum(row["modes"].values())
     only = json.loads(invoke("count", "flash_decode", "--anchors", "--nominal", "--json"))["counts"]
     assert {r["space"] for r in only} == {"flash_decode"}
+    # off a terminal rich has 80 columns: the table must still show the longest shape whole
+    monkeypatch.setenv("COLUMNS", "80")
     table = invoke("count", "--anchors", "--nominal")
     assert "8192x4096x12288" in table and "16x64x8x131072x128" in table and "baseline" in table
 
@@ -89,13 +91,22 @@ def test_anchor_counts_take_given_limits() -> None:
 
 def test_validate_prints_the_canonical_config_and_hash(invoke) -> None:
     config = {"num_stages": 3, "mode": "pull", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64}
-    config |= {"GROUP_M": 8, "num_warps": 8.0}
+    config |= {"GROUP_M": 8, "num_warps": 8.0, "SPLIT_K": 2}
     out = json.loads(
         invoke("validate", "ag_gemm", "--shape", "8192x4096x12288", "--config", json.dumps(config), "--nominal")
     )
     space = get_space("ag_gemm")
     assert out["config"] == {**config, "num_warps": 8}
-    assert list(out["config"]) == ["mode", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"]
+    assert list(out["config"]) == [
+        "mode",
+        "BLOCK_M",
+        "BLOCK_N",
+        "BLOCK_K",
+        "GROUP_M",
+        "num_warps",
+        "num_stages",
+        "SPLIT_K",
+    ]
     assert out["hash"] == space.config_hash(out["config"]) and out["version"] == space.version
 
 

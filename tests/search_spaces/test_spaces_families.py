@@ -21,7 +21,7 @@ from jointtune.search_spaces import (
 )
 
 HOPPER = DeviceLimits.nominal_hopper()
-TILES = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+TILES = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "SPLIT_K")
 
 
 def test_ag_gemm_params_are_exactly_the_kernel_contract() -> None:
@@ -36,6 +36,7 @@ def test_ag_gemm_params_are_exactly_the_kernel_contract() -> None:
         "GROUP_M": (1, 4, 8, 16),
         "num_warps": (4, 8),
         "num_stages": (2, 3, 4, 5, 6),
+        "SPLIT_K": (1, 2, 4, 8),
         "comm_sms": (1, 2, 4, 8, 16, 32),
         "chunk_m": (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
     }
@@ -50,8 +51,8 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
     # If this fails you changed a space: bump its `revision` if constraint code changed meaning,
     # then update the pinned value. Stored records are keyed by these versions.
     assert {name: get_space(name).version for name in ("ag_gemm", "gemm_rs", "flash_decode")} == {
-        "ag_gemm": "028d62b44863",
-        "gemm_rs": "7f8dfc3a0b0d",
+        "ag_gemm": "e4f86759eac3",
+        "gemm_rs": "1fd89d6bea81",
         "flash_decode": "b08fba860040",
     }
 
@@ -74,7 +75,7 @@ def _rebuild(space: Space, **changes) -> Space:
 def test_version_follows_the_definition_not_the_docs() -> None:
     assert _rebuild(AG_GEMM).version == AG_GEMM.version
     assert _rebuild(AG_GEMM, doc="other words").version == AG_GEMM.version
-    assert _rebuild(AG_GEMM, revision=2).version != AG_GEMM.version
+    assert _rebuild(AG_GEMM, revision=AG_GEMM.revision + 1).version != AG_GEMM.version
     params = [pow2("chunk_m", 16, 4096, when=p.when) if p.name == "chunk_m" else p for p in AG_GEMM.params]
     assert _rebuild(AG_GEMM, params=params).version != AG_GEMM.version
     assert _rebuild(AG_GEMM, constraints=AG_GEMM.constraints[1:]).version != AG_GEMM.version
@@ -114,7 +115,8 @@ def _problem(name: str, text: str, world_size: int = 2):
 
 def test_error_messages_name_field_value_and_what_is_allowed() -> None:
     space, problem = AG_GEMM, _problem("ag_gemm", "1024x8192x8192")
-    tiles = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+    no_split = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+    tiles = {**no_split, "SPLIT_K": 1}
     cases = [
         ({"mode": "pushy"}, 'mode: \'pushy\' is not allowed; allowed: "pull", "push", "ce", "baseline"'),
         ({"mode": "ce", "ce_consumer": "cublas"}, 'ce_chunks: missing (required with mode="ce"); allowed: 1, 2, 4, 8'),
@@ -129,6 +131,9 @@ def test_error_messages_name_field_value_and_what_is_allowed() -> None:
             "chunk_m: 8192 is not allowed for R=512 rows per rank (M / world_size); allowed: a divisor of R, or 512",
         ),
         ({"mode": "pull", **tiles, "BLOCK_M": 16}, "num_warps: 8 is not allowed with BLOCK_M*BLOCK_N = 16*128 = 2048"),
+        ({"mode": "pull", **no_split}, 'SPLIT_K: missing (required with mode="pull"); allowed: 1, 2, 4, 8'),
+        ({"mode": "pull", **tiles, "SPLIT_K": 3}, "SPLIT_K: 3 is not allowed; allowed: 1, 2, 4, 8"),
+        ({"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "SPLIT_K": 1}, "SPLIT_K: 1 is not allowed with"),
     ]
     for cfg, message in cases:
         found = space.violations(cfg, problem, HOPPER)
@@ -144,7 +149,9 @@ def test_small_problems_cap_tiles_groups_and_chunks() -> None:
     small = _problem("ag_gemm", "32x64x16")  # R=16, N_r=32, K=16
     limits = DeviceLimits(max_shared_mem=232448, num_sms=40, compute_capability=(9, 0))
     tiles = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+    tiles["SPLIT_K"] = 1
     assert AG_GEMM.violations({"mode": "pull", **tiles}, small, limits) == []
+    assert "SPLIT_K: 2 is not allowed" in AG_GEMM.violations({"mode": "pull", **tiles, "SPLIT_K": 2}, small, limits)[0]
     assert (
         "BLOCK_M: 64 is not allowed for M=32"
         in AG_GEMM.violations({"mode": "pull", **tiles, "BLOCK_M": 64}, small, limits)[0]
@@ -158,6 +165,43 @@ def test_small_problems_cap_tiles_groups_and_chunks() -> None:
         {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 8}, _problem("ag_gemm", "8x64x16"), limits
     )
     assert AG_GEMM.count(small, limits, where={"mode": "push"}) > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "depth"),
+    [("ag_gemm", "256x256x1020", "K=1020 (global depth)"), ("gemm_rs", "256x256x2040", "K_r=1020 (K / world_size)")],
+)
+def test_split_k_leaves_each_split_two_k_blocks_of_the_local_depth(name: str, shape: str, depth: str) -> None:
+    # both GEMMs loop over a depth of 1020 (gemm_rs: K_r = 2040 / 2); cdiv rounds up: 1020 / 8 -> 128
+    space, problem = get_space(name), _problem(name, shape)
+    base = {"mode": "pull", "BLOCK_M": 64, "BLOCK_N": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
+    base |= {"chunk_m": 64} if name == "gemm_rs" else {}
+    assert space.violations({**base, "BLOCK_K": 64, "SPLIT_K": 8}, problem, HOPPER) == []
+    assert space.violations({**base, "BLOCK_K": 128, "SPLIT_K": 2}, problem, HOPPER) == []
+    assert space.violations({**base, "BLOCK_K": 128, "SPLIT_K": 4}, problem, HOPPER) == [
+        f"SPLIT_K: 4 is not allowed with BLOCK_K=128 for {depth}; cdiv({depth.split('=')[0]}, SPLIT_K) = 255 "
+        f"< 2 * BLOCK_K = 256; allowed: 1 or cdiv({depth.split('=')[0]}, SPLIT_K) >= 2 * BLOCK_K, here 1, 2"
+    ]
+    pairs = {(c["SPLIT_K"], c["BLOCK_K"]) for c in space.enumerate(problem, HOPPER, where={"mode": "pull"})}
+    assert pairs == {
+        (1, 32),
+        (1, 64),
+        (1, 128),
+        (1, 256),
+        (2, 32),
+        (2, 64),
+        (2, 128),
+        (4, 32),
+        (4, 64),
+        (8, 32),
+        (8, 64),
+    }
+    rule = next(c for c in space.to_json()["constraints"] if c["name"] == "split_k_fits_depth")
+    assert rule == {
+        "name": "split_k_fits_depth",
+        "fields": ["SPLIT_K", "BLOCK_K"],
+        "rule": f"SPLIT_K == 1 or cdiv({depth.split('=')[0]}, SPLIT_K) >= 2 * BLOCK_K",
+    }
 
 
 def test_flash_decode_rules() -> None:
@@ -192,7 +236,9 @@ def test_flash_decode_rules() -> None:
         ("ag_gemm", "128x8192x8192", {"mode": "pull"}),
         ("ag_gemm", "96x96x48", {"mode": "ce"}),
         ("ag_gemm", "200x40x100", {"mode": "push", "comm_sms": 4}),
+        ("ag_gemm", "256x256x1020", {"mode": "pull"}),
         ("gemm_rs", "1024x8192x8192", {"mode": "pull"}),
+        ("gemm_rs", "256x256x2040", {"mode": "ce"}),
         ("gemm_rs", "200x40x100", {"mode": "push", "comm_sms": 16}),
         ("flash_decode", "16x24x8x30000x128", {"mode": "push"}),
     ],
@@ -221,8 +267,10 @@ def test_anchor_counts_are_fast_and_add_up() -> None:
     assert len(rows) == len(ANCHORS["ag_gemm"]) == 5
     for _, _, total, modes in rows:
         assert total == sum(modes.values()) and modes["baseline"] == 1
-    # (8192, 4096, 12288): 1556 tile configs; ce = 4 chunks x (cuBLAS + 1556 tiles); push x 6 SMs x 9 chunks
-    assert rows[0][3] == {"pull": 1556, "push": 1556 * 6 * 9, "ce": 4 * 1557, "baseline": 1}
+    # (8192, 4096, 12288): 1556 tile configs x 4 SPLIT_K (K is deep enough for every split and BLOCK_K);
+    # ce = 4 chunks x (cuBLAS + the tiles); push x 6 SMs x 9 chunks
+    tiles = 1556 * 4
+    assert rows[0][3] == {"pull": tiles, "push": tiles * 6 * 9, "ce": 4 * (tiles + 1), "baseline": 1}
 
 
 def test_count_filters_must_name_real_choices() -> None:

@@ -90,7 +90,7 @@ def test_known_results_can_be_imported_into_a_study() -> None:
     space = get_space("ag_gemm")
     problem = space.make_problem("1024x8192x8192", world_size=2)
     config = {"mode": "push", "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}
-    config |= {"num_warps": 8, "num_stages": 3, "comm_sms": 8, "chunk_m": 256}
+    config |= {"num_warps": 8, "num_stages": 3, "SPLIT_K": 4, "comm_sms": 8, "chunk_m": 256}
     config = space.validate(config, problem, HOPPER)
     dists = space.distributions()
     trial = optuna.trial.create_trial(params=config, distributions={k: dists[k] for k in config}, value=12.5)

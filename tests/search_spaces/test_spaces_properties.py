@@ -39,7 +39,10 @@ def problems(draw: st.DrawFn, name: str) -> Problem:
         }
     else:
         rows = draw(st.one_of(st.sampled_from([1, 16, 100, 128, 511, 512, 4096, 9000]), st.integers(1, 10_000)))
-        n, k = draw(st.integers(1, 8192)), draw(st.integers(1, 16384))
+        # the local depth (ag_gemm: K, gemm_rs: K / W) also from values just below where cdiv and
+        # floor division disagree on whether a SPLIT_K leaves two BLOCK_K steps per split
+        edges = st.sampled_from([127, 255, 511, 1020, 1023, 2047, 4095])
+        n, k = draw(st.integers(1, 8192)), draw(st.one_of(st.integers(1, 16384), edges))
         dims = {"M": w * rows, "N": w * n, "K": k} if name == "ag_gemm" else {"M": w * rows, "N": n, "K": w * k}
     return get_space(name).make_problem(dims, dtype=dtype, world_size=w)
 
@@ -179,3 +182,22 @@ def test_default_is_always_valid(named, limits: DeviceLimits) -> None:
         assert default == expected
     else:
         assert default == {"mode": "baseline"}
+
+
+@pytest.mark.parametrize("name", ["ag_gemm", "gemm_rs"])
+def test_split_k_agrees_with_the_spec_on_both_sides_of_every_edge(name: str) -> None:
+    # random walks rarely land on a depth where cdiv and floor division disagree, so walk every edge:
+    # depth d is the one the local GEMM loops over (ag_gemm: K; gemm_rs: K / W, here W = 2)
+    space, limits = get_space(name), LIMITS[0]
+    tiles = {"mode": "pull", "BLOCK_M": 16, "BLOCK_N": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+    tiles |= {"chunk_m": 64} if name == "gemm_rs" else {}
+    for split in space.param("SPLIT_K").choices:
+        for bk in space.param("BLOCK_K").choices:
+            first = split * (2 * bk - 1) + 1  # the least d with cdiv(d, split) >= 2 * bk
+            for d in (first - 1, first, 2 * bk * split - 1, 2 * bk * split):
+                k = d if name == "ag_gemm" else 2 * d
+                problem = space.make_problem({"M": 128, "N": 64, "K": k}, dtype="bf16", world_size=2)
+                cfg = {**tiles, "BLOCK_K": bk, "SPLIT_K": split}
+                expected = broken_rules(name, cfg, problem, limits)
+                assert expected == (["split_k"] if split > 1 and d < first else []), (cfg, d)
+                assert bool(space.violations(cfg, problem, limits)) == bool(expected), (cfg, d)
