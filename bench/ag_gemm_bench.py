@@ -57,7 +57,7 @@ def candidates(M: int, W: int) -> dict[str, list[dict]]:
         ce_triton = [dict(mode="ce", ce_consumer="triton", ce_chunks=c, **t) for t in TILES[:2] for c in (1, 2)]
     else:
         tiles = [dict(t, SPLIT_K=k) for t in SMALL_M_TILES for k in (1, 2, 4, 8)]
-        push = [dict(mode="push", comm_sms=s, chunk_m=min(R, 256), **t) for t in tiles for s in (4, 16)]
+        push = [dict(mode="push", comm_sms=s, chunk_m=min(R, 64), **t) for t in tiles for s in (8, 32)]
         pull = [dict(mode="pull", **t) for t in tiles if t["SPLIT_K"] in (1, 4)]
         ce_triton = [dict(mode="ce", ce_consumer="triton", ce_chunks=1, **t) for t in tiles if t["SPLIT_K"] in (2, 4)]
     return {

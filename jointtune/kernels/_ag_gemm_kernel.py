@@ -30,11 +30,21 @@ import triton.language as tl
 
 
 @triton.jit
+def _thread_fence(fence_ptr, pid, THREADS: tl.constexpr, FENCE: tl.constexpr):
+    # One acq_rel system-scope atomic per thread (a 1-D block of THREADS elements puts one on each):
+    # a per-thread fence, ordering that thread's own loads/stores around the barrier-based handshake.
+    if FENCE:
+        tl.atomic_add(fence_ptr + pid * THREADS + tl.arange(0, THREADS), 0, sem="acq_rel", scope="sys")
+
+
+@triton.jit
 def _push_chunks(
     a_ptr,
     inbox_ptr,
     inbox_deltas_ptr,
     flag_ptrs_ptr,
+    done_ptr,
+    fence_ptr,
     pid,
     K,
     R,
@@ -48,28 +58,36 @@ def _push_chunks(
     GATHER_LOCAL: tl.constexpr,
     CP_M: tl.constexpr,
     CP_K: tl.constexpr,
+    THREADS: tl.constexpr,
+    FENCE: tl.constexpr,
 ):
     # ---- producer: copy my rows into every peer's inbox, one flag per chunk ----
-    for c in range(pid, n_chunks, COMM_SMS):
-        r0 = c * CHUNK_M
-        r1 = tl.minimum(r0 + CHUNK_M, R)
-        for rr in range(r0, r1, CP_M):
-            rows = rr + tl.arange(0, CP_M)
-            rmask = rows < r1
-            for kk in range(0, K, CP_K):
-                ks = kk + tl.arange(0, CP_K)
-                mask = rmask[:, None] & (ks[None, :] < K)
-                x = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + ks[None, :], mask=mask)
-                dst = inbox_ptr + rank.to(tl.int64) * slot + rows[:, None].to(tl.int64) * K + ks[None, :]
-                for j in range(1 - GATHER_LOCAL, WORLD):
-                    peer = (rank + j) % WORLD
-                    delta = (tl.load(inbox_deltas_ptr + peer) // 16) * 16
-                    tl.store(dst + delta, x, mask=mask)
-        tl.debug_barrier()
-        for j in range(1, WORLD):
+    # All producers share every chunk, piece by piece ([CP_M, CP_K] blocks, chunk-major), so the copy
+    # runs on all COMM_SMS programs whatever the chunk size; the program that finishes a chunk's last
+    # piece (per-chunk counter, left at zero) releases that chunk's flag to every peer.
+    k_pieces = tl.cdiv(K, CP_K)
+    pieces = tl.cdiv(CHUNK_M, CP_M) * k_pieces
+    for piece in range(pid, n_chunks * pieces, COMM_SMS):
+        c = piece // pieces
+        q = piece % pieces
+        rows = c * CHUNK_M + (q // k_pieces) * CP_M + tl.arange(0, CP_M)
+        ks = (q % k_pieces) * CP_K + tl.arange(0, CP_K)
+        mask = (rows[:, None] < tl.minimum(c * CHUNK_M + CHUNK_M, R)) & (ks[None, :] < K)
+        x = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + ks[None, :], mask=mask)
+        dst = inbox_ptr + rank.to(tl.int64) * slot + rows[:, None].to(tl.int64) * K + ks[None, :]
+        for j in range(1 - GATHER_LOCAL, WORLD):
             peer = (rank + j) % WORLD
-            flags = tl.load(flag_ptrs_ptr + peer).to(tl.pointer_type(tl.int32))
-            tl.atomic_xchg(flags + rank * n_chunks + c, epoch, sem="release", scope="sys")
+            delta = (tl.load(inbox_deltas_ptr + peer) // 16) * 16
+            tl.store(dst + delta, x, mask=mask)
+        _thread_fence(fence_ptr, pid, THREADS, FENCE)
+        tl.debug_barrier()
+        done = tl.atomic_add(done_ptr + c, 1, sem="acq_rel", scope="sys")
+        if done == pieces - 1:
+            tl.store(done_ptr + c, 0)
+            for j in range(1, WORLD):
+                peer = (rank + j) % WORLD
+                flags = tl.load(flag_ptrs_ptr + peer).to(tl.pointer_type(tl.int32))
+                tl.atomic_xchg(flags + rank * n_chunks + c, epoch, sem="release", scope="sys")
 
 
 @triton.jit
@@ -100,6 +118,8 @@ def ag_gemm_kernel(
     tickets_ptr,
     ws_ptr,
     counts_ptr,
+    done_ptr,
+    fence_ptr,
     N,
     K,
     R,
@@ -131,12 +151,14 @@ def ag_gemm_kernel(
     DYNAMIC: tl.constexpr,
     PRODUCERS_CONSUME: tl.constexpr,
     UPCAST: tl.constexpr,
+    THREADS: tl.constexpr,
+    FENCE: tl.constexpr,
 ):
     pid = tl.program_id(0) + pid_base
     if pid < COMM_SMS:
         _push_chunks(
-            a_ptr, inbox_ptr, inbox_deltas_ptr, flag_ptrs_ptr, pid, K, R, slot, rank, epoch, n_chunks,
-            WORLD, COMM_SMS, CHUNK_M, GATHER_LOCAL, CP_M, CP_K,
+            a_ptr, inbox_ptr, inbox_deltas_ptr, flag_ptrs_ptr, done_ptr, fence_ptr, pid, K, R, slot, rank, epoch,
+            n_chunks, WORLD, COMM_SMS, CHUNK_M, GATHER_LOCAL, CP_M, CP_K, THREADS, FENCE,
         )  # fmt: skip
     if (pid >= COMM_SMS) or PRODUCERS_CONSUME:
         # ---- consumer: GEMM tiles over the gathered rows [row_lo, row_lo + rows) ----
@@ -176,6 +198,8 @@ def ag_gemm_kernel(
                 row_first = row_lo + pid_m * BLOCK_M
                 row_last = tl.minimum(row_first + BLOCK_M, row_end) - 1
                 _wait_rows(flags_ptr, row_first, row_last, R, rank, epoch, n_chunks, CHUNK_M)
+                tl.debug_barrier()
+                _thread_fence(fence_ptr, pid, THREADS, FENCE)
 
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             kb_lo = split * k_per_split
@@ -201,14 +225,16 @@ def ag_gemm_kernel(
                 # leaves slot and counter at zero for the next call (no per-call clearing) ----
                 in_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
                 slot_ptrs = ws_ptr + tile.to(tl.int64) * (BLOCK_M * BLOCK_N) + in_tile
-                tl.atomic_add(slot_ptrs, acc, sem="relaxed")
+                # acq_rel per thread: each add is performed at GPU scope before its thread reaches the
+                # barrier (as a per-thread fence would), so the counter orders every warp's adds
+                tl.atomic_add(slot_ptrs, acc, sem="acq_rel")
                 tl.debug_barrier()
                 arrived = tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel")
                 if arrived == SPLIT_K - 1:
-                    # the adds live in L2 (atomics); .cg reads there, past any stale L1 line
-                    total = tl.load(slot_ptrs, cache_modifier=".cg")
+                    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    total = tl.atomic_add(slot_ptrs, zeros, sem="acquire")
                     tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
-                    tl.store(slot_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
+                    tl.store(slot_ptrs, zeros)
                     tl.store(counts_ptr + tile, 0)
             if DYNAMIC:
                 work = tl.atomic_add(tickets_ptr, 1)

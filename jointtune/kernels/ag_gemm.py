@@ -182,7 +182,8 @@ def _launch_gemm(plan, world, i, a_view, b, c, K, N_r, *, R, rows, row_lo=0, ran
         ws, counts = c, zero
     if push is None:
         push = dict(inbox=a_view, inbox_deltas=zero, flags=zero, flag_ptrs=zero, epoch=0, n_chunks=1, slot=0,
-                    comm_sms=0, consumers=num_tiles * plan.SPLIT_K, gather_local=False, tickets=zero)  # fmt: skip
+                    comm_sms=0, consumers=num_tiles * plan.SPLIT_K, gather_local=False, tickets=zero,
+                    done=zero, fence=zero)  # fmt: skip
     lo, hi = pid_range or (0, push["comm_sms"] + push["consumers"])
     args, constexprs = _kernel_args(
         plan, world.world_size, world.kind, a_view, a_view if src is None else src, zero if deltas is None else deltas,
@@ -197,14 +198,16 @@ def _kernel_args(plan, world_size, kind, a_view, src, deltas, b, c, ws, counts, 
     dynamic = push["comm_sms"] > 0
     args = (
         a_view, src, deltas, b, c, push["inbox"], push["inbox_deltas"], push["flags"], push["flag_ptrs"],
-        push["tickets"], ws, counts, N_r, K, R, push["slot"], row_lo, rows, rank, push["epoch"], push["n_chunks"],
-        shift, push["consumers"], pid_base, b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        push["tickets"], ws, counts, push["done"], push["fence"], N_r, K, R, push["slot"], row_lo, rows, rank,
+        push["epoch"], push["n_chunks"], shift, push["consumers"], pid_base, b.stride(0), b.stride(1), c.stride(0),
+        c.stride(1),
     )  # fmt: skip
     constexprs = dict(
         WORLD=world_size, BLOCK_M=plan.BLOCK_M, BLOCK_N=plan.BLOCK_N, BLOCK_K=plan.BLOCK_K, GROUP_M=plan.GROUP_M,
         SPLIT_K=plan.SPLIT_K, COMM_SMS=push["comm_sms"], CHUNK_M=max(plan.chunk_m, 1), WAIT=dynamic,
-        GATHER_LOCAL=push["gather_local"], CP_M=16, CP_K=256, DYNAMIC=dynamic,
-        PRODUCERS_CONSUME=dynamic and kind == "cuda", UPCAST=INTERPRETED, **compile_options(plan.__dict__),
+        GATHER_LOCAL=push["gather_local"], CP_M=32, CP_K=256, DYNAMIC=dynamic,
+        PRODUCERS_CONSUME=dynamic and kind == "cuda", UPCAST=INTERPRETED, THREADS=32 * plan.num_warps,
+        FENCE=dynamic and not INTERPRETED, **compile_options(plan.__dict__),
     )  # fmt: skip
     return args, constexprs
 
@@ -251,6 +254,8 @@ def _push(plan, a, b, c_out, world, R, K, N_r, want_gathered):
     work = triton_cdiv(M, plan.BLOCK_M) * triton_cdiv(N_r, plan.BLOCK_N) * plan.SPLIT_K
     consumers = max(1, min(_num_sms(world) - plan.comm_sms, work))
     tickets = world.symmetric("ag_gemm.tickets", (1,), torch.int32)  # local use only: one counter per rank
+    done = world.scratch("ag_gemm.push_done", n_chunks, torch.int32)  # pieces copied per chunk, kept at zero
+    fence = world.scratch("ag_gemm.fence", (plan.comm_sms + consumers) * 32 * plan.num_warps, torch.int32)
     launches = []
     for i, r in enumerate(world.local_ranks):
         local_inbox = inbox.tensors[i][half:]
@@ -259,7 +264,8 @@ def _push(plan, a, b, c_out, world, R, K, N_r, want_gathered):
         inbox_deltas = world.int_table(tuple(_offset(inbox.peers[i][p][half:], base, elem) for p in range(W)))
         push = dict(inbox=local_inbox, inbox_deltas=inbox_deltas, flags=flags.tensors[i], flag_ptrs=flags.ptrs[i],
                     epoch=epoch, n_chunks=n_chunks, slot=slot, comm_sms=plan.comm_sms, consumers=consumers,
-                    gather_local=want_gathered, tickets=tickets.tensors[i])  # fmt: skip
+                    gather_local=want_gathered, tickets=tickets.tensors[i], done=done[i],
+                    fence=fence[i])  # fmt: skip
         tickets.tensors[i].zero_()
         c = c_out[i]
         launches.append((i, r, local_inbox, deltas, push, c))
@@ -417,7 +423,8 @@ class AgGemmFamily(Family):
         c = torch.empty_strided((1, 1), (N_r, 1), dtype=t.dtype, device=dev)
         comm = plan.comm_sms if plan.mode == "push" else 0
         push = dict(inbox=t, inbox_deltas=i64, flags=i32, flag_ptrs=i64, epoch=0, n_chunks=2, slot=_slot(R, K),
-                    comm_sms=comm, consumers=2, gather_local=False, tickets=i32)  # fmt: skip
+                    comm_sms=comm, consumers=2, gather_local=False, tickets=i32, done=i32,
+                    fence=i32)  # fmt: skip
         args, constexprs = _kernel_args(
             plan, W, "cuda", t, t, i64, b, c, f32 if plan.SPLIT_K > 1 else c, i32, push, K, N_r, R, M, 0, 0, 0, 0
         )

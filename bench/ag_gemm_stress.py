@@ -1,0 +1,73 @@
+"""Repeat AG+GEMM configs that exercise the cross-program handshakes (split-K slots, push flags) many
+times on fresh random data and count wrong results: a race shows as an error that comes and goes.
+
+Launch: `torchrun --nproc-per-node=2 bench/ag_gemm_stress.py --reps 30`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jointtune.kernels.ag_gemm import ag_gemm
+from jointtune.kernels.world import create_world
+
+TILE = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=6)
+CONFIGS = [
+    dict(mode="ce", ce_consumer="triton", ce_chunks=4, SPLIT_K=8, **TILE),
+    dict(mode="pull", SPLIT_K=4, **TILE),
+    dict(mode="push", comm_sms=32, chunk_m=128, SPLIT_K=2, **dict(TILE, BLOCK_K=128, num_warps=4, num_stages=4)),
+    dict(mode="push", comm_sms=8, chunk_m=16, SPLIT_K=1, **dict(TILE, BLOCK_K=64, num_stages=4)),
+]
+SHAPES = [(1024, 2048, 2048), (128, 8192, 8192), (4096, 4096, 4096)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out", default="ag_gemm_stress.json")
+    args = ap.parse_args()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    world = create_world("cuda")
+    W, rank = world.world_size, world.rank
+    report = {"device": f"{W}x {torch.cuda.get_device_name()}", "command": " ".join(sys.argv), "runs": []}
+    for M, N, K in SHAPES:
+        R, N_r = M // W, N // W
+        for cfg in CONFIGS:
+            worst, bad = 0.0, 0
+            for rep in range(args.reps):
+                gen = torch.Generator(device="cuda").manual_seed(rep)
+                all_a = [torch.randn(R, K, device="cuda", generator=gen).bfloat16() for _ in range(W)]
+                b = torch.randn(K, N_r, device="cuda", generator=gen).bfloat16()
+                ref = torch.cat(all_a).float() @ b.float()
+                out = torch.full((M, N_r), float("nan"), dtype=torch.bfloat16, device="cuda")
+                ag_gemm(all_a[rank], b, world=world, config=cfg, out=out)
+                err = torch.tensor(
+                    [((out.float() - ref).norm() / ref.norm()).nan_to_num(float("inf")).item()], device="cuda"
+                )
+                dist.all_reduce(err, op=dist.ReduceOp.MAX)
+                worst = max(worst, err.item())
+                bad += err.item() > 2e-2
+            report["runs"].append(dict(shape=[M, N, K], config=cfg, reps=args.reps, worst_rel_error=worst, wrong=bad))
+            if rank == 0:
+                print(
+                    f"{M}x{N}x{K} {cfg['mode']} split{cfg['SPLIT_K']}: worst {worst:.2e}, wrong {bad}/{args.reps}",
+                    flush=True,
+                )
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
