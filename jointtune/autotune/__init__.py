@@ -12,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from jointtune.autotune.client import ConfigClient, ServiceWarning
     from jointtune.autotune.hardware import (
         KEY_FIELDS,
         HardwareError,
@@ -23,6 +24,12 @@ if TYPE_CHECKING:
         normalize_gpu_name,
         parse_topo_matrix,
     )
+    from jointtune.autotune.registry import load_sweep, register_sweep
+    from jointtune.autotune.replay import ReplayTable, compare, replay
+    from jointtune.autotune.results import collect
+    from jointtune.autotune.runner import run_jobs
+    from jointtune.autotune.settings import Job, TuneSettings
+    from jointtune.autotune.sweepfile import load_sweep_file
 
 #: public name -> the submodule of this package that defines it.
 _EXPORTS: dict[str, str] = {
@@ -35,18 +42,42 @@ _EXPORTS: dict[str, str] = {
     "memory_bucket_gib": "hardware",
     "normalize_gpu_name": "hardware",
     "parse_topo_matrix": "hardware",
+    "ConfigClient": "client",
+    "ServiceWarning": "client",
+    "Job": "settings",
+    "TuneSettings": "settings",
+    "run_jobs": "runner",
+    "collect": "results",
+    "load_sweep_file": "sweepfile",
+    "register_sweep": "registry",
+    "load_sweep": "registry",
+    "ReplayTable": "replay",
+    "replay": "replay",
+    "compare": "replay",
 }
 
 __all__ = [
     "KEY_FIELDS",
+    "ConfigClient",
     "HardwareError",
     "HardwareFingerprint",
+    "Job",
+    "ReplayTable",
+    "ServiceWarning",
+    "TuneSettings",
+    "collect",
+    "compare",
     "cpu_fingerprint",
     "current_limits",
     "detect",
+    "load_sweep",
+    "load_sweep_file",
     "memory_bucket_gib",
     "normalize_gpu_name",
     "parse_topo_matrix",
+    "register_sweep",
+    "replay",
+    "run_jobs",
 ]
 
 

@@ -40,7 +40,7 @@ _register_commands()
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning our errors into one clear line."""
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
     except JointtuneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -55,3 +55,5 @@ def main(argv: list[str] | None = None) -> None:
             exc.show()
             raise SystemExit(exc.exit_code) from None
         raise
+    if isinstance(code, int) and code:
+        raise SystemExit(code)

@@ -1,0 +1,153 @@
+"""One job's study as rank 0 sees it: open it by its key, initialise it once, publish its best.
+
+The study name comes from the job's tuning key on this hardware (`keys`), so every group that
+serves the job meets in the same study. The first group to open it (under the study lock) fills
+its warm-start queue: the baseline, the space default and the best configs of the nearest shapes
+already in the store (or, for exhaustive studies, every valid config). When a trial becomes the
+study's best, the record goes to the store right away, so a sweep killed half way still leaves
+its best configs behind.
+
+Example:
+    >>> h = StudyHandle.open(job, url=url, storage=storage, store=store, limits=limits,
+    ...                      hardware_id=hw)                                     # doctest: +SKIP
+    >>> h.state().best_value                                                     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from jointtune.autotune.keys import TuningKey, triton_version
+from jointtune.autotune.locks import study_lock
+from jointtune.autotune.search import Searcher, baseline_config, enqueue, initial_configs
+from jointtune.autotune.settings import Job
+from jointtune.autotune.studies import (
+    ATTR_P10,
+    ATTR_P90,
+    STUDY_BASELINE,
+    STUDY_INIT,
+    STUDY_JOB,
+    STUDY_KEY,
+    STUDY_SPACE,
+    StudyState,
+    trial_config,
+)
+from jointtune.search_spaces._config import canonical_json
+
+if TYPE_CHECKING:
+    from jointtune.db import Store
+    from jointtune.kernels._family import Family
+    from jointtune.search_spaces import DeviceLimits, Space
+
+
+def resolve_space(family: Family) -> Space:
+    """A family's space: by name from the registry, or the Space object itself."""
+    from jointtune.search_spaces import Space, get_space
+
+    space: Any = family.space
+    return space if isinstance(space, Space) else get_space(space)
+
+
+class StudyHandle:
+    """Family, space, key and Optuna study of one job, plus its last known baseline latency."""
+
+    def __init__(
+        self, job: Job, study: optuna.Study, family: Family, space: Space, key: TuningKey, limits: DeviceLimits
+    ) -> None:
+        self.job, self.study, self.family, self.space, self.key = job, study, family, space, key
+        self.problem = key.problem
+        self.limits = limits
+        self.searcher = Searcher(space, self.problem, limits, job.settings)
+        self.baseline_us: float | None = None
+
+    @classmethod
+    def open(
+        cls,
+        job: Job,
+        *,
+        url: str,
+        storage: optuna.storages.BaseStorage,
+        store: Store,
+        limits: DeviceLimits,
+        hardware_id: str,
+    ) -> StudyHandle:
+        """Create or load the job's study; the first opener initialises it."""
+        from jointtune.kernels._family import get_family
+
+        family = get_family(job.kernel)
+        space = resolve_space(family)
+        problem = space.make_problem(dict(job.shape), dtype=job.dtype, world_size=job.world_size)
+        key = TuningKey.of(family.name, family.version, problem, hardware_id)
+        name = key.study_name(space_version=space.version, exhaustive=job.settings.strategy == "exhaustive")
+        study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+        handle = cls(job, study, family, space, key, limits)
+        if not study.user_attrs.get(STUDY_INIT):
+            with study_lock(url, name):
+                if not study.user_attrs.get(STUDY_INIT):
+                    handle._initialise(store)
+        store.upsert_kernel(name=family.name, version=family.version)
+        return handle
+
+    @property
+    def name(self) -> str:
+        return self.study.study_name
+
+    @property
+    def exhaustive(self) -> bool:
+        return self.job.settings.strategy == "exhaustive"
+
+    def _initialise(self, store: Store) -> None:
+        warm = []
+        if self.job.settings.warm_start and not self.exhaustive:
+            near = store.nearest(
+                kernel=self.key.kernel,
+                kernel_version=None,
+                shape=self.key.shape_dict,
+                dtype=self.key.dtype,
+                world_size=self.key.world_size,
+                hardware_id=self.key.hardware_id,
+                limit=self.job.settings.warm_start,
+            )
+            warm = [record.config for record, _ in near]
+        queue = initial_configs(self.space, self.problem, self.limits, warm=warm, exhaustive=self.exhaustive)
+        enqueue(self.study, queue)
+        self.study.set_user_attr(STUDY_JOB, self.job.to_json())
+        self.study.set_user_attr(STUDY_KEY, self.key.to_json())
+        self.study.set_user_attr(STUDY_SPACE, self.space.name)
+        baseline = baseline_config(self.space, self.problem, self.limits)
+        self.study.set_user_attr(STUDY_BASELINE, canonical_json(baseline))
+        self.study.set_user_attr(STUDY_INIT, True)
+
+    def state(self) -> StudyState:
+        """Where the study stands now (read fresh from the storage)."""
+        trials = self.study.get_trials(deepcopy=False)
+        state = StudyState.of(trials, attrs=self.study.user_attrs, exhaustive=self.exhaustive)
+        self.baseline_us = state.baseline_us
+        return state
+
+    def publish(self, state: StudyState, *, store: Store, limits: DeviceLimits) -> None:
+        """Write the study's best trial to the store (which keeps the faster of old and new)."""
+        from jointtune.db import NewRecord
+
+        best = state.best
+        assert best is not None and best.value is not None
+        record = NewRecord(
+            kernel=self.key.kernel,
+            kernel_version=self.key.kernel_version,
+            space_version=self.space.version,
+            shape=self.key.shape_dict,
+            dtype=self.key.dtype,
+            world_size=self.key.world_size,
+            hardware_id=self.key.hardware_id,
+            triton_version=triton_version(),
+            config=self.space.validate(trial_config(best), self.problem, limits),
+            latency_p10_us=best.user_attrs.get(ATTR_P10),
+            latency_p50_us=float(best.value),
+            latency_p90_us=best.user_attrs.get(ATTR_P90),
+            baseline_us=state.baseline_us,
+            trials=len(state.counted),
+            study_name=self.name,
+        )
+        store.upsert_record(record)

@@ -1,0 +1,85 @@
+"""Tuning keys: what a tuned config belongs to, and the Optuna study name derived from it.
+
+A key is kernel name + kernel source version, the problem (shape, dtype, world size) and the
+hardware id. Every process that tunes or looks up the same key derives the same study name, so
+groups on many nodes meet in one shared study without a coordinator.
+
+Example:
+    >>> from jointtune.search_spaces import Problem
+    >>> p = Problem.of({"M": 64, "N": 64, "K": 128}, dtype="bf16", world_size=2)
+    >>> key = TuningKey.of("ag_gemm", "3f2a9c1d0e4b", p, "cpu-interpreter-x1-none-1a2b3c4d")
+    >>> key.study_name(space_version="9c1d2e3f4a5b")
+    'jointtune:ag_gemm@3f2a9c1d0e4b:K=128,M=64,N=64:bfloat16:w2:cpu-interpreter-x1-none-1a2b3c4d:s9c1d2e3f4a5b'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jointtune.search_spaces._problem import Problem
+
+#: Prefix of every study this tuner creates (the sweep registry uses its own prefix).
+STUDY_PREFIX = "jointtune:"
+
+
+def shape_text(shape: Mapping[str, int]) -> str:
+    """Dims sorted by name, as the store keys them: 'K=128,M=64,N=64'."""
+    return ",".join(f"{name}={shape[name]}" for name in sorted(shape))
+
+
+@dataclass(frozen=True)
+class TuningKey:
+    """The identity of one tuning problem; plain, hashable and JSON-round-trippable."""
+
+    kernel: str
+    kernel_version: str
+    shape: tuple[tuple[str, int], ...]
+    dtype: str
+    world_size: int
+    hardware_id: str
+
+    @classmethod
+    def of(cls, kernel: str, kernel_version: str, problem: Problem, hardware_id: str) -> TuningKey:
+        return cls(kernel, kernel_version, problem.shape, problem.dtype, problem.world_size, hardware_id)
+
+    @property
+    def problem(self) -> Problem:
+        return Problem.of(dict(self.shape), dtype=self.dtype, world_size=self.world_size)
+
+    @property
+    def shape_dict(self) -> dict[str, int]:
+        return dict(self.shape)
+
+    def study_name(self, *, space_version: str, exhaustive: bool = False) -> str:
+        """One study per key and space version; exhaustive runs (ground truth) get their own."""
+        name = (
+            f"{STUDY_PREFIX}{self.kernel}@{self.kernel_version}:{shape_text(self.shape_dict)}:"
+            f"{self.dtype}:w{self.world_size}:{self.hardware_id}:s{space_version}"
+        )
+        return name + (":exhaustive" if exhaustive else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kernel": self.kernel,
+            "kernel_version": self.kernel_version,
+            "shape": self.shape_dict,
+            "dtype": self.dtype,
+            "world_size": self.world_size,
+            "hardware_id": self.hardware_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TuningKey:
+        problem = Problem.of(data["shape"], dtype=data["dtype"], world_size=data["world_size"])
+        return cls.of(data["kernel"], data["kernel_version"], problem, data["hardware_id"])
+
+
+def triton_version() -> str:
+    """Major.minor of the installed Triton ("3.6"), as records carry it; "0.0" without Triton."""
+    try:
+        import triton
+    except ImportError:  # pragma: no cover - triton is a hard dependency
+        return "0.0"
+    return ".".join(triton.__version__.split(".")[:2])

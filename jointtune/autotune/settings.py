@@ -1,0 +1,131 @@
+"""What to tune (`Job`) and how (`TuneSettings`): plain frozen values that travel to every rank.
+
+Both round-trip through JSON, because a sweep is registered in the shared storage once and read
+back by every worker group, on any node, possibly long after the sweep file is gone.
+
+Example:
+    >>> s = TuneSettings(trials=12, time_budget_s=60, strategy="tpe")
+    >>> TuneSettings.from_json(s.to_json()) == s
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from jointtune.errors import TuningError
+from jointtune.search_spaces._problem import Problem
+
+#: "tpe": multivariate grouped TPE; "random": the control; "exhaustive": every valid config once.
+STRATEGIES = ("tpe", "random", "exhaustive")
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """Budgets, search strategy, benchmark repeat counts and watchdog sizing of one study.
+
+    The watchdog of a trial allows `watchdog_compile_s` for compiling and checking a config it
+    hasn't run yet, plus `watchdog_factor` times what the baseline took for the same number of
+    runs, plus `watchdog_slack_s`. Until the baseline is measured, `first_trial_timeout_s` holds.
+    """
+
+    trials: int = 32
+    time_budget_s: float | None = None
+    patience: int | None = None
+    strategy: str = "tpe"
+    seed: int = 0
+    warmup: int = 3
+    iters: int = 10
+    warm_start: int = 3
+    n_startup: int | None = None
+    lookahead: int = 1
+    watchdog_compile_s: float = 120.0
+    watchdog_factor: float = 20.0
+    watchdog_slack_s: float = 10.0
+    first_trial_timeout_s: float = 600.0
+    max_invalid_streak: int = 100
+    max_duplicate_streak: int = 20
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise TuningError(f"strategy: {self.strategy!r} is not allowed; allowed: {', '.join(STRATEGIES)}")
+        positive = ("trials", "iters", "max_invalid_streak", "max_duplicate_streak")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise TuningError(f"{name}: {value!r} is not allowed; it must be an integer >= 1")
+        for name in ("warmup", "warm_start", "lookahead", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise TuningError(f"{name}: {value!r} is not allowed; it must be an integer >= 0")
+        for name in ("patience", "n_startup"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise TuningError(f"{name}: {value!r} is not allowed; it must be an integer >= 1 or null")
+        seconds = ("watchdog_compile_s", "watchdog_slack_s", "first_trial_timeout_s", "watchdog_factor")
+        for name in (*seconds, "time_budget_s"):
+            value = getattr(self, name)
+            if value is None and name == "time_budget_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise TuningError(f"{name}: {value!r} is not allowed; it must be a number > 0")
+
+    @property
+    def startup_trials(self) -> int:
+        """Random trials before TPE models the history: a quarter of the budget, 2..10."""
+        return self.n_startup if self.n_startup is not None else max(2, min(10, self.trials // 4))
+
+    def replace(self, **changes: Any) -> TuneSettings:
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TuneSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise TuningError(f"settings: {unknown[0]!r} is not a setting; allowed: {', '.join(sorted(known))}")
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One (kernel, shape, dtype, world size) to tune, with its settings."""
+
+    kernel: str
+    shape: tuple[tuple[str, int], ...]
+    dtype: str
+    world_size: int
+    settings: TuneSettings = TuneSettings()
+
+    @classmethod
+    def of(cls, kernel: str, problem: Problem, settings: TuneSettings | None = None) -> Job:
+        return cls(kernel, problem.shape, problem.dtype, problem.world_size, settings or TuneSettings())
+
+    @property
+    def problem(self) -> Problem:
+        return Problem.of(dict(self.shape), dtype=self.dtype, world_size=self.world_size)
+
+    @property
+    def label(self) -> str:
+        dims = ",".join(f"{k}={v}" for k, v in self.shape)
+        return f"{self.kernel} {dims} {self.dtype} w{self.world_size}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kernel": self.kernel,
+            "shape": dict(self.shape),
+            "dtype": self.dtype,
+            "world_size": self.world_size,
+            "settings": self.settings.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Job:
+        problem = Problem.of(data["shape"], dtype=data["dtype"], world_size=data["world_size"])
+        return cls.of(data["kernel"], problem, TuneSettings.from_json(data.get("settings", {})))

@@ -1,0 +1,222 @@
+"""The Optuna side of tuning: storage, what each trial counts as, and where a study stands.
+
+Trial states carry our meaning:
+  COMPLETE            a measured config (value = p50 µs; user attrs p10_us/p50_us/p90_us)
+  PRUNED + fail_reason   a config that failed: compile, incorrect, timeout, crash or error count
+                      against the budget; "invalid" (never ran) does not. TPE ranks pruned trials
+                      below every complete one, so it learns to avoid failing regions.
+  jt_cached           a repeat suggestion answered from an earlier trial of the same config: free,
+                      not counted, told with the earlier result so TPE's history stays truthful
+  FAIL                interrupted (its group died, or it went stale): not a result; the same
+                      params are enqueued again (`jt_retry_of`), so the trial still happens once;
+                      or, with reason "duplicate", a suggestion that another trial runs right now
+A study's state is derived from its trials alone, so every group on every node agrees on it.
+
+Example:
+    >>> storage = open_storage("sqlite:////tmp/jt.db", heartbeat_interval=5, grace_period=20)  # doctest: +SKIP
+    >>> state = StudyState.of(study.get_trials(deepcopy=False), settings)                        # doctest: +SKIP
+    >>> state.counted, state.best_value, state.done(settings)                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import json
+import logging
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+if TYPE_CHECKING:
+    from jointtune.autotune.settings import TuneSettings
+
+ATTR_REASON = "fail_reason"
+ATTR_DETAIL = "fail_detail"
+ATTR_CONFIG = "jt_config"
+ATTR_OWNER = "jt_owner"
+ATTR_DEADLINE = "jt_deadline"
+ATTR_ROLE = "jt_role"
+ATTR_CACHED = "jt_cached"
+ATTR_RETRY_OF = "jt_retry_of"
+ATTR_P10, ATTR_P50, ATTR_P90 = "p10_us", "p50_us", "p90_us"
+#: study user attrs
+STUDY_JOB, STUDY_KEY, STUDY_SPACE, STUDY_BASELINE = "jt_job", "jt_key", "jt_space", "jt_baseline"
+STUDY_INIT, STUDY_STOPPED = "jt_init", "jt_stopped"
+#: reasons that count as a trial (the config ran and failed); "invalid" never ran
+COUNTED_FAILURES = frozenset({"compile", "incorrect", "timeout", "crash", "error"})
+
+log = logging.getLogger(__name__)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@contextlib.contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Silence what Optuna says about the experimental features we rely on on purpose (heartbeats,
+    grouped TPE, `fail_stale_trials`) and heartbeats outside `optimize` (we record them ourselves)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed", category=UserWarning)
+        yield
+
+
+def retry_interrupted(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Enqueue an interrupted trial's params again, so its config still runs exactly once."""
+    attrs = {ATTR_RETRY_OF: trial.number}
+    if ATTR_ROLE in trial.user_attrs:
+        attrs[ATTR_ROLE] = trial.user_attrs[ATTR_ROLE]
+    study.enqueue_trial(dict(trial.params), user_attrs=attrs)
+    log.info("trial %d of %s was interrupted; enqueued it again", trial.number, study.study_name)
+
+
+@functools.lru_cache(maxsize=16)
+def open_storage(
+    url: str, *, heartbeat_interval: int | None = None, grace_period: int | None = None
+) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage on the store's database URL (same busy-wait and timeout rules).
+
+    One per (url, heartbeat) per process: opening checks Optuna's schema, which isn't free.
+    Processes opening a fresh database together race to create Optuna's tables; the losers see
+    "already exists" (or a duplicate version row) and find the tables on a retry.
+    """
+    import sqlalchemy.exc
+
+    from jointtune.db import open_store
+
+    engine_kwargs = open_store(url).optuna_engine_kwargs()
+
+    def attempt() -> optuna.storages.RDBStorage:
+        with quiet_optuna():
+            return optuna.storages.RDBStorage(
+                url,
+                engine_kwargs=engine_kwargs,
+                heartbeat_interval=heartbeat_interval,
+                grace_period=grace_period,
+                heartbeat_stale_trial_callback=retry_interrupted if heartbeat_interval else None,
+            )
+
+    for retry in range(5):
+        try:
+            return attempt()
+        except sqlalchemy.exc.DBAPIError:
+            time.sleep(0.2 * (retry + 1))
+    return attempt()
+
+
+def trial_kind(trial: FrozenTrial) -> str:
+    """'ok', 'failed', 'invalid', 'cached', 'skipped', 'running', 'waiting' or 'interrupted'."""
+    if trial.state == TrialState.RUNNING:
+        return "running"
+    if trial.state == TrialState.WAITING:
+        return "waiting"
+    if trial.state == TrialState.FAIL:
+        return "skipped" if trial.user_attrs.get(ATTR_REASON) == "duplicate" else "interrupted"
+    if ATTR_CACHED in trial.user_attrs:
+        return "cached"
+    if trial.state == TrialState.COMPLETE:
+        return "ok"
+    reason = trial.user_attrs.get(ATTR_REASON)
+    return "failed" if reason in COUNTED_FAILURES else "invalid"
+
+
+def trial_config(trial: FrozenTrial) -> dict[str, Any]:
+    text = trial.user_attrs.get(ATTR_CONFIG)
+    return json.loads(text) if text else dict(trial.params)
+
+
+def trial_duration_s(trial: FrozenTrial) -> float:
+    if trial.datetime_start is None or trial.datetime_complete is None:
+        return 0.0
+    return max(0.0, (trial.datetime_complete - trial.datetime_start).total_seconds())
+
+
+@dataclass
+class StudyState:
+    """Counts and best result of one study, derived from its trials (see the module docstring)."""
+
+    counted: list[FrozenTrial] = field(default_factory=list)
+    kinds: collections.Counter[str] = field(default_factory=collections.Counter)
+    failures: collections.Counter[str] = field(default_factory=collections.Counter)
+    best: FrozenTrial | None = None
+    baseline_us: float | None = None
+    elapsed_s: float = 0.0
+    since_best: int = 0
+    stopped: str | None = None
+    exhaustive: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        trials: Sequence[FrozenTrial],
+        *,
+        attrs: Mapping[str, Any] | None = None,
+        exhaustive: bool = False,
+    ) -> StudyState:
+        attrs = attrs or {}
+        state = cls(stopped=attrs.get(STUDY_STOPPED), exhaustive=exhaustive)
+        baseline = attrs.get(STUDY_BASELINE)
+        for trial in sorted(trials, key=lambda t: t.number):
+            kind = trial_kind(trial)
+            state.kinds[kind] += 1
+            if kind not in ("ok", "failed"):
+                continue
+            state.counted.append(trial)
+            state.elapsed_s += trial_duration_s(trial)
+            if kind == "failed":
+                state.failures[trial.user_attrs[ATTR_REASON]] += 1
+                state.since_best += 1
+                continue
+            value = float(trial.value) if trial.value is not None else float("inf")
+            if baseline is not None and trial.user_attrs.get(ATTR_CONFIG) == baseline:
+                state.baseline_us = value if state.baseline_us is None else min(state.baseline_us, value)
+            if state.best is None or value < float(state.best.value):  # type: ignore[arg-type]
+                state.best, state.since_best = trial, 0
+            else:
+                state.since_best += 1
+        return state
+
+    @property
+    def running(self) -> int:
+        return self.kinds["running"]
+
+    @property
+    def waiting(self) -> int:
+        return self.kinds["waiting"]
+
+    @property
+    def best_value(self) -> float | None:
+        return float(self.best.value) if self.best is not None and self.best.value is not None else None
+
+    def budget(self, settings: TuneSettings) -> int:
+        if self.exhaustive:
+            return len(self.counted) + self.running + self.waiting
+        return settings.trials
+
+    def done(self, settings: TuneSettings) -> str | None:
+        """Why the study needs no more trials (None while it does)."""
+        if self.stopped:
+            return self.stopped
+        if self.exhaustive:
+            return "exhausted" if self.waiting == 0 and self.running == 0 and self.counted else None
+        if len(self.counted) >= settings.trials:
+            return "trials"
+        if settings.time_budget_s is not None and self.elapsed_s >= settings.time_budget_s:
+            return "time"
+        if settings.patience is not None and self.best is not None and self.since_best >= settings.patience:
+            return "patience"
+        return None
+
+    def available(self, settings: TuneSettings) -> int:
+        """Trials a group may still claim now (running trials of other groups hold their slots)."""
+        if self.done(settings):
+            return 0
+        if self.exhaustive:
+            return self.waiting
+        return max(0, settings.trials - len(self.counted) - self.running)

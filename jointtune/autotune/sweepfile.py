@@ -1,0 +1,211 @@
+"""Sweep files: which kernels, shapes, dtypes and world sizes to tune, per kind of machine.
+
+```yaml
+name: readme                      # the sweep's name in the shared storage (default: file stem)
+imports: []                       # modules every rank imports first (out-of-tree families)
+tuning: {strategy: tpe, seed: 0}  # defaults for every job (any TuneSettings field, see below)
+profiles:
+  cpu:                            # used where no GPU is visible (Triton's interpreter)
+    tuning: {warmup: 1, iters: 3}
+    jobs:
+      - kernel: ag_gemm
+        shapes: [64x64x64, "M=128,N=64,K=128"]
+        dtypes: [bf16]
+        world_size: 2             # or a list: [2, 4]
+        trials: 10
+        time_budget: 60           # seconds of trial time per shape
+  gpu:
+    jobs: [{kernel: ag_gemm, shapes: [8192x4096x12288], dtypes: [bf16], world_size: 2, trials: 64}]
+```
+Tuning fields: trials, time_budget, patience, strategy (tpe | random | exhaustive), seed, warmup,
+iters, warm_start, n_startup, lookahead, max_invalid_streak,
+max_duplicate_streak, watchdog: {compile_s, factor, slack_s, first_trial_s}. A job's fields
+override its profile's `tuning`, which overrides the file's. Every error names its field:
+"sweep.yaml: profiles.cpu.jobs[0].trials: Input should be greater than or equal to 1 (got 0)".
+
+Example:
+    >>> sweep = load_sweep_file("examples/sweep.yaml")           # doctest: +SKIP
+    >>> [job.label for job in sweep.jobs("cpu")]                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from jointtune.autotune.settings import Job, TuneSettings
+from jointtune.errors import JointtuneError, TuningError
+
+
+class SweepFileError(TuningError, ValueError):
+    """A sweep file that can't be read or names something invalid (the message names the field)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WatchdogModel(_Strict):
+    compile_s: float | None = Field(None, gt=0)
+    factor: float | None = Field(None, gt=0)
+    slack_s: float | None = Field(None, gt=0)
+    first_trial_s: float | None = Field(None, gt=0)
+
+
+class TuningModel(_Strict):
+    trials: int | None = Field(None, ge=1)
+    time_budget: float | None = Field(None, gt=0)
+    patience: int | None = Field(None, ge=1)
+    strategy: Literal["tpe", "random", "exhaustive"] | None = None
+    seed: int | None = Field(None, ge=0)
+    warmup: int | None = Field(None, ge=0)
+    iters: int | None = Field(None, ge=1)
+    warm_start: int | None = Field(None, ge=0)
+    n_startup: int | None = Field(None, ge=1)
+    lookahead: int | None = Field(None, ge=0)
+    max_invalid_streak: int | None = Field(None, ge=1)
+    max_duplicate_streak: int | None = Field(None, ge=1)
+    watchdog: WatchdogModel | None = None
+
+    def settings_changes(self) -> dict[str, Any]:
+        """The fields this block sets, as TuneSettings field names."""
+        names = {"time_budget": "time_budget_s"}
+        own = set(TuningModel.model_fields) - {"watchdog"}
+        out = {names.get(k, k): v for k, v in self.model_dump(exclude_none=True, include=own).items()}
+        if self.watchdog is not None:
+            dog = {
+                "compile_s": "watchdog_compile_s",
+                "factor": "watchdog_factor",
+                "slack_s": "watchdog_slack_s",
+                "first_trial_s": "first_trial_timeout_s",
+            }
+            out.update({dog[k]: v for k, v in self.watchdog.model_dump(exclude_none=True).items()})
+        return out
+
+
+class JobModel(TuningModel):
+    kernel: str = Field(min_length=1)
+    shapes: list[str | dict[str, int]] = Field(min_length=1)
+    dtypes: list[str] = Field(default_factory=lambda: ["bfloat16"], min_length=1)
+    world_size: int | list[int] = 2
+
+
+class ProfileModel(_Strict):
+    tuning: TuningModel = Field(default_factory=TuningModel)
+    jobs: list[JobModel] = Field(min_length=1)
+
+
+class SweepModel(_Strict):
+    name: str | None = Field(None, min_length=1, pattern=r"^\S+$")
+    imports: list[str] = Field(default_factory=list)
+    tuning: TuningModel = Field(default_factory=TuningModel)
+    profiles: dict[Literal["gpu", "cpu"], ProfileModel] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class SweepFile:
+    """A validated sweep: its name, imports, and the jobs of each profile."""
+
+    name: str
+    imports: tuple[str, ...]
+    profiles: dict[str, tuple[Job, ...]]
+
+    def jobs(self, profile: str) -> tuple[Job, ...]:
+        if profile not in self.profiles:
+            have = ", ".join(sorted(self.profiles))
+            raise SweepFileError(f"profile: {profile!r} is not in sweep {self.name!r}; it has: {have}")
+        return self.profiles[profile]
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _pydantic_problems(exc: ValidationError) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        # unions report one error per member; the member name in the loc only adds noise
+        loc = tuple(p for p in err["loc"] if p not in ("str", "int", "list[int]", "dict[str,int]"))
+        got = f" (got {err['input']!r})" if not isinstance(err.get("input"), (dict, list)) else ""
+        problems.append(f"{_loc(loc)}: {err['msg']}{got}")
+    return list(dict.fromkeys(problems))
+
+
+def _jobs(where: str, model: JobModel, base: TuneSettings, problems: list[str]) -> list[Job]:
+    from jointtune.autotune.handles import resolve_space
+    from jointtune.kernels._family import get_family
+
+    try:
+        family = get_family(model.kernel)
+        space = resolve_space(family)
+        settings = base.replace(**model.settings_changes())
+    except JointtuneError as exc:
+        problems.append(f"{where}: {exc}")
+        return []
+    sizes = model.world_size if isinstance(model.world_size, list) else [model.world_size]
+    jobs = []
+    for i, shape in enumerate(model.shapes):
+        for dtype in model.dtypes:
+            for w in sizes:
+                try:
+                    problem = space.make_problem(shape, dtype=dtype, world_size=w)
+                except JointtuneError as exc:
+                    problems.append(f"{where}.shapes[{i}] ({shape}, {dtype}, world_size {w}): {exc}")
+                    continue
+                jobs.append(Job.of(family.name, problem, settings))
+    return jobs
+
+
+def parse_sweep(data: Any, *, source: str = "sweep", default_name: str = "sweep") -> SweepFile:
+    """Validate sweep data (parsed YAML); SweepFileError lists every problem with its field."""
+    try:
+        model = SweepModel.model_validate(data)
+    except ValidationError as exc:
+        raise SweepFileError(f"{source}: " + "; ".join(_pydantic_problems(exc))) from None
+    for i, module in enumerate(model.imports):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise SweepFileError(f"{source}: imports[{i}]: {module!r} can't be imported ({exc})") from None
+    problems: list[str] = []
+    try:
+        base = TuneSettings().replace(**model.tuning.settings_changes())
+    except JointtuneError as exc:
+        raise SweepFileError(f"{source}: tuning: {exc}") from None
+    profiles: dict[str, tuple[Job, ...]] = {}
+    for name, profile in model.profiles.items():
+        try:
+            settings = base.replace(**profile.tuning.settings_changes())
+        except JointtuneError as exc:
+            problems.append(f"profiles.{name}.tuning: {exc}")
+            continue
+        jobs: list[Job] = []
+        for j, job in enumerate(profile.jobs):
+            jobs.extend(_jobs(f"profiles.{name}.jobs[{j}]", job, settings, problems))
+        profiles[name] = tuple(dict.fromkeys(jobs))
+    if problems:
+        raise SweepFileError(f"{source}: " + "; ".join(problems))
+    return SweepFile(model.name or default_name, tuple(model.imports), profiles)
+
+
+def load_sweep_file(path: str | Path) -> SweepFile:
+    """Read and validate a sweep YAML file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SweepFileError(f"sweep file: {str(path)!r} can't be read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise SweepFileError(f"{path}: not valid YAML ({exc})") from None
+    return parse_sweep(data, source=str(path), default_name=path.stem)

@@ -1,0 +1,204 @@
+"""Kernel families for the tuner's tests: cheap, deterministic, and some deliberately broken.
+
+Imported by the tests and, by name (`jt_families`), by every spawned rank process, so each
+process registers the same spaces and families.
+
+- `jt_sleep`: latency is a sleep whose length depends on the config (best: tile=4, chunk=2, every
+  config 20% apart) and scales with the shape's M; some tile/chunk pairs are invalid. Has a
+  `precompile` hook.
+- `jt_faulty`: like jt_sleep with a `variant` knob; with tile=1 a variant fails in one way each:
+  raise (a compile error from the precompile hook), hang, kill (SIGKILL of its own process),
+  wrong (returns wrong numbers). Best: tile=4.
+- `jt_broken`: the jt_sleep space, but every config raises.
+- `jt_matmul`: a real torch matmul whose knobs (row splits, operand order) change its speed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from jointtune.errors import KernelError
+from jointtune.kernels._family import Family, register_family
+from jointtune.search_spaces import Constraint, Space, categorical, choice, pow2, register_space, when
+
+#: configs precompiled in this process, in order (tests read it)
+PRECOMPILED: list[dict[str, Any]] = []
+
+
+def _tile_chunk(cfg: Mapping[str, Any], ctx: Mapping[str, int]) -> str | None:
+    if cfg["tile"] * cfg["chunk"] <= 16:
+        return None
+    return f"tile*chunk: {cfg['tile']}*{cfg['chunk']} is not allowed; allowed: <= 16"
+
+
+SLEEP_SPACE = register_space(
+    Space(
+        "jt_sleep",
+        dims=("M",),
+        params=[
+            categorical("mode", ("baseline", "fast")),
+            pow2("tile", 1, 16, when=when(mode="fast")),
+            choice("chunk", (1, 2, 4), when=when(mode="fast")),
+        ],
+        constraints=[Constraint("tile_chunk", ("tile", "chunk"), "tile*chunk <= 16", _tile_chunk)],
+        revision=1,
+        default=lambda ctx: {"mode": "fast", "tile": 1, "chunk": 1},
+    ),
+    replace=True,
+)
+
+
+def _variant_rule(cfg: Mapping[str, Any], ctx: Mapping[str, int]) -> str | None:
+    if cfg["variant"] == "ok" or cfg["tile"] == 1:
+        return None
+    return f"variant: {cfg['variant']!r} is not allowed with tile={cfg['tile']}; allowed: 'ok', or any with tile=1"
+
+
+FAULTY_SPACE = register_space(
+    Space(
+        "jt_faulty",
+        dims=("M",),
+        params=[
+            categorical("mode", ("baseline", "fast")),
+            pow2("tile", 1, 8, when=when(mode="fast")),
+            categorical("variant", ("ok", "raise", "hang", "kill", "wrong"), when=when(mode="fast")),
+        ],
+        constraints=[Constraint("variant_tile", ("variant", "tile"), "variant == 'ok' or tile == 1", _variant_rule)],
+        revision=1,
+        default=lambda ctx: {"mode": "fast", "tile": 2, "variant": "ok"},
+    ),
+    replace=True,
+)
+
+MATMUL_SPACE = register_space(
+    Space(
+        "jt_matmul",
+        dims=("M", "N", "K"),
+        params=[
+            categorical("mode", ("baseline", "split")),
+            pow2("splits", 1, 8, when=when(mode="split")),
+            categorical("order", ("mk", "km"), when=when(mode="split")),
+        ],
+        revision=1,
+        default=lambda ctx: {"mode": "split", "splits": 2, "order": "mk"},
+    ),
+    replace=True,
+)
+
+
+def _closeness(tile: int, chunk: int) -> tuple[float, int, int, int]:
+    return (abs(math.log2(tile) - 2), abs(chunk - 2), tile, chunk)
+
+
+#: valid fast (tile, chunk) pairs from best to worst; each is 20% slower than the one before,
+#: so timing noise never reorders them
+SLEEP_LADDER = sorted(
+    ((t, c) for t in (1, 2, 4, 8, 16) for c in (1, 2, 4) if t * c <= 16), key=lambda tc: _closeness(*tc)
+)
+
+
+def sleep_cost_ms(config: Mapping[str, Any]) -> float:
+    """Simulated latency (ms) of a config at M=64: best tile=4, chunk=2 (1 ms); baseline slowest."""
+    if config["mode"] == "baseline":
+        return 1.2 ** len(SLEEP_LADDER)
+    return 1.2 ** SLEEP_LADDER.index((config["tile"], config.get("chunk", 2)))
+
+
+class _Doubling(Family):
+    """Outputs 2*x on every rank; latency comes from a sleep."""
+
+    dims = ("M",)
+
+    def make_inputs(self, problem: Any, world: Any, *, seed: int) -> Any:
+        gen = torch.Generator().manual_seed(seed)
+        xs = [torch.randn(problem.dim("M"), generator=gen) for _ in world.local_ranks]
+        return {"xs": xs, "scale": problem.dim("M") / 64.0}
+
+    def reference(self, inputs: Any) -> Any:
+        return [x * 2 for x in inputs["xs"]]
+
+    def max_error(self, outputs: Any, reference: Any) -> float:
+        return max(float((o - r).norm() / r.norm()) for o, r in zip(outputs, reference))
+
+
+class SleepFamily(_Doubling):
+    name = "jt_sleep"
+    space = "jt_sleep"
+
+    def run(self, inputs: Any, config: Mapping[str, Any], world: Any) -> Any:
+        time.sleep(sleep_cost_ms(config) * inputs["scale"] / 1e3)
+        return [x * 2 for x in inputs["xs"]]
+
+    def precompile(self, config: Mapping[str, Any], problem: Any) -> None:
+        PRECOMPILED.append(dict(config))
+        time.sleep(0.002)
+
+
+class FaultyFamily(_Doubling):
+    name = "jt_faulty"
+    space = "jt_faulty"
+
+    def run(self, inputs: Any, config: Mapping[str, Any], world: Any) -> Any:
+        variant = config.get("variant", "ok")
+        if variant == "hang":
+            while True:
+                time.sleep(0.05)
+        if variant == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(sleep_cost_ms({**config, "chunk": 2}) * inputs["scale"] / 1e3)
+        factor = 3 if variant == "wrong" else 2
+        return [x * factor for x in inputs["xs"]]
+
+    def precompile(self, config: Mapping[str, Any], problem: Any) -> None:
+        if config.get("variant") == "raise":
+            raise KernelError("out of resources: shared memory, required: 300000, hardware limit: 232448")
+
+
+class BrokenFamily(_Doubling):
+    """Every config fails: a shape the sweep can't tune at all."""
+
+    name = "jt_broken"
+    space = "jt_sleep"
+
+    def run(self, inputs: Any, config: Mapping[str, Any], world: Any) -> Any:
+        raise RuntimeError("jt_broken: this family never runs")
+
+
+class MatmulFamily(Family):
+    name = "jt_matmul"
+    space = "jt_matmul"
+    dims = ("M", "N", "K")
+
+    def make_inputs(self, problem: Any, world: Any, *, seed: int) -> Any:
+        gen = torch.Generator().manual_seed(seed)
+        M, N, K = (problem.dim(d) for d in self.dims)
+        return [(torch.randn(M, K, generator=gen), torch.randn(K, N, generator=gen)) for _ in world.local_ranks]
+
+    def run(self, inputs: Any, config: Mapping[str, Any], world: Any) -> Any:
+        outs = []
+        for a, b in inputs:
+            if config["mode"] == "baseline":
+                outs.append(a @ b)
+                continue
+            parts = []
+            for rows in a.chunk(config["splits"] * 4, dim=0):
+                parts.append(rows @ b if config["order"] == "mk" else (b.t() @ rows.t()).t())
+            outs.append(torch.cat(parts))
+        return outs
+
+    def reference(self, inputs: Any) -> Any:
+        return [a @ b for a, b in inputs]
+
+    def max_error(self, outputs: Any, reference: Any) -> float:
+        return max(float((o - r).norm() / r.norm()) for o, r in zip(outputs, reference))
+
+
+for _family in (SleepFamily(), FaultyFamily(), BrokenFamily(), MatmulFamily()):
+    register_family(_family)
