@@ -1,0 +1,5 @@
+"""`python -m jointtune.cli ...` (what `torchrun -m jointtune.cli worker ...` runs on every rank)."""
+
+from jointtune.cli import main
+
+main()
