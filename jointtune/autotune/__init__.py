@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from jointtune.autotune.client import ConfigClient, ServiceWarning
+    from jointtune.autotune.decorator import JointAutotuned, NoConfigError, joint_autotune
     from jointtune.autotune.hardware import (
         KEY_FIELDS,
         HardwareError,
@@ -24,12 +25,14 @@ if TYPE_CHECKING:
         normalize_gpu_name,
         parse_topo_matrix,
     )
+    from jointtune.autotune.lookup import LookupWarning
     from jointtune.autotune.registry import load_sweep, register_sweep
     from jointtune.autotune.replay import ReplayTable, compare, replay
     from jointtune.autotune.results import collect
     from jointtune.autotune.runner import run_jobs
     from jointtune.autotune.settings import Job, TuneSettings
     from jointtune.autotune.sweepfile import load_sweep_file
+    from jointtune.autotune.triton_compat import JointAutotuner
 
 #: public name -> the submodule of this package that defines it.
 _EXPORTS: dict[str, str] = {
@@ -43,6 +46,11 @@ _EXPORTS: dict[str, str] = {
     "normalize_gpu_name": "hardware",
     "parse_topo_matrix": "hardware",
     "ConfigClient": "client",
+    "joint_autotune": "decorator",
+    "JointAutotuned": "decorator",
+    "NoConfigError": "decorator",
+    "JointAutotuner": "triton_compat",
+    "LookupWarning": "lookup",
     "ServiceWarning": "client",
     "Job": "settings",
     "TuneSettings": "settings",
@@ -62,6 +70,10 @@ __all__ = [
     "HardwareError",
     "HardwareFingerprint",
     "Job",
+    "JointAutotuned",
+    "JointAutotuner",
+    "LookupWarning",
+    "NoConfigError",
     "ReplayTable",
     "ServiceWarning",
     "TuneSettings",
@@ -70,6 +82,7 @@ __all__ = [
     "cpu_fingerprint",
     "current_limits",
     "detect",
+    "joint_autotune",
     "load_sweep",
     "load_sweep_file",
     "memory_bucket_gib",

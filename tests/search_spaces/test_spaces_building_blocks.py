@@ -116,7 +116,8 @@ def test_parse_shape_errors_name_the_part(text: str, message: str) -> None:
 
 
 def test_registry_knows_the_three_families() -> None:
-    assert space_names() == ["ag_gemm", "flash_decode", "gemm_rs"]
+    # other test packages register their own "jt_*" spaces in this process; the builtins are these three
+    assert [n for n in space_names() if not n.startswith("jt_")] == ["ag_gemm", "flash_decode", "gemm_rs"]
     assert get_space("ag_gemm").dims == ("M", "N", "K")
     with pytest.raises(UnknownNameError, match="space: 'nope' is not a known search space; known: ag_gemm, ") as e:
         get_space("nope")

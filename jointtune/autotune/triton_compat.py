@@ -1,0 +1,247 @@
+"""`JointAutotuner`: Triton's own `Autotuner`, with persistence, the service and rank agreement.
+
+Subclassing keeps Triton's behaviour by construction: key building, pruning, hooks,
+reset_to_zero/restore_value, `.cache`, `.best_config`, `.configs_timings`, the listener and
+TRITON_PRINT_AUTOTUNING are Triton's code. We only hook into the tuner's cache:
+
+- asking the cache for a key it lacks (Triton does this once per new key, inside `run`) first
+  tries the local store and the service (and the nearest tuned shape with `on_miss="nearest"`);
+  every rank agrees on the answer. A hit fills the cache, so Triton runs it without benchmarking.
+- a key Triton benchmarked is written to the cache; there all ranks adopt rank 0's winner (ranks
+  time differently, a fused kernel must not run different configs), and the result is saved to
+  the local store (and published by rank 0).
+
+Kernels are keyed as `triton:<module>.<name>`, versioned by a hash of their source; integer key
+arguments >= 1 become the shape's dims, the tensors' dtypes (and any other key value) the dtype
+text. In the interpreter (no CUDA) benchmarks use a wall-clock timer. Only API present in both
+Triton 3.6 and 3.9 is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import time
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Any
+
+from triton.runtime.autotuner import Autotuner
+
+from jointtune.autotune import agreement
+from jointtune.autotune.lookup import DEFAULT_STORE_TIMEOUT_S, Identity, Sources, make_client
+from jointtune.errors import TuningError
+
+TRITON_ON_MISS = ("benchmark", "nearest", "error")
+_MAX_DTYPE = 32
+
+
+def interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def wall_clock_bench(kernel_call: Any, quantiles: Any = None, reps: int = 5) -> Any:
+    """Milliseconds per call by wall clock: the interpreter has no CUDA events for Triton's do_bench."""
+    kernel_call()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        kernel_call()
+        times.append((time.perf_counter() - start) * 1e3)
+    times.sort()
+    if quantiles is None:
+        return times[len(times) // 2]
+    return [times[min(len(times) - 1, int(q * len(times)))] for q in quantiles]
+
+
+class _Cache(dict):
+    """Triton's key -> Config dict; a miss inside `run` asks our lookup chain first."""
+
+    def __init__(self, owner: JointAutotuner) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __contains__(self, key: object) -> bool:
+        if dict.__contains__(self, key):
+            return True
+        return self.owner._lookup(key)
+
+    def __setitem__(self, key: Any, config: Any) -> None:
+        dict.__setitem__(self, key, self.owner._decided(key, config))
+
+
+class JointAutotuner(Autotuner):
+    """A `triton.autotune` tuner whose results persist in the store and agree across ranks."""
+
+    def __init__(
+        self,
+        fn: Any,
+        arg_names: list[str],
+        configs: Any,
+        key: list[str],
+        reset_to_zero: Any = None,
+        restore_value: Any = None,
+        *,
+        on_miss: str = "benchmark",
+        kernel: str | None = None,
+        db_url: str | None = None,
+        server: str | None = None,
+        store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
+        **options: Any,
+    ) -> None:
+        if on_miss not in TRITON_ON_MISS:
+            raise TuningError(f"on_miss: {on_miss!r} is not allowed for a Triton kernel; allowed: "
+                              f"{', '.join(TRITON_ON_MISS)}")  # fmt: skip
+        super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **options)
+        self.cache = _Cache(self)
+        self.on_miss = on_miss
+        self.kernel = kernel or f"triton:{self.base_fn.__module__}.{self.base_fn.__qualname__}"[:128]
+        self.kernel_version = hashlib.sha256(inspect.getsource(self.base_fn).encode()).hexdigest()[:12]
+        self.space_version = hashlib.sha256("|".join(str(c) for c in self.configs).encode()).hexdigest()[:12]
+        self.sources_by_key: dict[Any, str] = {}
+        self.db_url, self.server, self.store_timeout_s = db_url, server, store_timeout_s
+        self._sources: Sources | None = None
+        self._call: tuple[Any, Any] | None = None
+        self._to_save: list[tuple[Any, Identity, dict[str, int]]] = []
+
+    @cached_property
+    def do_bench(self) -> Any:
+        if self._do_bench is None and interpreting():
+            return wall_clock_bench
+        return Autotuner.do_bench.func(self)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        self._call = (args, kwargs)
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            self._call = None
+            if self._to_save:
+                self._save_pending()
+
+    # ---- the hooks ----------------------------------------------------------------------------
+    def _active(self) -> bool:
+        from jointtune.autotune.decorator import env_mode
+
+        return self._call is not None and env_mode() != "off"
+
+    def _lookup(self, key: Any) -> bool:
+        """A key Triton hasn't seen: True (and cached) when the chain or a peer rank has its config."""
+        if not self._active():
+            return False
+        from jointtune.autotune.decorator import NoConfigError, candidate, env_mode, print_enabled
+
+        ident, shape = self._identity(key)
+        nearest = self.on_miss == "nearest" and env_mode() != "tune"
+        found = agreement.agree(candidate(self._sources_for(), ident, shape, self._accept, nearest=nearest))
+        if found is None:
+            if self.on_miss == "error" and env_mode() != "tune":
+                raise NoConfigError(f"{self.kernel}: no tuned config for key {key!r} (on_miss='error')")
+            return False
+        config = self._match(found.config)
+        assert config is not None  # _accept checked it
+        dict.__setitem__(self.cache, key, config)
+        self.sources_by_key[key] = found.source
+        if print_enabled():
+            print(f"jointtune: {self.kernel} key {key!r}: {config} from {found.source}", flush=True)
+        return True
+
+    def _decided(self, key: Any, config: Any) -> Any:
+        """Triton chose `config` for a new key: adopt rank 0's choice, and remember to save it."""
+        if not self._active():
+            return config
+        index = next((i for i, c in enumerate(self.configs) if c is config), None)
+        if index is None:
+            index = next(i for i, c in enumerate(self.configs) if c == config)
+        chosen = self.configs[agreement.gather(index)[0]]
+        self.sources_by_key[key] = "benchmark"
+        self._to_save.append((chosen, *self._identity(key)))
+        return chosen
+
+    def _save_pending(self) -> None:
+        from jointtune.autotune.keys import triton_version
+        from jointtune.db import NewRecord
+
+        pending, self._to_save = self._to_save, []
+        timings = getattr(self, "configs_timings", None) or {}
+        for config, ident, shape in pending:
+            timing = timings.get(config)
+            if timing is None:
+                continue  # a single pruned config: Triton ran nothing to time
+            ms = float(timing[0] if isinstance(timing, (list, tuple)) else timing)
+            if not 0 < ms < float("inf"):
+                continue
+            record = NewRecord(
+                kernel=ident.kernel, kernel_version=ident.kernel_version, space_version=ident.space_version,
+                shape=dict(shape), dtype=ident.dtype, world_size=ident.world_size, hardware_id=ident.hardware_id,
+                triton_version=triton_version(), config=_as_json(config), latency_p50_us=ms * 1e3,
+                trials=len(timings), study_name=None,
+            )  # fmt: skip
+            sources = self._sources_for()
+            sources.save(record)
+            if not agreement.distributed() or _rank() == 0:
+                sources.publish(record)
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def _sources_for(self) -> Sources:
+        if self._sources is None:
+            client = make_client(self.server)
+            self._sources = Sources(db_url=self.db_url, client=client, store_timeout_s=self.store_timeout_s)
+        return self._sources
+
+    def _identity(self, key: Any) -> tuple[Identity, dict[str, int]]:
+        from jointtune.autotune.hardware import detect
+        from jointtune.autotune.keys import triton_version
+
+        names = [k for k in self.keys if k in self._arg_values()]
+        dims: dict[str, int] = {}
+        extra: list[str] = []
+        for name, value in zip(names, key[: len(names)]):
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+                dims[name] = value
+            else:
+                extra.append(f"{name}={value!r}")
+        dtypes = list(dict.fromkeys(str(d).removeprefix("torch.") for d in key[len(names) :]))
+        dtype = "+".join(dtypes) or "none"
+        if extra:
+            dtype += ";" + ",".join(extra)
+        if len(dtype) > _MAX_DTYPE:
+            dtype = "sha:" + hashlib.sha256(dtype.encode()).hexdigest()[: _MAX_DTYPE - 4]
+        ident = Identity(
+            kernel=self.kernel,
+            kernel_version=self.kernel_version,
+            space_version=self.space_version,
+            dtype=dtype,
+            world_size=agreement.world_size(),
+            hardware_id=detect().hardware_id,
+            triton_version=triton_version(),
+        )
+        return ident, dims or {"_": 1}
+
+    def _arg_values(self) -> dict[str, Any]:
+        args, kwargs = self._call if self._call is not None else ((), {})
+        return {**dict(zip(self.arg_names, args)), **kwargs}
+
+    def _match(self, stored: Mapping[str, Any]) -> Any:
+        wanted = dict(stored)
+        return next((c for c in self.configs if _as_json(c) == wanted), None)
+
+    def _accept(self, stored: Mapping[str, Any]) -> str | None:
+        if self._match(stored) is None:
+            return "it is not one of this kernel's configs"
+        return None
+
+
+def _as_json(config: Any) -> dict[str, Any]:
+    return {k: v for k, v in config.all_kwargs().items() if isinstance(v, (int, float, str, bool))}
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+__all__ = ["JointAutotuner", "interpreting", "wall_clock_bench"]
