@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from jointtune.errors import JointtuneError
+from jointtune.errors import JointtuneError, ServiceError
 
 DbOption = Annotated[
     str | None,
@@ -45,9 +46,25 @@ def serve_command(
     settings = Settings()  # bad JOINTTUNE_* settings fail here, once, not in every worker
     TokenSet.load(settings.tokens, settings.tokens_file)
     open_store(url).close()
-    uvicorn.run(
+    if workers == 1:
+        uvicorn.run("jointtune.server.app:app_from_env", factory=True, host=host, port=port, log_level="info")
+        return
+    # uvicorn's shared socket for several workers is made with protocol 0, so asyncio never sets
+    # TCP_NODELAY on accepted connections and every keep-alive response waits ~40 ms for a delayed
+    # ACK (measured: bench/README.md, "Config service load"). Make the socket ourselves.
+    from uvicorn.supervisors import Multiprocess
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        raise ServiceError(f"--host/--port: can't listen on {host}:{port} ({exc.strerror})") from None
+    config = uvicorn.Config(
         "jointtune.server.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info"
     )
+    Multiprocess(config, sockets=[sock]).run()
 
 
 def export_command(

@@ -32,7 +32,9 @@ class LiveServer:
 
 def start_server(app: Any) -> tuple[str, Callable[[], None]]:
     """Serve `app` on a free loopback port; returns its URL and a function that stops it."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets; without it every keep-alive
+    # response waits ~40 ms for the client's delayed ACK
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from jointtune.server.routes import bundles, configs, hardware, health, kernels
+from jointtune.server.routes import bundles, configs, dashboard, hardware, health, kernels
 
-ROUTERS = (configs.router, kernels.router, hardware.router, bundles.router, health.router)
+ROUTERS = (configs.router, kernels.router, hardware.router, bundles.router, health.router, dashboard.router)
 
 __all__ = ["ROUTERS"]

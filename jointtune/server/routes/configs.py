@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from jointtune.db import NewRecord
 from jointtune.server.auth import AdminDep, AuthDep, ReadAuthDep
 from jointtune.server.deps import StoreDep
+from jointtune.server.routes._find import find
 from jointtune.server.routes._lookup import explain_miss, lookup_json, parse_dims
 from jointtune.server.schemas import TEXT, LookupOut, PublishOut, RecordIn, RecordPage
 
@@ -34,23 +35,23 @@ def lookup(
     (e.g. `?M=8192&N=4096&K=12288`). Falls back to the nearest stored shape unless `nearest=false`."""
     shape = parse_dims(request.query_params.multi_items(), _KNOWN)
     lookups = request.app.state.metrics.lookups
-    if not store.list_kernels(name=kernel):
-        lookups.labels(result="miss").inc()
-        known = sorted({k.name for k in store.list_kernels()})
-        raise HTTPException(404, f"kernel {kernel[:128]!r} is unknown; the store has records for {known}")
-    found = store.nearest(
+    found = find(
+        store,
         kernel=kernel,
         kernel_version=kernel_version,
         shape=shape,
         dtype=dtype,
         world_size=world_size,
         hardware_id=hardware_id,
-        limit=1,
     )
-    if found and (nearest or found[0][1] == 0):
-        record, distance = found[0]
+    if found and (nearest or found[1] == 0):
+        record, distance = found
         lookups.labels(result="exact" if distance == 0 else "nearest").inc()
         return lookup_json(record, distance)
+    if not store.list_kernels(name=kernel):  # only on a miss: a hit proves the kernel exists
+        lookups.labels(result="miss").inc()
+        known = sorted({k.name for k in store.list_kernels()})
+        raise HTTPException(404, f"kernel {kernel[:128]!r} is unknown; the store has records for {known}")
     lookups.labels(result="miss").inc()
     query = {"kernel_version": kernel_version, "dtype": dtype, "world_size": world_size, "hardware_id": hardware_id}
     message = explain_miss(store, kernel=kernel, shape=shape, query=query)

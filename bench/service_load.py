@@ -1,0 +1,335 @@
+"""Load benchmark of the config service: lookups/s and p50/p99 latency per query kind on PostgreSQL.
+
+A benchmark, not a test. It creates a fresh database `jt_load_<random>` next to the given one,
+bulk-inserts `--records` records through the store's models and engine, starts `jointtune serve`
+(uvicorn, `--workers` processes) on loopback, and drives lookups at a fixed rate (`--rate` per
+second, open loop: each request has a scheduled start, so a slow server cannot slow the offered
+load down) for `--duration` seconds from a separate process with a pool of httpx threads. Queries
+mix exact shapes (stored) and nearest shapes (not stored: the service falls back to the closest).
+The database is dropped at the end, whatever happens.
+
+    python bench/service_load.py --out bench/results/service_load_<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+from jointtune import __version__
+from jointtune.db import Store
+from jointtune.db._models import HardwareRow, KernelRow, RecordDimRow, RecordRow
+
+DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+KERNELS = ("ag_gemm", "gemm_rs")
+VERSION = "v1"
+HARDWARE = ("h200x2-nvl", "h200x8-nvl", "h100x8-nvl", "a100x8-nvl", "mi300x8-xgmi")
+COMBOS = (("bfloat16", 2), ("bfloat16", 8), ("float16", 4), ("float16", 8))
+#: stored M values: multiples of 128, so M=64 and odd Ms are never stored (they are the nearest queries)
+M_VALUES = tuple(128 * k for k in range(1, 126))
+NK_VALUES = tuple((n, k) for n in (2048, 4096, 8192, 14336) for k in (2048, 4096, 8192, 12288, 28672))
+TARGET_P99_MS = {"exact": 10.0, "nearest": 20.0}
+
+
+def keys(count: int) -> list[tuple[str, str, str, int, int, int, int]]:
+    """`count` distinct (kernel, hardware, dtype, world, M, N, K) keys, deterministic."""
+    out = []
+    for kernel in KERNELS:
+        for hw in HARDWARE:
+            for dtype, world in COMBOS:
+                for m in M_VALUES:
+                    for n, k in NK_VALUES:
+                        out.append((kernel, hw, dtype, world, m, n, k))
+    if count > len(out):
+        raise SystemExit(f"--records: {count} is not allowed; at most {len(out)} distinct keys are generated")
+    return out[:count]
+
+
+def fill(url: str, count: int, chunk: int = 5000) -> float:
+    """Insert `count` records (and their dims) with Core bulk inserts; returns the seconds taken."""
+    start = time.perf_counter()
+    now = datetime.now(timezone.utc)
+    rng = random.Random(7)
+    with Store(url) as store, store.engine.begin() as conn:
+        conn.execute(sa.insert(KernelRow), [{"name": k, "version": VERSION, "created_at": now} for k in KERNELS])
+        conn.execute(
+            sa.insert(HardwareRow),
+            [{"hardware_id": h, "name": h, "fingerprint": {"gpu": h}, "created_at": now} for h in HARDWARE],
+        )
+        all_keys = keys(count)
+        for first in range(0, count, chunk):
+            records, dims = [], []
+            for offset, (kernel, hw, dtype, world, m, n, k) in enumerate(all_keys[first : first + chunk]):
+                rid = first + offset + 1
+                shape = {"K": k, "M": m, "N": n}
+                p50 = 10.0 + m * n * k / 2e9 * rng.uniform(0.8, 1.2)
+                baseline = p50 * rng.uniform(0.9, 1.8)
+                records.append(
+                    {
+                        "id": rid,
+                        "kernel": kernel,
+                        "kernel_version": VERSION,
+                        "space_version": "s1",
+                        "shape": shape,
+                        "shape_key": f"K={k},M={m},N={n}",
+                        "dims_signature": "K,M,N",
+                        "dtype": dtype,
+                        "world_size": world,
+                        "hardware_id": hw,
+                        "triton_version": "3.6",
+                        "config": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "mode": rng.choice(["push", "pull"])},
+                        "config_hash": f"{rid:064x}",
+                        "latency_p10_us": p50 * 0.97,
+                        "latency_p50_us": p50,
+                        "latency_p90_us": p50 * 1.05,
+                        "baseline_us": baseline,
+                        "speedup": baseline / p50,
+                        "trials": 64,
+                        "study_name": None,
+                        "tuner_version": __version__,
+                        "created_at": now,
+                        "updated_at": now,
+                    }
+                )
+                dims += [{"record_id": rid, "name": d, "value": v, "log2": math.log2(v)} for d, v in shape.items()]
+            conn.execute(sa.insert(RecordRow), records)
+            conn.execute(sa.insert(RecordDimRow), dims)
+        conn.execute(sa.text("SELECT setval(pg_get_serial_sequence('jt_records', 'id'), :n)"), {"n": count})
+    with Store(url) as store, store.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(sa.text("ANALYZE"))
+    return time.perf_counter() - start
+
+
+def queries(count: int, records: int, nearest_fraction: float, seed: int = 11) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, query params) pairs: exact = a stored key, nearest = a stored key's M made unstored."""
+    rng = random.Random(seed)
+    stored = keys(records)
+    out = []
+    for _ in range(count):
+        kernel, hw, dtype, world, m, n, k = rng.choice(stored)
+        kind = "nearest" if rng.random() < nearest_fraction else "exact"
+        if kind == "nearest":
+            m = m + rng.choice((-37, 29, 61))
+        params = {"kernel": kernel, "dtype": dtype, "world_size": world, "hardware_id": hw}
+        out.append((kind, {**params, "kernel_version": VERSION, "M": m, "N": n, "K": k}))
+    return out
+
+
+def drive(base_url: str, plan: list[tuple[str, dict[str, Any]]], rate: float, threads: int, out: Any) -> None:
+    """Open-loop load: request i starts at t0 + i/rate; runs in its own process, results via `out`."""
+    lock = threading.Lock()
+    state = {"next": 0}
+    samples: list[tuple[str, float, float, int, str]] = []
+    t0 = time.perf_counter() + 0.5
+
+    def worker() -> None:
+        with httpx.Client(base_url=base_url, timeout=5.0, trust_env=False) as http:
+            while True:
+                with lock:
+                    i = state["next"]
+                    state["next"] += 1
+                if i >= len(plan):
+                    return
+                due = t0 + i / rate
+                wait = due - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                kind, params = plan[i]
+                query = {key: value for key, value in params.items() if key != "kernel"}
+                start = time.perf_counter()
+                try:
+                    response = http.get(f"/v1/configs/{params['kernel']}", params=query)
+                    status, match = response.status_code, response.json().get("match", "")
+                except httpx.HTTPError as exc:
+                    status, match = 0, type(exc).__name__
+                end = time.perf_counter()
+                samples.append((kind, start - due, end - start, status, match))
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    out.put({"samples": samples, "wall_s": time.perf_counter() - t0})
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def summarize(samples: list[tuple[str, float, float, int, str]], wall_s: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"requests": len(samples), "wall_s": round(wall_s, 2)}
+    out["throughput_per_s"] = round(len(samples) / wall_s, 1)
+    out["errors"] = sum(1 for s in samples if s[3] != 200)
+    out["late_starts_over_5ms"] = sum(1 for s in samples if s[1] > 0.005)
+    for kind in ("exact", "nearest"):
+        mine = [s for s in samples if s[0] == kind]
+        lat = [s[2] * 1000 for s in mine if s[3] == 200]
+        ok = all(s[4] == kind for s in mine if s[3] == 200)
+        out[kind] = {
+            "requests": len(mine),
+            "ok": len(lat),
+            "answered_as_asked": ok,
+            "p50_ms": round(quantile(lat, 0.50), 2) if lat else None,
+            "p90_ms": round(quantile(lat, 0.90), 2) if lat else None,
+            "p99_ms": round(quantile(lat, 0.99), 2) if lat else None,
+            "max_ms": round(max(lat), 2) if lat else None,
+            "target_p99_ms": TARGET_P99_MS[kind],
+            "met": bool(lat) and quantile(lat, 0.99) <= TARGET_P99_MS[kind],
+        }
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+#: the same app and workers as `jointtune serve`, but on a socket made with proto IPPROTO_TCP (see README)
+_FIXED_SOCKET = """
+import socket, sys
+from uvicorn import Config
+from uvicorn.supervisors import Multiprocess
+sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind(("127.0.0.1", int(sys.argv[1])))
+config = Config("jointtune.server.app:app_from_env", factory=True, workers=int(sys.argv[2]), log_level="warning")
+Multiprocess(config, sockets=[sock]).run()
+"""
+
+
+def serve(url: str, workers: int, launcher: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the service: `jointtune serve` itself, or its app on a TCP_NODELAY-capable socket."""
+    port = _free_port()
+    if launcher == "cli":
+        cmd = [sys.executable, "-c", "from jointtune.cli import main; main()", "serve", "--port", str(port)]
+        cmd += ["--workers", str(workers), "--db", url]
+    else:
+        cmd = [sys.executable, "-c", _FIXED_SOCKET, str(port), str(workers)]
+    env = {**os.environ, "JOINTTUNE_TOKENS": "", "JOINTTUNE_DB_URL": url}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1, trust_env=False).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"the service did not become ready on {base} (exit code {proc.poll()})")
+
+
+def warm(base: str, plan: list[tuple[str, dict[str, Any]]], workers: int) -> None:
+    """A few requests per worker so every worker has opened its store and connections."""
+    with httpx.Client(base_url=base, timeout=10, trust_env=False) as http:
+        for _, params in plan[: 50 * workers]:
+            http.get(f"/v1/configs/{params['kernel']}", params={k: v for k, v in params.items() if k != "kernel"})
+
+
+def versions() -> dict[str, str]:
+    import fastapi
+    import psycopg
+    import uvicorn
+
+    with Store(os.environ["_JT_LOAD_URL"]) as store, store.engine.connect() as conn:
+        server = conn.execute(sa.text("SHOW server_version")).scalar_one()
+    return {
+        "jointtune": __version__,
+        "python": platform.python_version(),
+        "fastapi": fastapi.__version__,
+        "uvicorn": uvicorn.__version__,
+        "sqlalchemy": sa.__version__,
+        "psycopg": psycopg.__version__,
+        "httpx": httpx.__version__,
+        "postgresql": str(server),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db-url", default=DEFAULT_URL, help="PostgreSQL server to create the scratch database on")
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--rate", type=float, default=500.0, help="offered lookups per second")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of load")
+    parser.add_argument("--workers", type=int, default=3, help="uvicorn worker processes")
+    parser.add_argument("--threads", type=int, default=32, help="client threads")
+    parser.add_argument("--nearest-fraction", type=float, default=0.5)
+    parser.add_argument("--device", default="2-core CPU sandbox, PostgreSQL 15 on loopback")
+    parser.add_argument(
+        "--launcher",
+        choices=("cli", "nodelay-socket"),
+        default="cli",
+        help="cli: `jointtune serve`; nodelay-socket: the same app and workers on an IPPROTO_TCP socket",
+    )
+    parser.add_argument("--out", help="write the JSON result here")
+    args = parser.parse_args()
+
+    admin = sa.create_engine(args.db_url, isolation_level="AUTOCOMMIT")
+    name = f"jt_load_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    os.environ["_JT_LOAD_URL"] = url
+    proc = None
+    try:
+        fill_s = fill(url, args.records)
+        print(f"{name}: {args.records} records in {fill_s:.1f} s", flush=True)
+        proc, base = serve(url, args.workers, args.launcher)
+        plan = queries(int(args.rate * args.duration), args.records, args.nearest_fraction)
+        warm(base, queries(200, args.records, args.nearest_fraction, seed=3), args.workers)
+        ctx = multiprocessing.get_context("spawn")
+        out = ctx.Queue()
+        client = ctx.Process(target=drive, args=(base, plan, args.rate, args.threads, out))
+        client.start()
+        result = out.get(timeout=args.duration * 4 + 60)
+        client.join(timeout=30)
+        summary = summarize(result["samples"], result["wall_s"])
+        report = {
+            "benchmark": "service_load",
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "device": args.device,
+            "cpu_count": os.cpu_count(),
+            "versions": versions(),
+            "command": "python " + " ".join(sys.argv),
+            "settings": {k: v for k, v in vars(args).items() if k not in ("db_url", "out")},
+            "fill_s": round(fill_s, 1),
+            "result": summary,
+        }
+        print(json.dumps(report, indent=1))
+        if args.out:
+            with open(args.out, "w") as fh:
+                fh.write(json.dumps(report, indent=1) + "\n")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+if __name__ == "__main__":
+    main()
