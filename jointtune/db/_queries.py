@@ -12,6 +12,7 @@ all three of M, N, K is sqrt(3).
 
 from __future__ import annotations
 
+import heapq
 import math
 from datetime import datetime, timezone
 from typing import Any
@@ -141,22 +142,26 @@ def key_filter(
     return clauses
 
 
-def nearest(shape: dict[str, int], clauses: list[sa.ColumnElement[bool]], limit: int) -> sa.Select:
-    """Records of the same key (but shape) ordered by squared log2 distance, then p50, then id."""
-    target = sa.case(
-        {name: sa.literal(math.log2(value), sa.Double()) for name, value in shape.items()},
-        value=RecordDimRow.name,
+def nearest_candidates(shape: dict[str, int], clauses: list[sa.ColumnElement[bool]]) -> sa.Select:
+    """Narrow (id, p50, shape) rows of every record comparable with `shape`, from the lookup index.
+
+    The distance is ranked in Python (`rank_nearest`): a few thousand narrow rows cost ~1 ms there,
+    while summing per-dim rows in SQL made PostgreSQL hash-join the whole dims table (about 30 ms
+    per lookup at 100k records, measured with bench/service_load.py's data).
+    """
+    return sa.select(RecordRow.id, RecordRow.latency_p50_us, RecordRow.shape).where(
+        *clauses, RecordRow.dims_signature == dims_signature(shape)
     )
-    diff = RecordDimRow.log2 - target
-    dist2 = sa.func.sum(diff * diff).label("dist2")
-    return (
-        sa.select(RecordRow, dist2)
-        .join(RecordDimRow, RecordDimRow.record_id == RecordRow.id)
-        .where(*clauses, RecordRow.dims_signature == dims_signature(shape))
-        .group_by(RecordRow.id)
-        .order_by(dist2, RecordRow.latency_p50_us, RecordRow.id)
-        .limit(limit)
+
+
+def rank_nearest(shape: dict[str, int], rows: Any, limit: int) -> list[tuple[int, float]]:
+    """(id, squared log2 distance) of the `limit` closest rows; ties: lower p50, then lower id."""
+    target = [(name, math.log2(value)) for name, value in shape.items()]
+    scored = (
+        (sum((math.log2(int(row_shape[name])) - t) ** 2 for name, t in target), p50, rid)
+        for rid, p50, row_shape in rows
     )
+    return [(rid, dist2) for dist2, _, rid in heapq.nsmallest(limit, scored)]
 
 
 def filters(**given: Any) -> list[sa.ColumnElement[bool]]:

@@ -180,12 +180,28 @@ class Store:
         log2 of the dims (0 for the exact shape). Ties go to the lower p50, then the older record."""
         check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=False)
         check_page(limit, 0)
+        if limit == 1 and kernel_version is not None:  # the common lookup: one probe of the unique key first
+            exact = self.best(
+                kernel=kernel,
+                kernel_version=kernel_version,
+                shape=shape,
+                dtype=dtype,
+                world_size=world_size,
+                hardware_id=hardware_id,
+            )
+            if exact is not None:
+                return [(exact, 0.0)]
         clauses = q.key_filter(
             kernel=kernel, kernel_version=kernel_version, dtype=dtype, world_size=world_size, hardware_id=hardware_id
         )
-        stmt = q.nearest(dict(shape), clauses, limit)
-        rows = self._run("finding the nearest shapes", lambda s: s.execute(stmt).all(), write=False)
-        return [(q.to_record(row), q.distance(dist2)) for row, dist2 in rows]
+
+        def run(session: Session) -> list[tuple[Record, float]]:
+            ranked = q.rank_nearest(shape, session.execute(q.nearest_candidates(shape, clauses)), limit)
+            rows = session.scalars(sa.select(RecordRow).where(RecordRow.id.in_([rid for rid, _ in ranked])))
+            by_id = {row.id: row for row in rows}
+            return [(q.to_record(by_id[rid]), q.distance(dist2)) for rid, dist2 in ranked]
+
+        return self._run("finding the nearest shapes", run, write=False)
 
     def get_record(self, record_id: int) -> Record | None:
         stmt = sa.select(RecordRow).where(RecordRow.id == record_id)

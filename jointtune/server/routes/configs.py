@@ -9,7 +9,6 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from jointtune.db import NewRecord
 from jointtune.server.auth import AdminDep, AuthDep, ReadAuthDep
 from jointtune.server.deps import StoreDep
-from jointtune.server.routes._find import find
 from jointtune.server.routes._lookup import explain_miss, lookup_json, parse_dims
 from jointtune.server.schemas import TEXT, LookupOut, PublishOut, RecordIn, RecordPage
 
@@ -35,15 +34,16 @@ def lookup(
     (e.g. `?M=8192&N=4096&K=12288`). Falls back to the nearest stored shape unless `nearest=false`."""
     shape = parse_dims(request.query_params.multi_items(), _KNOWN)
     lookups = request.app.state.metrics.lookups
-    found = find(
-        store,
+    nearest_first = store.nearest(
         kernel=kernel,
         kernel_version=kernel_version,
         shape=shape,
         dtype=dtype,
         world_size=world_size,
         hardware_id=hardware_id,
+        limit=1,
     )
+    found = nearest_first[0] if nearest_first else None
     if found and (nearest or found[1] == 0):
         record, distance = found
         lookups.labels(result="exact" if distance == 0 else "nearest").inc()
