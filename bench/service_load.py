@@ -34,7 +34,7 @@ import sqlalchemy as sa
 
 from jointtune import __version__
 from jointtune.db import Store
-from jointtune.db._models import HardwareRow, KernelRow, RecordDimRow, RecordRow
+from jointtune.db._models import HardwareRow, KernelRow, RecordRow
 
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 KERNELS = ("ag_gemm", "gemm_rs")
@@ -62,7 +62,7 @@ def keys(count: int) -> list[tuple[str, str, str, int, int, int, int]]:
 
 
 def fill(url: str, count: int, chunk: int = 5000) -> float:
-    """Insert `count` records (and their dims) with Core bulk inserts; returns the seconds taken."""
+    """Insert `count` records with Core bulk inserts; returns the seconds taken."""
     start = time.perf_counter()
     now = datetime.now(timezone.utc)
     rng = random.Random(7)
@@ -74,7 +74,7 @@ def fill(url: str, count: int, chunk: int = 5000) -> float:
         )
         all_keys = keys(count)
         for first in range(0, count, chunk):
-            records, dims = [], []
+            records = []
             for offset, (kernel, hw, dtype, world, m, n, k) in enumerate(all_keys[first : first + chunk]):
                 rid = first + offset + 1
                 shape = {"K": k, "M": m, "N": n}
@@ -107,9 +107,7 @@ def fill(url: str, count: int, chunk: int = 5000) -> float:
                         "updated_at": now,
                     }
                 )
-                dims += [{"record_id": rid, "name": d, "value": v, "log2": math.log2(v)} for d, v in shape.items()]
             conn.execute(sa.insert(RecordRow), records)
-            conn.execute(sa.insert(RecordDimRow), dims)
         conn.execute(sa.text("SELECT setval(pg_get_serial_sequence('jt_records', 'id'), :n)"), {"n": count})
     with Store(url) as store, store.engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(sa.text("ANALYZE"))

@@ -12,6 +12,7 @@ connections survive server restarts.
 from __future__ import annotations
 
 import importlib.util
+import math
 import sqlite3
 import time
 from typing import Any
@@ -49,6 +50,10 @@ def make_engine(url: str) -> sa.Engine:
     )
 
 
+def _log2(value: float | None) -> float | None:
+    return math.log2(value) if value is not None and value > 0 else None
+
+
 def _sqlite_engine(url: str) -> sa.Engine:
     if sqlite3.sqlite_version_info < MIN_SQLITE:
         raise StoreError(
@@ -66,6 +71,8 @@ def _sqlite_engine(url: str) -> sa.Engine:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: sqlite3.Connection, _record: object) -> None:
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves, see _on_begin
+        # log2() for the nearest-shape distance (SQLite's own math functions are a build option)
+        dbapi_conn.create_function("log2", 1, _log2, deterministic=True)
         cursor = dbapi_conn.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")

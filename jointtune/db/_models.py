@@ -7,10 +7,9 @@ Why these tables, and not more:
 - Every table name starts with `jt_`, and our Alembic version table is `jt_alembic_version`,
   because Optuna's tables (`studies`, `trials`, ... and its own `alembic_version`) share the
   database.
-- A record's dims are also stored one row each with their log2 (`jt_record_dims`), so the
-  nearest-shape query is plain SQL (join, sum of squares, order by) on SQLite and PostgreSQL
-  alike, without dialect-specific JSON functions. `dims_signature` ("K,M,N") picks the records
-  whose dims are comparable before any arithmetic.
+- The nearest-shape distance reads each candidate's `shape` JSON (`_queries.nearest`);
+  `dims_signature` ("K,M,N") picks the records whose dims are comparable before any arithmetic.
+  (Revision 0001 also kept one row per dim in `jt_record_dims`; 0002 dropped it, see there.)
 - Records name their kernel and hardware by value (the unique key reads as the issue states it)
   with foreign keys to `jt_kernels` and `jt_hardware_profiles`, which the store fills on publish.
 
@@ -25,7 +24,7 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: stable constraint names, so later migrations can refer to them on every backend
 NAMING_CONVENTION = {
@@ -118,20 +117,3 @@ class RecordRow(Base):
     tuner_version: Mapped[str] = mapped_column(sa.String(32))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
-
-    dims: Mapped[list[RecordDimRow]] = relationship(
-        back_populates="record", lazy="raise", cascade="all, delete-orphan", passive_deletes=True
-    )
-
-
-class RecordDimRow(Base):
-    """One named dim of a record's shape, with log2(value) for the nearest-shape distance."""
-
-    __tablename__ = "jt_record_dims"
-
-    record_id: Mapped[int] = mapped_column(sa.ForeignKey("jt_records.id", ondelete="CASCADE"), primary_key=True)
-    name: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
-    value: Mapped[int] = mapped_column(sa.BigInteger)
-    log2: Mapped[float]
-
-    record: Mapped[RecordRow] = relationship(back_populates="dims", lazy="raise")

@@ -4,23 +4,23 @@ Writes are single `INSERT .. ON CONFLICT` statements, which SQLite and PostgreSQ
 the database decides atomically whether a new record beats the stored one, so concurrent workers
 never lose an update the way read-modify-write would.
 
-Nearest shape: distance = sqrt(sum over dims of (log2 a - log2 b)^2), computed in SQL from
-`jt_record_dims` (the square root in Python; SQLite may lack math functions). Only records with
-the same dim names (`dims_signature`) are comparable: doubling one dim is distance 1, doubling
-all three of M, N, K is sqrt(3).
+Nearest shape: distance = sqrt(sum over dims of (log2 a - log2 b)^2), the sum computed in SQL from
+each record's `shape` JSON (the square root in Python). Only records with the same dim names
+(`dims_signature`) are comparable: doubling one dim is distance 1, doubling all three of M, N, K
+is sqrt(3).
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.compiler import compiles
 
-from jointtune.db._models import RECORD_KEY, HardwareRow, KernelRow, RecordDimRow, RecordRow
+from jointtune.db._models import RECORD_KEY, HardwareRow, KernelRow, RecordRow
 from jointtune.db._values import HardwareProfile, KernelInfo, NewRecord, Record, config_hash, shape_key
 
 #: columns a better record replaces; `created_at` stays from the first insert
@@ -116,14 +116,6 @@ def upsert_record(dialect: str, record: NewRecord) -> Any:
     return stmt.returning(stmt.table.c.id)
 
 
-def insert_dims(dialect: str, record_id: int, shape: dict[str, int]) -> Any:
-    rows = [
-        {"record_id": record_id, "name": name, "value": value, "log2": math.log2(value)}
-        for name, value in shape.items()
-    ]
-    return _insert(dialect, RecordDimRow).values(rows).on_conflict_do_nothing()
-
-
 def _float(value: float | None) -> float | None:
     return None if value is None else float(value)
 
@@ -142,26 +134,37 @@ def key_filter(
     return clauses
 
 
-def nearest_candidates(shape: dict[str, int], clauses: list[sa.ColumnElement[bool]]) -> sa.Select:
-    """Narrow (id, p50, shape) rows of every record comparable with `shape`, from the lookup index.
+class log2(sa.sql.functions.GenericFunction):
+    """log2(x): PostgreSQL spells it ln(x)/ln(2); SQLite gets a Python log2 at connect (_engine.py)."""
 
-    The distance is ranked in Python (`rank_nearest`): a few thousand narrow rows cost ~1 ms there,
-    while summing per-dim rows in SQL made PostgreSQL hash-join the whole dims table (about 30 ms
-    per lookup at 100k records, measured with bench/service_load.py's data).
+    type = sa.Double()
+    inherit_cache = True
+
+
+@compiles(log2, "postgresql")
+def _log2_postgresql(element: log2, compiler: Any, **kw: Any) -> str:
+    return f"(ln({compiler.process(element.clauses, **kw)}) / ln(2.0))"
+
+
+def nearest(shape: dict[str, int], clauses: list[sa.ColumnElement[bool]], limit: int) -> sa.Select:
+    """(id, squared log2 distance) of the `limit` closest records; ties: lower p50, then lower id.
+
+    The distance is computed from each candidate's own `shape` JSON in one narrow pass over the
+    lookup index, and only the winners are read in full afterwards. Summing per-dim rows instead
+    made PostgreSQL hash-join the whole dims table (about 30 ms a lookup at 100k records, measured
+    with bench/service_load.py's data; this form: about 10 ms). The exact shape scores 0 exactly.
     """
-    return sa.select(RecordRow.id, RecordRow.latency_p50_us, RecordRow.shape).where(
-        *clauses, RecordRow.dims_signature == dims_signature(shape)
+    terms = [(log2(RecordRow.shape[name].as_float()) - math.log2(value)) for name, value in shape.items()]
+    dist2 = sa.case(
+        (RecordRow.shape_key == shape_key(shape), sa.literal(0.0, sa.Double())),
+        else_=sum((t * t for t in terms[1:]), terms[0] * terms[0]),
+    ).label("dist2")
+    return (
+        sa.select(RecordRow.id, dist2)
+        .where(*clauses, RecordRow.dims_signature == dims_signature(shape))
+        .order_by(dist2, RecordRow.latency_p50_us, RecordRow.id)
+        .limit(limit)
     )
-
-
-def rank_nearest(shape: dict[str, int], rows: Any, limit: int) -> list[tuple[int, float]]:
-    """(id, squared log2 distance) of the `limit` closest rows; ties: lower p50, then lower id."""
-    target = [(name, math.log2(value)) for name, value in shape.items()]
-    scored = (
-        (sum((math.log2(int(row_shape[name])) - t) ** 2 for name, t in target), p50, rid)
-        for rid, p50, row_shape in rows
-    )
-    return [(rid, dist2) for dist2, _, rid in heapq.nsmallest(limit, scored)]
 
 
 def filters(**given: Any) -> list[sa.ColumnElement[bool]]:

@@ -139,8 +139,6 @@ class Store:
             session.execute(q.ensure_kernel(dialect, record.kernel, record.kernel_version))
             session.execute(q.ensure_hardware(dialect, record.hardware_id))
             stored_id = session.execute(q.upsert_record(dialect, record)).scalar_one_or_none()
-            if stored_id is not None:
-                session.execute(q.insert_dims(dialect, stored_id, record.shape))
             clauses = q.key_filter(
                 kernel=record.kernel,
                 kernel_version=record.kernel_version,
@@ -180,23 +178,17 @@ class Store:
         log2 of the dims (0 for the exact shape). Ties go to the lower p50, then the older record."""
         check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=False)
         check_page(limit, 0)
-        if limit == 1 and kernel_version is not None:  # the common lookup: one probe of the unique key first
-            exact = self.best(
-                kernel=kernel,
-                kernel_version=kernel_version,
-                shape=shape,
-                dtype=dtype,
-                world_size=world_size,
-                hardware_id=hardware_id,
-            )
-            if exact is not None:
-                return [(exact, 0.0)]
         clauses = q.key_filter(
             kernel=kernel, kernel_version=kernel_version, dtype=dtype, world_size=world_size, hardware_id=hardware_id
         )
+        exact_stmt = sa.select(RecordRow).where(*clauses, RecordRow.shape_key == shape_key(shape))
 
         def run(session: Session) -> list[tuple[Record, float]]:
-            ranked = q.rank_nearest(shape, session.execute(q.nearest_candidates(shape, clauses)), limit)
+            if limit == 1 and kernel_version is not None:  # the common lookup: one probe of the unique key
+                exact = session.scalars(exact_stmt).first()
+                if exact is not None:
+                    return [(q.to_record(exact), 0.0)]
+            ranked = session.execute(q.nearest(shape, clauses, limit)).all()
             rows = session.scalars(sa.select(RecordRow).where(RecordRow.id.in_([rid for rid, _ in ranked])))
             by_id = {row.id: row for row in rows}
             return [(q.to_record(by_id[rid]), q.distance(dist2)) for rid, dist2 in ranked]
