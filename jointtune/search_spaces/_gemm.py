@@ -11,7 +11,9 @@ the local GEMM loops over (K for all-gather, K/W for reduce-scatter).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
+from jointtune.errors import SpaceError
 from jointtune.search_spaces._params import (
     Condition,
     Constraint,
@@ -25,6 +27,7 @@ from jointtune.search_spaces._params import (
     pow2,
     when,
 )
+from jointtune.search_spaces._problem import Problem
 
 MODES = ("pull", "push", "ce", "baseline")
 #: tiles exist whenever a Triton GEMM runs
@@ -184,3 +187,23 @@ def gemm_default(ctx: Context) -> dict[str, Value]:
     if ctx["R"] < BASELINE_BELOW_ROWS:
         return {"mode": "baseline"}
     return {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1}
+
+
+def sharded_problem(space: str, split: tuple[str, ...], per_rank: dict[str, str]) -> tuple[Any, Any]:
+    """(check_problem, derive) for a GEMM space whose dims `split` are sharded over the ranks.
+
+    `per_rank` names the derived per-rank sizes, e.g. {"R": "M", "N_r": "N"}: R = M / world_size.
+    """
+
+    def check_problem(problem: Problem) -> None:
+        w = problem.world_size
+        for dim in split:
+            if problem.dim(dim) % w:
+                raise SpaceError(
+                    f"world_size: {w} is not allowed for {space}; {dim}={problem.dim(dim)} must be divisible by it"
+                )
+
+    def derive(problem: Problem) -> dict[str, int]:
+        return {name: problem.dim(dim) // problem.world_size for name, dim in per_rank.items()}
+
+    return check_problem, derive

@@ -15,32 +15,19 @@ The ag_gemm kernel is written against exactly these names, values and meanings.
 
 from __future__ import annotations
 
-from jointtune.errors import SpaceError
 from jointtune.search_spaces._gemm import (
     ce_params,
     comm_constraints,
     gemm_default,
     mode_param,
+    sharded_problem,
     tile_constraints,
     tile_params,
 )
 from jointtune.search_spaces._params import pow2, when
-from jointtune.search_spaces._problem import Problem
 from jointtune.search_spaces._space import Space
 
-
-def _check_problem(problem: Problem) -> None:
-    w = problem.world_size
-    for dim in ("M", "N"):
-        if problem.dim(dim) % w:
-            raise SpaceError(
-                f"world_size: {w} is not allowed for ag_gemm; {dim}={problem.dim(dim)} must be divisible by it"
-            )
-
-
-def _derive(problem: Problem) -> dict[str, int]:
-    w = problem.world_size
-    return {"R": problem.dim("M") // w, "N_r": problem.dim("N") // w}
+_check_problem, _derive = sharded_problem("ag_gemm", ("M", "N"), {"R": "M", "N_r": "N"})
 
 
 AG_GEMM = Space(

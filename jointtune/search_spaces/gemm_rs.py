@@ -16,32 +16,19 @@ BLOCK_K steps deep.
 
 from __future__ import annotations
 
-from jointtune.errors import SpaceError
 from jointtune.search_spaces._gemm import (
     ce_params,
     comm_constraints,
     gemm_default,
     mode_param,
+    sharded_problem,
     tile_constraints,
     tile_params,
 )
 from jointtune.search_spaces._params import pow2, when
-from jointtune.search_spaces._problem import Problem
 from jointtune.search_spaces._space import Space
 
-
-def _check_problem(problem: Problem) -> None:
-    w = problem.world_size
-    for dim in ("M", "K"):
-        if problem.dim(dim) % w:
-            raise SpaceError(
-                f"world_size: {w} is not allowed for gemm_rs; {dim}={problem.dim(dim)} must be divisible by it"
-            )
-
-
-def _derive(problem: Problem) -> dict[str, int]:
-    w = problem.world_size
-    return {"R": problem.dim("M") // w, "K_r": problem.dim("K") // w}
+_check_problem, _derive = sharded_problem("gemm_rs", ("M", "K"), {"R": "M", "K_r": "K"})
 
 
 GEMM_RS = Space(
