@@ -73,6 +73,7 @@ class World(ABC):
         self._buffers: dict[tuple[str, torch.dtype], SymmetricBuffer] = {}
         self._tables: dict[tuple[int, ...], torch.Tensor] = {}
         self._scratch: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
+        self._user_views: dict[int, SymmetricBuffer] = {}  # data_ptr of a tensor `empty` handed out
         self.epochs: dict[str, int] = {}
 
     @property
@@ -130,12 +131,6 @@ class World(ABC):
         for v in views:
             self._user_views[v.data_ptr()] = buf
         return views
-
-    @property
-    def _user_views(self) -> dict[int, SymmetricBuffer]:
-        if not hasattr(self, "_user_view_map"):
-            self._user_view_map: dict[int, SymmetricBuffer] = {}
-        return self._user_view_map
 
     def symmetric_of(self, tensor: torch.Tensor) -> SymmetricBuffer | None:
         """The symmetric buffer `tensor` starts, if it came from `empty` (else None: copy it in)."""
