@@ -34,7 +34,7 @@ def pg_available() -> bool:
         with _pg_admin_engine().connect() as conn:
             conn.execute(sa.text("select 1"))
         return True
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if os.environ.get("JOINTTUNE_REQUIRE_PG"):
             pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} is required (JOINTTUNE_REQUIRE_PG) but unreachable: {exc}")
         return False
