@@ -25,7 +25,7 @@ sweep: $(STAMP)
 
 # The dashboard's browser test needs Debian's chromium; install it when it's missing (as root).
 test: $(STAMP)
-	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "chromium could not be installed: the dashboard's browser test will be skipped"
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
