@@ -58,6 +58,9 @@ def start_server(app: Any) -> tuple[str, Callable[[], None]]:
 def serve(db_url: str, **settings: Any) -> Iterator[LiveServer]:
     app = create_app(Settings(db_url=db_url, tokens=TOKENS, **settings))
     url, stop = start_server(app)
+    # the first request opens (and migrates) the store; pay that here, so clients with sub-second
+    # timeouts in the tests meet a warm service on a loaded machine
+    httpx.get(f"{url}/readyz", timeout=60)
     try:
         yield LiveServer(url=url, db_url=db_url, app=app)
     finally:
