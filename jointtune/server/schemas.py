@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from jointtune import __version__
+from jointtune.db import Record
 
 #: printable text only: PostgreSQL refuses NUL in text, and control characters only hide typos
 TEXT = r"^[^\x00-\x1f\x7f]+$"
@@ -51,33 +52,6 @@ class RecordIn(BaseModel):
     tuner_version: str = Field(default=__version__, min_length=1, max_length=32, pattern=TEXT)
 
 
-class RecordOut(BaseModel):
-    """A stored best config for one key."""
-
-    id: int
-    kernel: str
-    kernel_version: str
-    space_version: str
-    shape: dict[str, int]
-    shape_key: str
-    dtype: str
-    world_size: int
-    hardware_id: str
-    triton_version: str
-    config: dict[str, Any]
-    config_hash: str
-    latency_p10_us: float | None
-    latency_p50_us: float
-    latency_p90_us: float | None
-    baseline_us: float | None
-    speedup: float | None
-    trials: int
-    study_name: str | None
-    tuner_version: str
-    created_at: datetime
-    updated_at: datetime
-
-
 class Latency3(BaseModel):
     p10: float | None
     p50: float
@@ -112,7 +86,7 @@ class LookupOut(BaseModel):
 
 
 class PublishOut(BaseModel):
-    record: RecordOut
+    record: Record  # the store's own value type: one definition of a record's fields
     changed: bool
 
 
@@ -120,7 +94,7 @@ class RecordPage(BaseModel):
     total: int
     limit: int
     offset: int
-    items: list[RecordOut]
+    items: list[Record]
 
 
 class KernelOut(BaseModel):
