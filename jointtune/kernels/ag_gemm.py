@@ -17,6 +17,7 @@ overwrites what a rank still reads of call t; flags carry epochs, so nothing is 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -148,26 +149,33 @@ def _baseline(plan, a, b, c, world, R, K, N_r, want_gathered):
     return c, gathered
 
 
-def _symmetric_a(a, world, R, K, parity):
-    """This rank's A in symmetric memory: the caller's own buffer, or a staging half we copy into.
+@contextlib.contextmanager
+def _shared_a(a, world, R, K):
+    """This rank's A in symmetric memory, readable by every peer for the duration of the block.
 
-    Returns the buffer, this rank's [R, K] views, every rank's base address (as this rank maps it)
-    and whether the caller owns the buffer (then we barrier before returning).
+    The caller's own buffer (from `world.empty`) or a staging half we copy into (halves alternate by
+    call, so a peer still reading call t never sees call t+1's copy). Yields the buffer, this rank's
+    [R, K] views and every rank's base address as this rank maps it. Enters with a barrier (every
+    rank's A is in place) and, when the caller owns the buffer, leaves with one (peers are done
+    reading it before the caller may overwrite it).
     """
     user = [world.symmetric_of(x) for x in a]
-    if all(u is not None for u in user) and len({id(u) for u in user}) == 1:
-        buf = user[0]
-        bases = [[buf.peers[i][p].data_ptr() for p in range(world.world_size)] for i in range(len(a))]
-        return buf, list(a), bases, True
-    slot = _slot(R, K)
-    buf = world.symmetric("ag_gemm.stage", (2 * slot,), a[0].dtype)
-    off = parity * slot
-    views = [buf.tensors[i][off : off + R * K].view(R, K) for i in range(len(a))]
-    for v, x in zip(views, a):
-        v.copy_(x)
+    owned = all(u is not None for u in user) and len({id(u) for u in user}) == 1
+    if owned:
+        buf, views, off = user[0], list(a), 0
+    else:
+        slot = _slot(R, K)
+        buf = world.symmetric("ag_gemm.stage", (2 * slot,), a[0].dtype)
+        off = (world.next_epoch("ag_gemm") % 2) * slot
+        views = [buf.tensors[i][off : off + R * K].view(R, K) for i in range(len(a))]
+        for v, x in zip(views, a):
+            v.copy_(x)
     elem = a[0].element_size()
     bases = [[buf.peers[i][p].data_ptr() + off * elem for p in range(world.world_size)] for i in range(len(a))]
-    return buf, views, bases, False
+    world.barrier(buf)
+    yield buf, views, bases
+    if owned:
+        world.barrier(buf)
 
 
 def _launch_gemm(plan, world, i, a_view, b, c, K, N_r, *, R, rows, row_lo=0, rank=0, shift=0, src=None,
@@ -219,26 +227,18 @@ def triton_cdiv(x: int, y: int) -> int:
 def _pull(plan, a, b, c_out, world, R, K, N_r, want_gathered):
     M = R * world.world_size
     elem = a[0].element_size()
-    epoch = world.next_epoch("ag_gemm")
-    buf, views, bases, user_owned = _symmetric_a(a, world, R, K, epoch % 2)
-    world.barrier(buf)  # every rank's A is in place
-    outs = []
-    for i, r in enumerate(world.local_ranks):
-        src = bases[i][r]
-        deltas = world.int_table(tuple(_offset(bases[i][p], src, elem) for p in range(world.world_size)))
-        c = c_out[i]
-        _launch_gemm(plan, world, i, views[i], b[i], c, K, N_r, R=R, rows=M, rank=r,
-                     shift=(r * R) // plan.BLOCK_M, src=views[i], deltas=deltas)  # fmt: skip
-        outs.append(c)
     gathered = []
-    if want_gathered:
-        for i in range(len(a)):
-            peers = [buf.peers[i][p] for p in range(world.world_size)]
-            start = (bases[i][0] - peers[0].data_ptr()) // elem
-            gathered.append(torch.cat([p[start : start + R * K].view(R, K) for p in peers]))
-    if user_owned:
-        world.barrier(buf)  # peers are done reading our A before the caller may overwrite it
-    return outs, gathered
+    with _shared_a(a, world, R, K) as (buf, views, bases):
+        for i, r in enumerate(world.local_ranks):
+            src = bases[i][r]
+            deltas = world.int_table(tuple(_offset(bases[i][p], src, elem) for p in range(world.world_size)))
+            _launch_gemm(plan, world, i, views[i], b[i], c_out[i], K, N_r, R=R, rows=M, rank=r,
+                         shift=(r * R) // plan.BLOCK_M, src=views[i], deltas=deltas)  # fmt: skip
+            if want_gathered:
+                peers = [buf.peers[i][p] for p in range(world.world_size)]
+                start = (bases[i][0] - peers[0].data_ptr()) // elem
+                gathered.append(torch.cat([p[start : start + R * K].view(R, K) for p in peers]))
+    return c_out, gathered
 
 
 def _push(plan, a, b, c_out, world, R, K, N_r, want_gathered):
@@ -253,7 +253,7 @@ def _push(plan, a, b, c_out, world, R, K, N_r, want_gathered):
     flags = world.symmetric("ag_gemm.flags", (W * triton_cdiv(R, 16),), torch.int32, zero=True)
     work = triton_cdiv(M, plan.BLOCK_M) * triton_cdiv(N_r, plan.BLOCK_N) * plan.SPLIT_K
     consumers = max(1, min(_num_sms(world) - plan.comm_sms, work))
-    tickets = world.symmetric("ag_gemm.tickets", (1,), torch.int32)  # local use only: one counter per rank
+    tickets = world.scratch("ag_gemm.tickets", 1, torch.int32)  # this rank's tile counter
     done = world.scratch("ag_gemm.push_done", n_chunks, torch.int32)  # pieces copied per chunk, kept at zero
     fence = world.scratch("ag_gemm.fence", (plan.comm_sms + consumers) * 32 * plan.num_warps, torch.int32)
     launches = []
@@ -264,9 +264,8 @@ def _push(plan, a, b, c_out, world, R, K, N_r, want_gathered):
         inbox_deltas = world.int_table(tuple(_offset(inbox.peers[i][p][half:], base, elem) for p in range(W)))
         push = dict(inbox=local_inbox, inbox_deltas=inbox_deltas, flags=flags.tensors[i], flag_ptrs=flags.ptrs[i],
                     epoch=epoch, n_chunks=n_chunks, slot=slot, comm_sms=plan.comm_sms, consumers=consumers,
-                    gather_local=want_gathered, tickets=tickets.tensors[i], done=done[i],
+                    gather_local=want_gathered, tickets=tickets[i], done=done[i],
                     fence=fence[i])  # fmt: skip
-        tickets.tensors[i].zero_()
         c = c_out[i]
         launches.append((i, r, local_inbox, deltas, push, c))
     # The interpreter runs launches in order: every rank's producers before any rank's consumers.
@@ -275,6 +274,8 @@ def _push(plan, a, b, c_out, world, R, K, N_r, want_gathered):
         for i, r, local_inbox, deltas, push, c in launches:
             _launch_gemm(plan, world, i, a[i], b[i], c, K, N_r, R=R, rows=M, rank=r, shift=(r * R) // plan.BLOCK_M,
                          src=local_inbox, deltas=deltas, push=push, pid_range=phase)  # fmt: skip
+    for counter in tickets:  # the kernel counts tiles up from zero: hand the counter back zeroed
+        counter.zero_()
     outs = [entry[-1] for entry in launches]
     gathered = []
     if want_gathered:
@@ -286,37 +287,32 @@ def _ce(plan, a, b, c_out, world, R, K, N_r, want_gathered):
     W = world.world_size
     M = R * W
     elem = a[0].element_size()
-    epoch = world.next_epoch("ag_gemm")
-    buf, views, bases, user_owned = _symmetric_a(a, world, R, K, epoch % 2)
-    world.barrier(buf)
     gathered_buf = world.symmetric("ag_gemm.gathered", (M * K,), a[0].dtype)
     chunk = triton_cdiv(R, plan.ce_chunks)
-    outs, gathered = [], []
-    for i, r in enumerate(world.local_ranks):
-        g = gathered_buf.tensors[i][: M * K].view(M, K)
-        c = c_out[i]
-        events = []
-        with world.side_stream(i):  # copy engine: peers' rows, chunk by chunk, in ring order
-            for p in [(r + j) % W for j in range(1, W)]:
-                peer = buf.peers[i][p]
-                start = (bases[i][p] - peer.data_ptr()) // elem
-                src = peer[start : start + R * K].view(R, K)
-                for lo in range(0, R, chunk):
-                    hi = min(R, lo + chunk)
-                    g[p * R + lo : p * R + hi].copy_(src[lo:hi], non_blocking=True)
-                    events.append((p * R + lo, hi - lo, world.record_event()))
-        _consume(plan, world, i, views[i], b[i], c[r * R : (r + 1) * R])  # local rows first
-        for row_lo, rows, event in events:
-            world.wait_event(event)
-            _consume(plan, world, i, g[row_lo : row_lo + rows], b[i], c[row_lo : row_lo + rows])
-        world.wait_side_stream()
-        outs.append(c)
-        if want_gathered:
-            g[r * R : (r + 1) * R].copy_(views[i])
-            gathered.append(g.clone())
-    if user_owned:
-        world.barrier(buf)
-    return outs, gathered
+    gathered = []
+    with _shared_a(a, world, R, K) as (buf, views, bases):
+        for i, r in enumerate(world.local_ranks):
+            g = gathered_buf.tensors[i][: M * K].view(M, K)
+            c = c_out[i]
+            events = []
+            with world.side_stream(i):  # copy engine: peers' rows, chunk by chunk, in ring order
+                for p in [(r + j) % W for j in range(1, W)]:
+                    peer = buf.peers[i][p]
+                    start = (bases[i][p] - peer.data_ptr()) // elem
+                    src = peer[start : start + R * K].view(R, K)
+                    for lo in range(0, R, chunk):
+                        hi = min(R, lo + chunk)
+                        g[p * R + lo : p * R + hi].copy_(src[lo:hi], non_blocking=True)
+                        events.append((p * R + lo, hi - lo, world.record_event()))
+            _consume(plan, world, i, views[i], b[i], c[r * R : (r + 1) * R])  # local rows first
+            for row_lo, rows, event in events:
+                world.wait_event(event)
+                _consume(plan, world, i, g[row_lo : row_lo + rows], b[i], c[row_lo : row_lo + rows])
+            world.wait_side_stream()
+            if want_gathered:
+                g[r * R : (r + 1) * R].copy_(views[i])
+                gathered.append(g.clone())
+    return c_out, gathered
 
 
 def _consume(plan, world, i, a_rows, b, c_rows):
