@@ -18,13 +18,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,postgres]'
 	@touch $(STAMP)
 
+# The GPU image's Triton, beside the venv's: tests compile the kernel for sm_90 with both versions.
+GPU_TRITON := $(VENV)/gpu-triton/.installed
+$(GPU_TRITON): $(STAMP)
+	$(BIN)/pip install -q --no-deps --target $(VENV)/gpu-triton "triton==3.6.0"
+	@touch $(GPU_TRITON)
+
 install: $(STAMP)
 
 sweep: $(STAMP)
 	$(BIN)/jointtune sweep $(SWEEP)
 
 # The dashboard's browser test needs Debian's chromium; install it when it's missing (as root).
-test: $(STAMP)
+test: $(STAMP) $(GPU_TRITON)
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "chromium could not be installed: the dashboard's browser test will be skipped"
 	$(BIN)/python -m pytest -q -p no:cacheprovider

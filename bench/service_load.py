@@ -4,16 +4,23 @@ A benchmark, not a test. It creates a fresh database `jt_load_<random>` next to 
 bulk-inserts `--records` records through the store's models and engine, starts `jointtune serve`
 (uvicorn, `--workers` processes) on loopback, and drives lookups at a fixed rate (`--rate` per
 second, open loop: each request has a scheduled start, so a slow server cannot slow the offered
-load down) for `--duration` seconds from a separate process with a pool of httpx threads. Queries
-mix exact shapes (stored) and nearest shapes (not stored: the service falls back to the closest).
-The database is dropped at the end, whatever happens.
+load down) for `--duration` seconds from `--clients` separate processes with `--threads` httpx
+threads each (request i goes to client i mod clients; all share one start time). Queries mix exact
+shapes (stored) and nearest shapes (not stored: the service falls back to the closest). The
+database is dropped at the end, whatever happens.
+
+Besides latencies it reports the CPU the service's processes and PostgreSQL's used during the load
+(from /proc, when they run on this machine) per request, and how busy the whole machine was: on a
+saturated machine latencies are queueing, and CPU per request is the figure that compares runs.
 
     python bench/service_load.py --out bench/results/service_load_<date>.json
+    OUT=dir bash bench/service_load_device.sh    # on a machine without PostgreSQL (the lent GPU node)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import math
 import multiprocessing
@@ -23,6 +30,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -129,42 +137,169 @@ def queries(count: int, records: int, nearest_fraction: float, seed: int = 11) -
     return out
 
 
-def drive(base_url: str, plan: list[tuple[str, dict[str, Any]]], rate: float, threads: int, out: Any) -> None:
-    """Open-loop load: request i starts at t0 + i/rate; runs in its own process, results via `out`."""
+Sample = tuple[str, float, float, int, str]  # kind, late start (s), latency (s), status, match
+
+
+def drive(
+    base_url: str, plan: list[tuple[str, dict[str, Any]]], first: int, step: int, rate: float, threads: int, link: Any
+) -> None:
+    """One client process: requests first, first+step, ... of `plan`, request i due at t0 + i/rate.
+
+    `link` is (ready queue, start event, t0 value, results queue): the process says it is ready,
+    waits for the common t0 (time.monotonic, the same clock in every process), and sends back its
+    samples and the time its last request ended.
+    """
+    ready, start, t0_value, out = link
+    mine = list(range(first, len(plan), step))
     lock = threading.Lock()
     state = {"next": 0}
-    samples: list[tuple[str, float, float, int, str]] = []
-    t0 = time.perf_counter() + 0.5
+    samples: list[Sample] = []
+    ready.put(first)
+    start.wait()
+    t0 = t0_value.value
 
     def worker() -> None:
         with httpx.Client(base_url=base_url, timeout=5.0, trust_env=False) as http:
             while True:
                 with lock:
-                    i = state["next"]
+                    n = state["next"]
                     state["next"] += 1
-                if i >= len(plan):
+                if n >= len(mine):
                     return
+                i = mine[n]
                 due = t0 + i / rate
-                wait = due - time.perf_counter()
+                wait = due - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)
                 kind, params = plan[i]
                 query = {key: value for key, value in params.items() if key != "kernel"}
-                start = time.perf_counter()
+                sent = time.monotonic()
                 try:
                     response = http.get(f"/v1/configs/{params['kernel']}", params=query)
                     status, match = response.status_code, response.json().get("match", "")
                 except httpx.HTTPError as exc:
                     status, match = 0, type(exc).__name__
-                end = time.perf_counter()
-                samples.append((kind, start - due, end - start, status, match))
+                samples.append((kind, sent - due, time.monotonic() - sent, status, match))
 
     pool = [threading.Thread(target=worker) for _ in range(threads)]
     for thread in pool:
         thread.start()
     for thread in pool:
         thread.join()
-    out.put({"samples": samples, "wall_s": time.perf_counter() - t0})
+    out.put({"samples": samples, "end": time.monotonic()})
+
+
+def run_clients(
+    base: str, plan: list[tuple[str, dict[str, Any]]], rate: float, clients: int, threads: int, meter: CpuMeter
+) -> tuple[list[Sample], float, dict[str, Any]]:
+    """Start `clients` processes, release them at one t0, gather samples, wall time and CPU use."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, out, start = ctx.Queue(), ctx.Queue(), ctx.Event()
+    t0_value = ctx.Value("d", 0.0)
+    link = (ready, start, t0_value, out)
+    procs = [ctx.Process(target=drive, args=(base, plan, j, clients, rate, threads, link)) for j in range(clients)]
+    for proc in procs:
+        proc.start()
+    try:
+        for _ in procs:
+            ready.get(timeout=120)
+        t0_value.value = time.monotonic() + 0.5
+        start.set()
+        time.sleep(max(0.0, t0_value.value - time.monotonic()))
+        meter.begin()
+        timeout = len(plan) / rate * 4 + 60
+        parts = [out.get(timeout=timeout) for _ in procs]
+        cpu = meter.end()
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    samples = [sample for part in parts for sample in part["samples"]]
+    return samples, max(part["end"] for part in parts) - t0_value.value, cpu
+
+
+def _proc_table() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds used) for every process /proc shows (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        table[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    return table
+
+
+def _tree_cpu(table: dict[int, tuple[int, float]], root: int | None) -> float | None:
+    if root is None or root not in table:
+        return None
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += table[pid][1]
+        stack.extend(children.get(pid, ()))
+    return total
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+    with open("/proc/stat") as fh:
+        values = [int(v) for v in fh.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return sum(values) - idle, sum(values)
+
+
+class CpuMeter:
+    """CPU used during the load by the service's process tree and PostgreSQL's (when local), and
+    the machine's busy fraction. Best effort: None where /proc can't tell (not Linux, remote DB)."""
+
+    def __init__(self, server_pid: int, postmaster_pid: int | None) -> None:
+        self.roots = {"server": server_pid, "postgres": postmaster_pid}
+        self._start: dict[str, Any] = {}
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            table = _proc_table()
+            now = {name: _tree_cpu(table, pid) for name, pid in self.roots.items()}
+            now["machine"] = _machine_ticks()
+        except (OSError, ValueError, IndexError):
+            now = {"server": None, "postgres": None, "machine": None}
+        now["t"] = time.monotonic()
+        return now
+
+    def begin(self) -> None:
+        self._start = self._read()
+
+    def end(self) -> dict[str, Any]:
+        stop, start = self._read(), self._start
+        out: dict[str, Any] = {"window_s": round(stop["t"] - start["t"], 2)}
+        for name in self.roots:
+            used = None if stop[name] is None or start[name] is None else stop[name] - start[name]
+            out[f"{name}_cpu_s"] = None if used is None else round(used, 2)
+        if stop["machine"] and start["machine"]:
+            busy = stop["machine"][0] - start["machine"][0]
+            total = stop["machine"][1] - start["machine"][1]
+            out["machine_busy_fraction"] = round(busy / total, 3) if total else None
+        return out
+
+
+def postmaster_pid(url: str) -> int | None:
+    """PostgreSQL's postmaster, when the server runs on this machine (parent of our backend)."""
+    try:
+        with Store(url) as store, store.engine.connect() as conn:
+            backend = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        with open(f"/proc/{backend}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, sa.exc.SQLAlchemyError):
+        return None
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -172,7 +307,7 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def summarize(samples: list[tuple[str, float, float, int, str]], wall_s: float) -> dict[str, Any]:
+def summarize(samples: list[Sample], wall_s: float, cpu: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"requests": len(samples), "wall_s": round(wall_s, 2)}
     out["throughput_per_s"] = round(len(samples) / wall_s, 1)
     out["errors"] = sum(1 for s in samples if s[3] != 200)
@@ -192,6 +327,10 @@ def summarize(samples: list[tuple[str, float, float, int, str]], wall_s: float) 
             "target_p99_ms": TARGET_P99_MS[kind],
             "met": bool(lat) and quantile(lat, 0.99) <= TARGET_P99_MS[kind],
         }
+    out["cpu"] = dict(cpu)
+    for name in ("server", "postgres"):
+        used = cpu.get(f"{name}_cpu_s")
+        out["cpu"][f"{name}_cpu_ms_per_request"] = round(used * 1000 / len(samples), 2) if used and samples else None
     return out
 
 
@@ -223,18 +362,22 @@ def serve(url: str, workers: int, launcher: str) -> tuple[subprocess.Popen[bytes
     else:
         cmd = [sys.executable, "-c", _FIXED_SOCKET, str(port), str(workers)]
     env = {**os.environ, "JOINTTUNE_TOKENS": "", "JOINTTUNE_DB_URL": url}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1, trust_env=False).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"the service did not become ready on {base} (exit code {proc.poll()})")
+    with tempfile.TemporaryFile() as log:  # the service's output, shown only if it does not come up
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1, trust_env=False).status_code == 200:
+                    return proc, base
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        proc.kill()
+        proc.wait()
+        log.seek(0)
+        tail = log.read().decode(errors="replace")[-4000:]
+    raise SystemExit(f"{tail}\nthe service did not become ready on {base} (exit code {proc.poll()})")
 
 
 def warm(base: str, plan: list[tuple[str, dict[str, Any]]], workers: int) -> None:
@@ -251,6 +394,12 @@ def versions() -> dict[str, str]:
 
     with Store(os.environ["_JT_LOAD_URL"]) as store, store.engine.connect() as conn:
         server = conn.execute(sa.text("SHOW server_version")).scalar_one()
+    found = {}
+    for name in ("uvloop", "httptools"):  # uvicorn uses them when importable ("auto"), else asyncio and h11
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
     return {
         "jointtune": __version__,
         "python": platform.python_version(),
@@ -260,6 +409,7 @@ def versions() -> dict[str, str]:
         "psycopg": psycopg.__version__,
         "httpx": httpx.__version__,
         "postgresql": str(server),
+        **found,
     }
 
 
@@ -269,8 +419,10 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--rate", type=float, default=500.0, help="offered lookups per second")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of load")
+    parser.add_argument("--warmup-s", type=float, default=5.0, help="seconds of the same load first, not recorded")
     parser.add_argument("--workers", type=int, default=3, help="uvicorn worker processes")
-    parser.add_argument("--threads", type=int, default=32, help="client threads")
+    parser.add_argument("--threads", type=int, default=32, help="httpx threads per client process")
+    parser.add_argument("--clients", type=int, default=1, help="client processes (request i goes to client i mod N)")
     parser.add_argument("--nearest-fraction", type=float, default=0.5)
     parser.add_argument("--device", default="2-core CPU sandbox, PostgreSQL 15 on loopback")
     parser.add_argument(
@@ -295,13 +447,12 @@ def main() -> None:
         proc, base = serve(url, args.workers, args.launcher)
         plan = queries(int(args.rate * args.duration), args.records, args.nearest_fraction)
         warm(base, queries(200, args.records, args.nearest_fraction, seed=3), args.workers)
-        ctx = multiprocessing.get_context("spawn")
-        out = ctx.Queue()
-        client = ctx.Process(target=drive, args=(base, plan, args.rate, args.threads, out))
-        client.start()
-        result = out.get(timeout=args.duration * 4 + 60)
-        client.join(timeout=30)
-        summary = summarize(result["samples"], result["wall_s"])
+        if args.warmup_s > 0:  # the same open-loop load, not recorded: pools, caches and plans settle first
+            warmup = queries(int(args.rate * args.warmup_s), args.records, args.nearest_fraction, seed=5)
+            run_clients(base, warmup, args.rate, args.clients, args.threads, CpuMeter(proc.pid, postmaster_pid(url)))
+        meter = CpuMeter(proc.pid, postmaster_pid(url))
+        samples, wall_s, cpu = run_clients(base, plan, args.rate, args.clients, args.threads, meter)
+        summary = summarize(samples, wall_s, cpu)
         report = {
             "benchmark": "service_load",
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

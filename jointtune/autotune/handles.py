@@ -50,6 +50,21 @@ def resolve_space(family: Family) -> Space:
     return space if isinstance(space, Space) else get_space(space)
 
 
+def job_space(job: Job, family: Family) -> Space:
+    """The space a job's study searches: the family's, narrowed by the job's `restrict` setting.
+
+    A restriction of `mode` keeps "baseline": every study measures the unfused path first, for its
+    speed-ups and its watchdog's time limits.
+    """
+    space = resolve_space(family)
+    if not job.settings.restrict:
+        return space
+    restrict = {name: list(values) for name, values in job.settings.restrict}
+    if "mode" in restrict and "baseline" in space.modes and "baseline" not in restrict["mode"]:
+        restrict["mode"].append("baseline")
+    return space.restrict(restrict)
+
+
 class StudyHandle:
     """Family, space, key and Optuna study of one job, plus its last known baseline latency."""
 
@@ -77,7 +92,7 @@ class StudyHandle:
         from jointtune.kernels._family import get_family
 
         family = get_family(job.kernel)
-        space = resolve_space(family)
+        space = job_space(job, family)
         problem = space.make_problem(dict(job.shape), dtype=job.dtype, world_size=job.world_size)
         key = TuningKey.of(family.name, family.version, problem, hardware_id)
         name = key.study_name(space_version=space.version, exhaustive=job.settings.strategy == "exhaustive")

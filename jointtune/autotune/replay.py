@@ -67,6 +67,7 @@ class ReplayTable:
     def to_json(self) -> dict[str, Any]:
         return {
             "space": self.space.name,
+            "restrict": self.space.restriction,
             **self.problem.to_json(),
             "limits": {"max_shared_mem": self.limits.max_shared_mem, "num_sms": self.limits.num_sms},
             "latencies": self.latencies,
@@ -81,7 +82,7 @@ class ReplayTable:
             if name not in data:
                 raise TuningError(f"replay table: field {name!r} is missing; it needs space, shape, dtype, "
                                   "world_size and latencies ({config json: µs or null})")  # fmt: skip
-        space = get_space(data["space"])
+        space = get_space(data["space"]).restrict(data.get("restrict") or {})
         problem = space.make_problem(dict(data["shape"]), dtype=data["dtype"], world_size=data["world_size"])
         limits = DeviceLimits.nominal_hopper(interpreter=False)
         if "limits" in data:

@@ -48,8 +48,12 @@ class TuneSettings:
     first_trial_timeout_s: float = 600.0
     max_invalid_streak: int = 100
     max_duplicate_streak: int = 20
+    #: params narrowed to some of their choices ({name: values}; see `Space.restrict`): a study of
+    #: the sub-space, e.g. a joint space small enough to measure exhaustively
+    restrict: tuple[tuple[str, tuple[Any, ...]], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "restrict", _restriction(self.restrict))
         if self.strategy not in STRATEGIES:
             raise TuningError(f"strategy: {self.strategy!r} is not allowed; allowed: {', '.join(STRATEGIES)}")
         positive = ("trials", "iters", "max_invalid_streak", "max_duplicate_streak")
@@ -82,7 +86,9 @@ class TuneSettings:
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["restrict"] = {name: list(values) for name, values in self.restrict}
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TuneSettings:
@@ -91,6 +97,23 @@ class TuneSettings:
         if unknown:
             raise TuningError(f"settings: {unknown[0]!r} is not a setting; allowed: {', '.join(sorted(known))}")
         return cls(**dict(data))
+
+
+def _restriction(value: Any) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """{name: value or values} (or pairs) as sorted, hashable pairs, so equal settings compare equal."""
+    pairs = value.items() if isinstance(value, Mapping) else value
+    out = {}
+    try:
+        for name, values in pairs:
+            if not isinstance(name, str):
+                raise TypeError
+            scalar = isinstance(values, (str, int, float, bool))
+            out[name] = (values,) if scalar else tuple(values)
+    except (TypeError, ValueError):
+        raise TuningError(
+            f"restrict: {value!r} is not allowed; it must map param names to a value or a list of values"
+        ) from None
+    return tuple(sorted(out.items()))
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ profiles:
     jobs: [{kernel: ag_gemm, shapes: [8192x4096x12288], dtypes: [bf16], world_size: 2, trials: 64}]
 ```
 Tuning fields: trials, time_budget, patience, strategy (tpe | random | exhaustive), seed, warmup,
-iters, warm_start, n_startup, lookahead, max_invalid_streak,
-max_duplicate_streak, watchdog: {compile_s, factor, slack_s, first_trial_s}. A job's fields
-override its profile's `tuning`, which overrides the file's. Every error names its field:
+iters, warm_start, n_startup, lookahead, max_invalid_streak, max_duplicate_streak,
+restrict ({param: [values]}: search only that sub-space), watchdog: {compile_s, factor, slack_s,
+first_trial_s}. A job's fields override its profile's `tuning`, which overrides the file's. Every error names its field:
 "sweep.yaml: profiles.cpu.jobs[0].trials: Input should be greater than or equal to 1 (got 0)".
 
 Example:
@@ -70,6 +70,7 @@ class TuningModel(_Strict):
     lookahead: int | None = Field(None, ge=0)
     max_invalid_streak: int | None = Field(None, ge=1)
     max_duplicate_streak: int | None = Field(None, ge=1)
+    restrict: dict[str, list[int | str | bool] | int | str | bool] | None = None
     watchdog: WatchdogModel | None = None
 
     def settings_changes(self) -> dict[str, Any]:
@@ -143,13 +144,13 @@ def _pydantic_problems(exc: ValidationError) -> list[str]:
 
 
 def _jobs(where: str, model: JobModel, base: TuneSettings, problems: list[str]) -> list[Job]:
-    from jointtune.autotune.handles import resolve_space
+    from jointtune.autotune.handles import job_space
     from jointtune.kernels._family import get_family
 
     try:
         family = get_family(model.kernel)
-        space = resolve_space(family)
         settings = base.replace(**model.settings_changes())
+        space = job_space(Job(family.name, (), "bfloat16", 1, settings), family)
     except JointtuneError as exc:
         problems.append(f"{where}: {exc}")
         return []

@@ -1,7 +1,8 @@
 """Timing one config: identical warm-up and timed iteration counts on every rank.
 
 On CUDA each timed run sits between two device events, after an L2 flush (a write over a buffer
-larger than any L2), so a config can't win by finding its operands still cached. On the local
+larger than any L2), so a config can't win by finding its operands still cached; all timed runs are
+queued behind a device-side hold first, so the events time the GPU, not the host's launch pace. On the local
 world (CPU interpreter) the wall clock brackets `run` plus `world.synchronize()`.
 
 Repeat counts are fixed by the caller and never adapted per rank: a rank that ran more iterations
@@ -60,6 +61,15 @@ def _measure_cuda(run: Callable[[], Any], world: World, iters: int) -> list[floa
     flush = _flush_buffer(world.device)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    # Hold the stream with a device-side sleep long enough for the host to queue every timed run
+    # behind it: the events then time the GPU's work, not the host's launch pace (which a busy
+    # host, e.g. one compiling the next configs on other threads, slows down at random).
+    begin = time.perf_counter()
+    run()
+    host_us = (time.perf_counter() - begin) * 1e6
+    world.synchronize()
+    gate_us = min(_MAX_GATE_US, 500.0 + 3.0 * iters * (host_us + 20.0))
+    torch.cuda._sleep(int(gate_us * _cycles_per_us(world.device)))
     for start, end in zip(starts, ends):
         flush.zero_()
         start.record()
@@ -67,6 +77,26 @@ def _measure_cuda(run: Callable[[], Any], world: World, iters: int) -> list[floa
         end.record()
     world.synchronize()
     return [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)]
+
+
+#: the longest hold before the timed runs (a host slower than this shows in the timings again)
+_MAX_GATE_US = 100_000.0
+_cycles: dict[Any, float] = {}
+
+
+def _cycles_per_us(device: Any) -> float:
+    """GPU clock cycles per µs of `torch.cuda._sleep`, measured once per device."""
+    import torch
+
+    if device not in _cycles:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)  # let clocks settle first
+        start.record()
+        torch.cuda._sleep(2_000_000)
+        end.record()
+        end.synchronize()
+        _cycles[device] = 2_000_000 / max(start.elapsed_time(end) * 1e3, 1.0)
+    return _cycles[device]
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

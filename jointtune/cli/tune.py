@@ -53,6 +53,24 @@ def _import_all(modules: list[str]) -> None:
             raise TuningError(f"--import: {module!r} can't be imported ({exc})") from None
 
 
+def _restriction_value(text: str) -> int | bool | str:
+    if text.lstrip("-").isdigit():
+        return int(text)
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def parse_restrictions(items: list[str]) -> dict[str, list[int | bool | str]]:
+    """`["BLOCK_K=64", "mode=ce,push"]` as {name: values}; the space checks names and values."""
+    out: dict[str, list[int | bool | str]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        parts = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not name.strip().isidentifier() or not parts:
+            raise TuningError(f"--restrict: {item!r} is not allowed; write NAME=VALUE[,VALUE...], e.g. BLOCK_K=64,128")
+        out.setdefault(name.strip(), []).extend(_restriction_value(v) for v in parts)
+    return out
+
+
 def _console() -> Console:
     # Logs (CI, `| tee`) get wide lines instead of rich's 80-column default.
     return Console() if sys.stdout.isatty() else Console(width=200)
@@ -89,12 +107,16 @@ def tune(
     db: Annotated[str | None, typer.Option("--db", help=_DB_HELP)] = None,
     groups: Annotated[int | None, typer.Option(help="tuning groups on this node (default: all GPUs)")] = None,
     report: Annotated[Path | None, typer.Option(help="directory for tuning-curve PNGs and results.json")] = None,
+    restrict: Annotated[
+        list[str] | None,
+        typer.Option("--restrict", help="search a sub-space: NAME=V1,V2 (repeatable), e.g. BLOCK_K=64 mode=ce,push"),
+    ] = None,
     imports: Annotated[
         list[str] | None, typer.Option("--import", help="module to import first (plug-in family)")
     ] = None,
 ) -> None:
     """Tune one kernel for one shape on this node."""
-    from jointtune.autotune.handles import resolve_space
+    from jointtune.autotune.handles import job_space
     from jointtune.autotune.results import job_label
     from jointtune.autotune.runner import prepare_interpreter, run_jobs
     from jointtune.autotune.settings import Job, TuneSettings
@@ -104,10 +126,16 @@ def tune(
     _import_all(imports or [])
     changes = {"warmup": warmup, "iters": iters}
     settings = TuneSettings(
-        trials=trials, time_budget_s=time_budget, patience=patience, strategy=strategy, seed=seed
+        trials=trials,
+        time_budget_s=time_budget,
+        patience=patience,
+        strategy=strategy,
+        seed=seed,
+        restrict=parse_restrictions(restrict or []),
     ).replace(**{k: v for k, v in changes.items() if v is not None})
     family = get_family(kernel)
-    problem = resolve_space(family).make_problem(shape, dtype=dtype, world_size=world_size)
+    space = job_space(Job(family.name, (), dtype, world_size, settings), family)
+    problem = space.make_problem(shape, dtype=dtype, world_size=world_size)
     job = Job.of(family.name, problem, settings)
     console = _console()
     title = f"tune {job_label(job)}"

@@ -7,7 +7,7 @@ Why these tables, and not more:
 - Every table name starts with `jt_`, and our Alembic version table is `jt_alembic_version`,
   because Optuna's tables (`studies`, `trials`, ... and its own `alembic_version`) share the
   database.
-- The nearest-shape distance reads each candidate's `shape` JSON (`_queries.nearest`);
+- The nearest-shape distance reads each candidate's `shape` JSON (`_queries.nearest_lookup`);
   `dims_signature` ("K,M,N") picks the records whose dims are comparable before any arithmetic.
   (Revision 0001 also kept one row per dim in `jt_record_dims`; 0002 dropped it, see there.)
 - Records name their kernel and hardware by value (the unique key reads as the issue states it)

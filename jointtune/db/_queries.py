@@ -5,13 +5,14 @@ the database decides atomically whether a new record beats the stored one, so co
 never lose an update the way read-modify-write would.
 
 Nearest shape: distance = sqrt(sum over dims of (log2 a - log2 b)^2), the sum computed in SQL from
-each record's `shape` JSON (the square root in Python). Only records with the same dim names
-(`dims_signature`) are comparable: doubling one dim is distance 1, doubling all three of M, N, K
+each record's `shape` JSON (the square root in Python; `nearest_lookup`). Only records with the same
+dim names (`dims_signature`) are comparable: doubling one dim is distance 1, doubling all three of M, N, K
 is sqrt(3).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from datetime import datetime, timezone
 from typing import Any
@@ -146,25 +147,109 @@ def _log2_postgresql(element: log2, compiler: Any, **kw: Any) -> str:
     return f"(ln({compiler.process(element.clauses, **kw)}) / ln(2.0))"
 
 
-def nearest(shape: dict[str, int], clauses: list[sa.ColumnElement[bool]], limit: int) -> sa.Select:
-    """(id, squared log2 distance) of the `limit` closest records; ties: lower p50, then lower id.
+class square(sa.sql.functions.GenericFunction):
+    """x * x with x evaluated once where the database can: PostgreSQL's power(x, 2) is the same
+    correctly rounded product, without computing x's logarithm twice per candidate row."""
+
+    type = sa.Double()
+    inherit_cache = True
+
+
+@compiles(square)
+def _square(element: square, compiler: Any, **kw: Any) -> str:
+    arg = compiler.process(element.clauses, **kw)
+    return f"(({arg}) * ({arg}))"
+
+
+@compiles(square, "postgresql")
+def _square_postgresql(element: square, compiler: Any, **kw: Any) -> str:
+    return f"power({compiler.process(element.clauses, **kw)}, 2)"
+
+
+# -- lookups: statements built once, values bound per call -------------------------------------
+# A lookup runs for every kernel launch that misses the caller's cache, so its statements are
+# built once per shape of query (which dims, versioned or not) and reused: SQLAlchemy then keys its
+# compiled cache on the same object instead of building and hashing a new expression tree each time.
+
+_RECORDS = RecordRow.__table__
+
+
+def _key_clauses(versioned: bool) -> list[sa.ColumnElement[bool]]:
+    c = _RECORDS.c
+    clauses = [
+        c.kernel == sa.bindparam("kernel"),
+        c.dtype == sa.bindparam("dtype"),
+        c.world_size == sa.bindparam("world_size"),
+        c.hardware_id == sa.bindparam("hardware_id"),
+    ]
+    if versioned:
+        clauses.append(c.kernel_version == sa.bindparam("kernel_version"))
+    return clauses
+
+
+#: the record stored for exactly one key (the unique index answers it)
+EXACT = sa.select(_RECORDS).where(*_key_clauses(True), _RECORDS.c.shape_key == sa.bindparam("shape_key"))
+
+
+def key_params(
+    *, kernel: str, kernel_version: str | None, shape: dict[str, int], dtype: str, world_size: int, hardware_id: str
+) -> dict[str, Any]:
+    """Values for `EXACT` and `nearest_lookup` (kernel_version only when given)."""
+    params = {
+        "kernel": kernel,
+        "dtype": dtype,
+        "world_size": world_size,
+        "hardware_id": hardware_id,
+        "shape_key": shape_key(shape),
+    }
+    if kernel_version is not None:
+        params["kernel_version"] = kernel_version
+    return params
+
+
+@functools.lru_cache(maxsize=256)
+def nearest_lookup(dims: tuple[str, ...], versioned: bool) -> sa.Select:
+    """Full records of the `limit` closest shapes, with their squared log2 distance `dist2`, closest
+    first; ties: lower p50, then lower id. Values: `key_params` plus `nearest_params`.
 
     The distance is computed from each candidate's own `shape` JSON in one narrow pass over the
-    lookup index, and only the winners are read in full afterwards. Summing per-dim rows instead
-    made PostgreSQL hash-join the whole dims table (about 30 ms a lookup at 100k records, measured
-    with bench/service_load.py's data; this form: about 10 ms). The exact shape scores 0 exactly.
+    lookup index (a subquery of ids and distances, sorted), and only the winners are joined back
+    for their full rows in the same statement (so a winner deleted meanwhile can't fail the lookup,
+    as it could when ranking and reading were two statements). Summing per-dim rows instead made PostgreSQL
+    hash-join the whole dims table (about 30 ms a lookup at 100k records, measured with
+    bench/service_load.py's data); sorting full rows instead of ids costs 1-2 ms more at 2,500
+    candidates. The exact shape scores 0 exactly. Dims are summed in the query's order, as
+    `distance` has always been computed.
     """
-    terms = [(log2(RecordRow.shape[name].as_float()) - math.log2(value)) for name, value in shape.items()]
+    c = _RECORDS.c
+    terms = [
+        square(log2(c.shape[name].as_float()) - sa.bindparam(f"log2_{i}", type_=sa.Double()))
+        for i, name in enumerate(dims)
+    ]
     dist2 = sa.case(
-        (RecordRow.shape_key == shape_key(shape), sa.literal(0.0, sa.Double())),
-        else_=sum((t * t for t in terms[1:]), terms[0] * terms[0]),
+        (c.shape_key == sa.bindparam("shape_key"), sa.literal(0.0, sa.Double())),
+        else_=sum(terms[1:], terms[0]),
     ).label("dist2")
-    return (
-        sa.select(RecordRow.id, dist2)
-        .where(*clauses, RecordRow.dims_signature == dims_signature(shape))
-        .order_by(dist2, RecordRow.latency_p50_us, RecordRow.id)
-        .limit(limit)
+    ranked = (
+        sa.select(c.id, dist2, c.latency_p50_us)
+        .where(*_key_clauses(versioned), c.dims_signature == sa.bindparam("dims_signature"))
+        .order_by(dist2, c.latency_p50_us, c.id)
+        .limit(sa.bindparam("limit", type_=sa.Integer()))
+        .subquery("ranked")
     )
+    return (
+        sa.select(_RECORDS, ranked.c.dist2)
+        .join_from(_RECORDS, ranked, _RECORDS.c.id == ranked.c.id)
+        .order_by(ranked.c.dist2, ranked.c.latency_p50_us, ranked.c.id)
+    )
+
+
+def nearest_params(shape: dict[str, int], limit: int) -> dict[str, Any]:
+    """The per-query values of `nearest_lookup(tuple(shape), ...)` beyond `key_params`."""
+    params: dict[str, Any] = {f"log2_{i}": math.log2(value) for i, value in enumerate(shape.values())}
+    params["dims_signature"] = dims_signature(shape)
+    params["limit"] = limit
+    return params
 
 
 def filters(**given: Any) -> list[sa.ColumnElement[bool]]:
@@ -181,7 +266,8 @@ def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
-def to_record(row: RecordRow) -> Record:
+def to_record(row: RecordRow | sa.Row[Any]) -> Record:
+    """A Record from an ORM row or a Core row of the records table (same attribute names)."""
     return Record(
         id=row.id,
         kernel=row.kernel,

@@ -42,7 +42,7 @@ from jointtune.db._engine import (
 from jointtune.db._migrate import MigrationResult, current_revision, head_revision, upgrade
 from jointtune.db._models import HardwareRow, KernelRow, RecordRow
 from jointtune.db._url import backend_name, is_memory_sqlite, redact_url, resolve_db_url
-from jointtune.db._values import HardwareProfile, KernelInfo, NewRecord, Record, shape_key
+from jointtune.db._values import HardwareProfile, KernelInfo, NewRecord, Record
 from jointtune.errors import StoreError
 
 T = TypeVar("T")
@@ -68,6 +68,9 @@ class Store:
         self.engine = make_engine(self.url)
         self._read = sessionmaker(self.engine, expire_on_commit=False)
         self._write = sessionmaker(self.engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False)
+        # lookups (`_lookup`): the same pool; on PostgreSQL without BEGIN/COMMIT around single statements
+        postgres = self.backend == "postgresql"
+        self._reader = self.engine.execution_options(isolation_level="AUTOCOMMIT") if postgres else self.engine
         try:
             with self.engine.connect():
                 pass
@@ -156,11 +159,16 @@ class Store:
     ) -> Record | None:
         """The stored record for exactly this key, or None."""
         check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=True)
-        clauses = q.key_filter(
-            kernel=kernel, kernel_version=kernel_version, dtype=dtype, world_size=world_size, hardware_id=hardware_id
+        params = q.key_params(
+            kernel=kernel,
+            kernel_version=kernel_version,
+            shape=shape,
+            dtype=dtype,
+            world_size=world_size,
+            hardware_id=hardware_id,
         )
-        stmt = sa.select(RecordRow).where(*clauses, RecordRow.shape_key == shape_key(shape))
-        return self._run("looking up a record", lambda s: _first(s.scalars(stmt).first()), write=False)
+        row = self._lookup("looking up a record", lambda conn: conn.execute(q.EXACT, params).first())
+        return None if row is None else q.to_record(row)
 
     def nearest(
         self,
@@ -178,22 +186,26 @@ class Store:
         log2 of the dims (0 for the exact shape). Ties go to the lower p50, then the older record."""
         check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=False)
         check_page(limit, 0)
-        clauses = q.key_filter(
-            kernel=kernel, kernel_version=kernel_version, dtype=dtype, world_size=world_size, hardware_id=hardware_id
+        versioned = kernel_version is not None
+        params = q.key_params(
+            kernel=kernel,
+            kernel_version=kernel_version,
+            shape=shape,
+            dtype=dtype,
+            world_size=world_size,
+            hardware_id=hardware_id,
         )
-        exact_stmt = sa.select(RecordRow).where(*clauses, RecordRow.shape_key == shape_key(shape))
 
-        def run(session: Session) -> list[tuple[Record, float]]:
-            if limit == 1 and kernel_version is not None:  # the common lookup: one probe of the unique key
-                exact = session.scalars(exact_stmt).first()
+        def run(conn: sa.Connection) -> list[tuple[Record, float]]:
+            if limit == 1 and versioned:  # the common lookup: one probe of the unique key
+                exact = conn.execute(q.EXACT, params).first()
                 if exact is not None:
                     return [(q.to_record(exact), 0.0)]
-            ranked = session.execute(q.nearest(shape, clauses, limit)).all()
-            rows = session.scalars(sa.select(RecordRow).where(RecordRow.id.in_([rid for rid, _ in ranked])))
-            by_id = {row.id: row for row in rows}
-            return [(q.to_record(by_id[rid]), q.distance(dist2)) for rid, dist2 in ranked]
+            stmt = q.nearest_lookup(tuple(shape), versioned)
+            rows = conn.execute(stmt, {**params, **q.nearest_params(shape, limit)}).all()
+            return [(q.to_record(row), q.distance(row.dist2)) for row in rows]
 
-        return self._run("finding the nearest shapes", run, write=False)
+        return self._lookup("finding the nearest shapes", run)
 
     def get_record(self, record_id: int) -> Record | None:
         stmt = sa.select(RecordRow).where(RecordRow.id == record_id)
@@ -311,6 +323,20 @@ class Store:
                     continue
                 raise store_error(self.url, action, exc) from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _lookup(self, action: str, fn: Callable[[sa.Connection], T]) -> T:
+        """Run the read-only `fn` on one pooled connection, errors wrapped as `_run` does.
+
+        The lookups the service and kernels make on every cache miss: Core rows instead of ORM
+        objects and no Session, and on PostgreSQL no transaction (autocommit): each of their one or
+        two statements reads committed data by itself, so BEGIN and COMMIT would only add two round
+        trips to the server.
+        """
+        try:
+            with self._reader.connect() as conn:
+                return fn(conn)
+        except sa.exc.SQLAlchemyError as exc:
+            raise store_error(self.url, action, exc) from exc
 
 
 def _revision_in(session: Session) -> str | None:

@@ -62,32 +62,36 @@ def _push_chunks(
     FENCE: tl.constexpr,
 ):
     # ---- producer: copy my rows into every peer's inbox, one flag per chunk ----
-    # All producers share every chunk, piece by piece ([CP_M, CP_K] blocks, chunk-major), so the copy
-    # runs on all COMM_SMS programs whatever the chunk size; the program that finishes a chunk's last
-    # piece (per-chunk counter, left at zero) releases that chunk's flag to every peer.
+    # All producers share every chunk, piece by piece ([CP_M, CP_K] blocks; global piece g goes to
+    # program g % COMM_SMS), so the copy runs on all COMM_SMS programs whatever the chunk size. A
+    # program fences once per chunk, after its last piece of it, and adds its piece count to the
+    # chunk's counter; the program that completes the count (and leaves it at zero) releases the
+    # chunk's flag to every peer.
     k_pieces = tl.cdiv(K, CP_K)
     pieces = tl.cdiv(CHUNK_M, CP_M) * k_pieces
-    for piece in range(pid, n_chunks * pieces, COMM_SMS):
-        c = piece // pieces
-        q = piece % pieces
-        rows = c * CHUNK_M + (q // k_pieces) * CP_M + tl.arange(0, CP_M)
-        ks = (q % k_pieces) * CP_K + tl.arange(0, CP_K)
-        mask = (rows[:, None] < tl.minimum(c * CHUNK_M + CHUNK_M, R)) & (ks[None, :] < K)
-        x = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + ks[None, :], mask=mask)
-        dst = inbox_ptr + rank.to(tl.int64) * slot + rows[:, None].to(tl.int64) * K + ks[None, :]
-        for j in range(1 - GATHER_LOCAL, WORLD):
-            peer = (rank + j) % WORLD
-            delta = (tl.load(inbox_deltas_ptr + peer) // 16) * 16
-            tl.store(dst + delta, x, mask=mask)
-        _thread_fence(fence_ptr, pid, THREADS, FENCE)
-        tl.debug_barrier()
-        done = tl.atomic_add(done_ptr + c, 1, sem="acq_rel", scope="sys")
-        if done == pieces - 1:
-            tl.store(done_ptr + c, 0)
-            for j in range(1, WORLD):
+    for c in range(0, n_chunks):
+        first = (pid - (c * pieces) % COMM_SMS + COMM_SMS) % COMM_SMS
+        for q in range(first, pieces, COMM_SMS):
+            rows = c * CHUNK_M + (q // k_pieces) * CP_M + tl.arange(0, CP_M)
+            ks = (q % k_pieces) * CP_K + tl.arange(0, CP_K)
+            mask = (rows[:, None] < tl.minimum(c * CHUNK_M + CHUNK_M, R)) & (ks[None, :] < K)
+            x = tl.load(a_ptr + rows[:, None].to(tl.int64) * K + ks[None, :], mask=mask)
+            dst = inbox_ptr + rank.to(tl.int64) * slot + rows[:, None].to(tl.int64) * K + ks[None, :]
+            for j in range(1 - GATHER_LOCAL, WORLD):
                 peer = (rank + j) % WORLD
-                flags = tl.load(flag_ptrs_ptr + peer).to(tl.pointer_type(tl.int32))
-                tl.atomic_xchg(flags + rank * n_chunks + c, epoch, sem="release", scope="sys")
+                delta = (tl.load(inbox_deltas_ptr + peer) // 16) * 16
+                tl.store(dst + delta, x, mask=mask)
+        mine = tl.cdiv(pieces - first, COMM_SMS)
+        if mine > 0:
+            _thread_fence(fence_ptr, pid, THREADS, FENCE)
+            tl.debug_barrier()
+            done = tl.atomic_add(done_ptr + c, mine, sem="acq_rel", scope="sys")
+            if done + mine == pieces:
+                tl.store(done_ptr + c, 0)
+                for j in range(1, WORLD):
+                    peer = (rank + j) % WORLD
+                    flags = tl.load(flag_ptrs_ptr + peer).to(tl.pointer_type(tl.int32))
+                    tl.atomic_xchg(flags + rank * n_chunks + c, epoch, sem="release", scope="sys")
 
 
 @triton.jit
@@ -155,11 +159,12 @@ def ag_gemm_kernel(
     FENCE: tl.constexpr,
 ):
     pid = tl.program_id(0) + pid_base
-    if pid < COMM_SMS:
-        _push_chunks(
-            a_ptr, inbox_ptr, inbox_deltas_ptr, flag_ptrs_ptr, done_ptr, fence_ptr, pid, K, R, slot, rank, epoch,
-            n_chunks, WORLD, COMM_SMS, CHUNK_M, GATHER_LOCAL, CP_M, CP_K, THREADS, FENCE,
-        )  # fmt: skip
+    if COMM_SMS > 0:  # noqa: SIM102 (constexpr: without push no producer code at all, not even dead)
+        if pid < COMM_SMS:
+            _push_chunks(
+                a_ptr, inbox_ptr, inbox_deltas_ptr, flag_ptrs_ptr, done_ptr, fence_ptr, pid, K, R, slot, rank, epoch,
+                n_chunks, WORLD, COMM_SMS, CHUNK_M, GATHER_LOCAL, CP_M, CP_K, THREADS, FENCE,
+            )  # fmt: skip
     if (pid >= COMM_SMS) or PRODUCERS_CONSUME:
         # ---- consumer: GEMM tiles over the gathered rows [row_lo, row_lo + rows) ----
         # DYNAMIC: tiles are taken from a ticket counter, so programs that finished pushing (or
@@ -199,7 +204,8 @@ def ag_gemm_kernel(
                 row_last = tl.minimum(row_first + BLOCK_M, row_end) - 1
                 _wait_rows(flags_ptr, row_first, row_last, R, rank, epoch, n_chunks, CHUNK_M)
                 tl.debug_barrier()
-                _thread_fence(fence_ptr, pid, THREADS, FENCE)
+                if (row_first // R != rank) | (row_last // R != rank):  # tiles of my own rows waited on nothing
+                    _thread_fence(fence_ptr, pid, THREADS, FENCE)
 
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             kb_lo = split * k_per_split

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 from abc import ABC, abstractmethod
@@ -36,10 +37,17 @@ class Family(ABC):
     #: the named dims of its problem shape, in display order (e.g. ("M", "N", "K"))
     dims: tuple[str, ...]
 
-    @property
+    #: modules besides the family's own whose source is part of its version (e.g. the Triton kernel)
+    source_modules: tuple[str, ...] = ()
+
+    @functools.cached_property
     def version(self) -> str:
-        """Hash of the kernel source: a changed kernel gets new keys, so old records aren't reused."""
-        source = inspect.getsource(inspect.getmodule(type(self)))
+        """Hash of the kernel source (launcher and kernel modules): a changed kernel gets new keys,
+        so records measured with the old one aren't reused."""
+        import importlib
+
+        modules = [inspect.getmodule(type(self)), *(importlib.import_module(m) for m in self.source_modules)]
+        source = "\n".join(inspect.getsource(m) for m in modules)
         return hashlib.sha256(source.encode()).hexdigest()[:12]
 
     @abstractmethod

@@ -357,6 +357,7 @@ class AgGemmFamily(Family):
     name = "ag_gemm"
     space = "ag_gemm"
     dims = ("M", "N", "K")
+    source_modules = ("jointtune.kernels._ag_gemm_kernel", "jointtune.kernels.world")
 
     def make_inputs(self, problem: Any, world: World, *, seed: int, symmetric: bool = True) -> AgGemmInputs:
         M, N, K = (problem.dim(d) for d in self.dims)

@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING, Any
 from jointtune.errors import SpaceError
 from jointtune.search_spaces._config import canonical_json, config_hash
 from jointtune.search_spaces._enumerate import count_configs, iter_configs
-from jointtune.search_spaces._params import Constraint, Context, Param, Value, format_choices, format_value
+from jointtune.search_spaces._params import (
+    Condition,
+    Constraint,
+    Context,
+    Param,
+    Value,
+    format_choices,
+    format_value,
+)
 from jointtune.search_spaces._problem import DeviceLimits, Problem
 from jointtune.search_spaces._shape import parse_shape
 
@@ -69,6 +77,10 @@ class Space:
         self._derive = derive
         self._check_problem = check_problem
         self._by_name: dict[str, Param] = {}
+        #: the full space this one narrows (`restrict`), or None
+        self.restricted_from: Space | None = None
+        #: {param: allowed values} that narrowed the registered space to this one ({} for a full space)
+        self.restriction: dict[str, list[Value]] = {}
         self._contexts: dict[tuple[Problem, DeviceLimits], dict[str, int]] = {}
         self._check_definition()
         #: params that conditions read: enumeration branches on them before the rest
@@ -127,6 +139,58 @@ class Space:
     def modes(self) -> tuple[Value, ...]:
         """The choices of `mode` (empty if the space has no `mode` param)."""
         return self._by_name["mode"].choices if "mode" in self._by_name else ()
+
+    # ---- sub-spaces ---------------------------------------------------------------------------
+    def restrict(self, choices: Mapping[str, Sequence[Any]]) -> Space:
+        """This space with some params narrowed to a subset of their choices (one value pins it).
+
+        Why: ground-truth (exhaustive) studies need a joint space small enough to measure every
+        config, and staged tuning pins one group of knobs while searching the other. Values keep
+        the param's order; conditions drop values no longer allowed, and a param whose condition
+        can no longer hold leaves the space (so do constraints that read it). The result has the
+        same name but its own version, so its studies never mix with the full space's.
+        """
+        if not choices:
+            return self
+        allowed: dict[str, tuple[Value, ...]] = {}
+        for name, values in choices.items():
+            if name not in self._by_name:
+                raise SpaceError(
+                    f"restrict.{name}: unknown field for space {self.name!r}; allowed: {', '.join(self._by_name)}"
+                )
+            p = self._by_name[name]
+            given = [values] if isinstance(values, (str, int, bool, float)) else list(values)
+            picked = set()
+            for value in given:
+                canonical = p.canonical(value)
+                if canonical is None:
+                    raise SpaceError(f"restrict.{name}: {value!r} is not allowed; allowed: {format_choices(p.choices)}")
+                picked.add((type(canonical), canonical))
+            if not picked:
+                raise SpaceError(f"restrict.{name}: no values given; allowed: {format_choices(p.choices)}")
+            allowed[name] = tuple(c for c in p.choices if (type(c), c) in picked)
+        params: list[Param] = []
+        kept: dict[str, tuple[Value, ...]] = {}
+        for p in self.params:
+            when = _narrow(p.when, kept) if p.when else None
+            if p.when is not None and when is None:
+                continue  # its condition can never hold any more
+            kept[p.name] = allowed.get(p.name, p.choices)
+            params.append(Param(p.name, kept[p.name], when, p.kind, p.doc))
+        sub = Space(
+            self.name,
+            dims=self.dims,
+            params=params,
+            constraints=[c for c in self.constraints if set(c.fields) <= set(kept)],
+            revision=self.revision,
+            default=self._default,
+            derive=self._derive,
+            check_problem=self._check_problem,
+            doc=self.doc,
+        )
+        sub.restricted_from = self
+        sub.restriction = {**self.restriction, **{name: list(values) for name, values in allowed.items()}}
+        return sub
 
     # ---- problems -----------------------------------------------------------------------------
     def validate_problem(self, problem: Problem) -> None:
@@ -244,8 +308,25 @@ class Space:
         return canonical
 
     def default(self, problem: Problem, limits: DeviceLimits) -> dict[str, Value]:
-        """A config valid for every problem the family accepts (the fallback before tuning)."""
-        return self.validate(self._default(self.context(problem, limits)), problem, limits)
+        """A config valid for every problem the family accepts (the fallback before tuning).
+
+        A restricted space whose choices exclude the family default falls back to the valid config
+        nearest to it (most fields equal), or SpaceError when the restriction leaves none.
+        """
+        wanted = self._default(self.context(problem, limits))
+        if self.restricted_from is None or not self.violations(wanted, problem, limits):
+            return self.validate(wanted, problem, limits)
+        best, score = None, -1
+        for config in self.enumerate(problem, limits):
+            same = sum(1 for k, v in config.items() if k in wanted and wanted[k] == v)
+            if same > score:
+                best, score = config, same
+        if best is None:
+            raise SpaceError(
+                f"restrict: leaves {self.name} no valid config for shape {problem.dims}, {problem.dtype}, "
+                f"world size {problem.world_size}; allow more values"
+            )
+        return best
 
     def _where(self, where: Mapping[str, Any] | None) -> dict[str, Value]:
         out: dict[str, Value] = {}
@@ -278,3 +359,18 @@ class Space:
     @staticmethod
     def config_hash(config: Mapping[str, Value]) -> str:
         return config_hash(config)
+
+
+def _narrow(condition: Condition, kept: Mapping[str, tuple[Value, ...]]) -> Condition | None:
+    """`condition` over the narrowed choices in `kept`; None when no clause can hold any more."""
+    clauses = []
+    for clause in condition.clauses:
+        narrowed = []
+        for field, values in clause:
+            live = tuple(v for v in values if field in kept and any(type(v) is type(c) and v == c for c in kept[field]))
+            if not live:
+                break
+            narrowed.append((field, live))
+        else:
+            clauses.append(tuple(narrowed))
+    return Condition(tuple(clauses)) if clauses else None

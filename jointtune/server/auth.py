@@ -109,15 +109,17 @@ def _require(request: Request, needed: str) -> str | None:
     return role
 
 
-def require_read(request: Request) -> str | None:
+# Coroutines on purpose: the check is a hash and a few comparisons, and FastAPI would hand a plain
+# function to its thread pool, a thread hop on every request (measured on the lookup route).
+async def require_read(request: Request) -> str | None:
     return _require(request, "read")
 
 
-def require_write(request: Request) -> str | None:
+async def require_write(request: Request) -> str | None:
     return _require(request, "write")
 
 
-def require_admin(request: Request) -> str | None:
+async def require_admin(request: Request) -> str | None:
     return _require(request, "admin")
 
 

@@ -6,6 +6,7 @@ import threading
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from jointtune.db import Store, open_store
 
@@ -25,4 +26,12 @@ def get_store(request: Request) -> Store:
     return store
 
 
-StoreDep = Annotated[Store, Depends(get_store)]
+async def store_dependency(request: Request) -> Store:
+    """`StoreDep`: the open store straight from the event loop (a plain function would cost a thread
+    hop on every request); the first request opens it in the thread pool, as connecting and
+    migrating block."""
+    store = getattr(request.app.state, "store", None)
+    return store if store is not None else await run_in_threadpool(get_store, request)
+
+
+StoreDep = Annotated[Store, Depends(store_dependency)]

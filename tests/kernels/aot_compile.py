@@ -1,0 +1,72 @@
+"""Compile the AG+GEMM kernel for Hopper (sm_90) on a machine without a GPU.
+
+Triton's NVIDIA backend lowers to PTX and runs its bundled ptxas with no driver, so compile
+failures that only a GPU run used to show (a pass pipeline that breaks on one Triton version)
+are caught on the CPU, with the launcher's own arguments and constants (`_kernel_args`).
+
+    python tests/kernels/aot_compile.py '[{"mode": "push", ...}, ...]'   # prints one line per config
+
+Run it with another Triton first on PYTHONPATH to check that version (the GPU image's 3.6, say).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile what a GPU launches: no interpreter-only upcasts
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from jointtune.kernels._ag_gemm_kernel import ag_gemm_kernel
+from jointtune.kernels.ag_gemm import _kernel_args, _plan, _slot
+
+_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
+          torch.int64: "*i64"}  # fmt: skip
+
+
+def compile_config(config: dict, *, M: int = 1024, N: int = 2048, K: int = 1024, world_size: int = 2) -> str:
+    """Compile one config's kernel for sm_90; returns the PTX size as text, raises on failure."""
+    plan = _plan(config)
+    R, N_r = M // world_size, N // world_size
+    t = torch.empty(1, dtype=torch.bfloat16)
+    i64, i32, f32 = (torch.empty(1, dtype=d) for d in (torch.int64, torch.int32, torch.float32))
+    b = torch.empty_strided((1, 1), (N_r, 1), dtype=t.dtype)
+    push = dict(inbox=t, inbox_deltas=i64, flags=i32, flag_ptrs=i64, epoch=0, n_chunks=2, slot=_slot(R, K),
+                comm_sms=plan.comm_sms if plan.mode == "push" else 0, consumers=2, gather_local=False, tickets=i32,
+                done=i32, fence=i32)  # fmt: skip
+    args, constexprs = _kernel_args(
+        plan, world_size, "cuda", t, t, i64, b, b, f32 if plan.SPLIT_K > 1 else b, i32, push, K, N_r, R, M, 0, 0, 0, 0
+    )
+    options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages")}
+    names = list(inspect.signature(ag_gemm_kernel.fn).parameters)
+    signature = {}
+    for name, value in zip(names, args):
+        signature[name] = _TYPES[value.dtype] if isinstance(value, torch.Tensor) else "i32"
+    signature.update({name: "constexpr" for name in constexprs})
+    src = ASTSource(
+        fn=ag_gemm_kernel, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()}
+    )
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return f"{len(kernel.asm['ptx'])} PTX chars"
+
+
+def main() -> None:
+    failed = 0
+    for config in json.loads(sys.argv[1]):
+        try:
+            print(f"ok {json.dumps(config, sort_keys=True)} {compile_config(config)}", flush=True)
+        except Exception as exc:  # report every config, then fail
+            failed += 1
+            print(f"FAILED {json.dumps(config, sort_keys=True)} {type(exc).__name__}: {str(exc)[-300:]}", flush=True)
+    print(f"triton {triton.__version__}: {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

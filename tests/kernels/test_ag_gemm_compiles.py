@@ -1,0 +1,51 @@
+"""The AG+GEMM kernel compiles for Hopper in every mode, with this Triton and with the GPU image's.
+
+The CPU interpreter never compiles, so a kernel that lowers on one Triton and not on another used
+to surface only on a lent GPU. `aot_compile.py` lowers it to sm_90 PTX without a GPU; `make test`
+installs the GPU image's Triton (3.6) beside the venv's so both versions are checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+GPU_TRITON = Path(os.environ.get("JOINTTUNE_GPU_TRITON_DIR", ROOT / ".venv" / "gpu-triton"))
+
+TILE = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=6)
+CONFIGS = [
+    dict(mode="ce", ce_consumer="triton", ce_chunks=4, SPLIT_K=8, **TILE),
+    dict(mode="pull", SPLIT_K=1, **dict(TILE, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=4)),
+    dict(mode="push", comm_sms=32, chunk_m=128, SPLIT_K=2, **dict(TILE, BLOCK_K=128, num_warps=4, num_stages=4)),
+    dict(mode="push", comm_sms=8, chunk_m=256, SPLIT_K=1, **dict(TILE, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)),
+]
+
+
+def _compile(extra_path: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, str(ROOT)) if p)
+    cmd = [sys.executable, str(HERE / "aot_compile.py"), json.dumps(CONFIGS)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_every_mode_compiles_for_sm90_with_this_triton():
+    done = _compile(None)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("\nok ") + done.stdout.startswith("ok ") == len(CONFIGS)
+
+
+def test_every_mode_compiles_for_sm90_with_the_gpu_images_triton():
+    if not (GPU_TRITON / "triton").is_dir():
+        if os.environ.get("JOINTTUNE_REQUIRE_GPU_TRITON"):
+            pytest.fail(f"{GPU_TRITON} has no Triton; `make test` installs the GPU image's Triton there")
+        pytest.skip(f"no GPU-image Triton at {GPU_TRITON} (`make test` installs it)")
+    done = _compile(str(GPU_TRITON))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "triton 3.6" in done.stdout
