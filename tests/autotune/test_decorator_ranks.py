@@ -1,4 +1,4 @@
-"""Rank agreement: two real gloo processes with different local stores end up with the same configs."""
+"""Rank agreement: real gloo processes (2 and 4) with different local stores end up with the same configs."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import socket
 from pathlib import Path
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 import triton
@@ -26,7 +27,7 @@ def _copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 def _bench_for(rank: int):
-    """Each rank measures a different winner: rank 0 BLOCK=32, rank 1 BLOCK=16."""
+    """Each rank measures a different winner: rank 0 BLOCK=32, the others BLOCK=16."""
     times = [3.0, 1.0, 2.0] if rank == 0 else [1.0, 2.0, 3.0]
     calls = []
 
@@ -39,22 +40,22 @@ def _bench_for(rank: int):
     return bench
 
 
-def _rank_main(rank: int, port: int, folder: str) -> None:
+def _rank_main(rank: int, port: int, folder: str, size: int) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
     db = f"sqlite:///{folder}/rank{rank}.db"
     store = open_store(db)
-    if rank == 0:
-        store.upsert_record(sleep_record(64, BEST))  # rank 0 hits M=64; rank 1 misses it
+    if rank % 2 == 0:
+        store.upsert_record(sleep_record(64, BEST, world_size=size))  # even ranks hit M=64; odd ranks miss it
     else:
-        store.upsert_record(sleep_record(128, OTHER))  # rank 1 hits M=128; rank 0 misses it
+        store.upsert_record(sleep_record(128, OTHER, world_size=size))  # odd ranks hit M=128; even ranks miss it
     launch = make_launcher(db)
-    world = World(2)
+    world = World(size)
     result: dict[str, object] = {}
-    for m in (64, 128, 100):  # 100: nobody has it; rank 1's nearest (128) is closer than rank 0's (64)
+    for m in (64, 128, 100):  # 100: nobody has it; the odd ranks' nearest (128) is closer than the even ranks' (64)
         launch(torch.ones(m), world=world)
-        result[f"M={m}"] = [launch.seen[-1], launch.sources[((("M", m),), torch.float32, 2)]]
+        result[f"M={m}"] = [launch.seen[-1], launch.sources[((("M", m),), torch.float32, size)]]
     kernel = joint_autotune(configs=CONFIGS, key=["n"], do_bench=_bench_for(rank), db_url=db)(_copy_kernel)
     x = torch.arange(40, dtype=torch.float32)
     out = torch.empty(40)
@@ -72,14 +73,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_ranks_with_different_stores_use_the_same_config(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("size", [2, 4])
+def test_ranks_with_different_stores_use_the_same_config(tmp_path: Path, monkeypatch, size: int) -> None:
     for name in ("JOINTTUNE_MODE", "JOINTTUNE_SERVER", "JOINTTUNE_PRINT"):
         monkeypatch.delenv(name, raising=False)
-    mp.spawn(_rank_main, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    assert r0["M=64"] == [BEST, "store"] and r1["M=64"] == [BEST, "store"]
-    assert r0["M=128"] == [OTHER, "store"] and r1["M=128"] == [OTHER, "store"]
-    assert r0["M=100"] == [OTHER, "nearest-store"] and r1["M=100"] == [OTHER, "nearest-store"]
-    # Triton benchmarks disagree; every rank adopts rank 0's winner and stores that one
-    assert r0["triton"] == r1["triton"] == 32
-    assert r0["triton_stored"] == r1["triton_stored"] == [32]
+    mp.spawn(_rank_main, args=(_free_port(), str(tmp_path), size), nprocs=size, join=True)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(size)]
+    for r in results:
+        assert r["M=64"] == [BEST, "store"]
+        assert r["M=128"] == [OTHER, "store"]
+        assert r["M=100"] == [OTHER, "nearest-store"]
+        # Triton benchmarks disagree; every rank adopts rank 0's winner and stores that one
+        assert r["triton"] == 32
+        assert r["triton_stored"] == [32]

@@ -113,3 +113,13 @@ def test_layered_tuning_settings_and_the_example_file(families):
     cpu, gpu = example.jobs("cpu"), example.jobs("gpu")
     assert all(j.kernel == "ag_gemm" and j.world_size == 2 for j in (*cpu, *gpu))
     assert max(j.problem.dims["M"] for j in cpu) <= 128 and min(j.problem.dims["M"] for j in gpu) >= 128
+
+
+def test_tune_at_world_size_4_simulates_four_ranks(families, tmp_path, subprocess_env):
+    url = f"sqlite:///{tmp_path / 'jt.db'}"
+    args = ["tune", "--kernel", "jt_matmul", "--shape", "64x48x32", "--dtype", "fp32", "--world-size", "4"]
+    args += ["--trials", "4", "--warmup", "0", "--iters", "2", "--db", url, "--import", "jt_families"]
+    done = _run(args, subprocess_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (record,) = open_store(url).list_records(kernel="jt_matmul")
+    assert record.world_size == 4 and record.shape == {"M": 64, "N": 48, "K": 32}
