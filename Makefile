@@ -20,9 +20,11 @@ $(STAMP): pyproject.toml
 
 # The GPU image's Triton, beside the venv's: tests compile the kernel for sm_90 with both versions.
 GPU_TRITON := $(VENV)/gpu-triton/.installed
+# (About 640 MB; without a package index the compile check for it is skipped, or fails under CI's
+# JOINTTUNE_REQUIRE_GPU_TRITON=1.)
 $(GPU_TRITON): $(STAMP)
-	$(BIN)/pip install -q --no-deps --target $(VENV)/gpu-triton "triton==3.6.0"
-	@touch $(GPU_TRITON)
+	@if $(BIN)/pip install -q --no-deps --target $(VENV)/gpu-triton "triton==3.6.0"; then touch $(GPU_TRITON); \
+	 else echo "triton 3.6.0 could not be installed: its sm_90 compile check will be skipped"; fi
 
 install: $(STAMP)
 

@@ -36,7 +36,7 @@ from optuna.trial import TrialState
 from jointtune.autotune.search import Proposal, Searcher, baseline_config, enqueue, initial_configs
 from jointtune.autotune.settings import TuneSettings
 from jointtune.autotune.studies import ATTR_REASON, quiet_optuna, trial_config, trial_kind
-from jointtune.errors import TuningError
+from jointtune.errors import JointtuneError, TuningError
 from jointtune.search_spaces import DeviceLimits, Problem, Space, canonical_json, get_space
 
 STRATEGIES = ("random", "tpe", "tpe-warm", "two-stage")
@@ -82,8 +82,11 @@ class ReplayTable:
             if name not in data:
                 raise TuningError(f"replay table: field {name!r} is missing; it needs space, shape, dtype, "
                                   "world_size and latencies ({config json: µs or null})")  # fmt: skip
-        space = get_space(data["space"]).restrict(data.get("restrict") or {})
-        problem = space.make_problem(dict(data["shape"]), dtype=data["dtype"], world_size=data["world_size"])
+        try:
+            space = get_space(data["space"]).restrict(data.get("restrict") or {})
+            problem = space.make_problem(dict(data["shape"]), dtype=data["dtype"], world_size=data["world_size"])
+        except JointtuneError as exc:
+            raise TuningError(f"replay table: {exc}") from None
         limits = DeviceLimits.nominal_hopper(interpreter=False)
         if "limits" in data:
             limits = DeviceLimits(

@@ -72,6 +72,24 @@ def baseline_config(space: Space, problem: Problem, limits: DeviceLimits) -> dic
     return space.default(problem, limits)
 
 
+def check_exhaustive(space: Space, problem: Problem, settings: TuneSettings) -> None:
+    """Refuse an exhaustive study bigger than its trial budget before anything starts: such a study
+    measures every valid config, and a space of tens of thousands would run for hours."""
+    if settings.strategy != "exhaustive":
+        return
+    from jointtune.errors import TuningError
+    from jointtune.search_spaces import DeviceLimits
+
+    count = space.count(problem, DeviceLimits.nominal_hopper())
+    if count > settings.trials:
+        raise TuningError(
+            f"trials: {settings.trials} is not allowed for an exhaustive study of {space.name} at "
+            f"{','.join(f'{d}={problem.dim(d)}' for d in space.dims)}, which has {count:,} valid configs; "
+            f"allowed: >= {count:,} "
+            f"(or narrow the space with --restrict / a sweep job's `restrict`)"
+        )
+
+
 def initial_configs(
     space: Space,
     problem: Problem,
@@ -95,7 +113,11 @@ def initial_configs(
             out.append((role, canonical))
 
     add("baseline", baseline_config(space, problem, limits))
-    add("default", space.default(problem, limits))
+    # A sub-space (`Space.restrict`) that excludes the family default gets no stand-in for it: the
+    # nearest valid config is a fallback to run, not a good first guess worth a trial.
+    full = space.restricted_from
+    if full is None or not space.violations(full.default(problem, limits), problem, limits):
+        add("default", space.default(problem, limits))
     for config in warm:
         add("warm", config)
     if exhaustive:

@@ -108,7 +108,9 @@ def _restriction(value: Any) -> tuple[tuple[str, tuple[Any, ...]], ...]:
             if not isinstance(name, str):
                 raise TypeError
             scalar = isinstance(values, (str, int, float, bool))
-            out[name] = (values,) if scalar else tuple(values)
+            given = (values,) if scalar else tuple(values)
+            # one order per set of values: the same sub-space always reads (and hashes) the same
+            out[name] = tuple(sorted(dict.fromkeys(given), key=lambda v: (type(v).__name__, v)))
     except (TypeError, ValueError):
         raise TuningError(
             f"restrict: {value!r} is not allowed; it must map param names to a value or a list of values"

@@ -145,6 +145,7 @@ def _pydantic_problems(exc: ValidationError) -> list[str]:
 
 def _jobs(where: str, model: JobModel, base: TuneSettings, problems: list[str]) -> list[Job]:
     from jointtune.autotune.handles import job_space
+    from jointtune.autotune.search import check_exhaustive
     from jointtune.kernels._family import get_family
 
     try:
@@ -161,6 +162,7 @@ def _jobs(where: str, model: JobModel, base: TuneSettings, problems: list[str]) 
             for w in sizes:
                 try:
                     problem = space.make_problem(shape, dtype=dtype, world_size=w)
+                    check_exhaustive(space, problem, settings)
                 except JointtuneError as exc:
                     problems.append(f"{where}.shapes[{i}] ({shape}, {dtype}, world_size {w}): {exc}")
                     continue

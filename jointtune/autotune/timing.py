@@ -40,7 +40,8 @@ def _flush_buffer(device: Any) -> Any:
 
 
 def measure(run: Callable[[], Any], world: World, *, warmup: int, iters: int) -> list[float]:
-    """Microseconds of `iters` timed runs of `run`, after `warmup` untimed ones."""
+    """Microseconds of `iters` timed runs of `run`, after `warmup` untimed ones (on CUDA, two more
+    untimed runs: one sizes the hold before the timed runs, one absorbs the ranks' skew after it)."""
     for _ in range(warmup):
         run()
     world.synchronize()
@@ -59,24 +60,28 @@ def _measure_cuda(run: Callable[[], Any], world: World, iters: int) -> list[floa
     import torch
 
     flush = _flush_buffer(world.device)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    # one extra run first, on every rank: its sample is dropped (below)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
     # Hold the stream with a device-side sleep long enough for the host to queue every timed run
     # behind it: the events then time the GPU's work, not the host's launch pace (which a busy
-    # host, e.g. one compiling the next configs on other threads, slows down at random).
+    # host, e.g. one compiling the next configs on other threads, slows down at random). The hold's
+    # length is each rank's own estimate, so ranks leave it at slightly different times: the first
+    # run absorbs that (a fused kernel waits for its peers) and is not counted.
     begin = time.perf_counter()
     run()
     host_us = (time.perf_counter() - begin) * 1e6
     world.synchronize()
-    gate_us = min(_MAX_GATE_US, 500.0 + 3.0 * iters * (host_us + 20.0))
-    torch.cuda._sleep(int(gate_us * _cycles_per_us(world.device)))
+    gate_us = min(_MAX_GATE_US, 500.0 + 3.0 * (iters + 1) * (host_us + 20.0))
+    with torch.cuda.device(world.device):
+        torch.cuda._sleep(int(gate_us * _cycles_per_us(world.device)))
     for start, end in zip(starts, ends):
         flush.zero_()
         start.record()
         run()
         end.record()
     world.synchronize()
-    return [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)]
+    return [start.elapsed_time(end) * 1e3 for start, end in zip(starts[1:], ends[1:])]
 
 
 #: the longest hold before the timed runs (a host slower than this shows in the timings again)
@@ -89,12 +94,13 @@ def _cycles_per_us(device: Any) -> float:
     import torch
 
     if device not in _cycles:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)  # let clocks settle first
-        start.record()
-        torch.cuda._sleep(2_000_000)
-        end.record()
-        end.synchronize()
+        with torch.cuda.device(device):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1_000_000)  # let clocks settle first
+            start.record()
+            torch.cuda._sleep(2_000_000)
+            end.record()
+            end.synchronize()
         _cycles[device] = 2_000_000 / max(start.elapsed_time(end) * 1e3, 1.0)
     return _cycles[device]
 

@@ -54,9 +54,10 @@ def _import_all(modules: list[str]) -> None:
 
 
 def _restriction_value(text: str) -> int | bool | str:
-    if text.lstrip("-").isdigit():
+    try:
         return int(text)
-    return {"true": True, "false": False}.get(text.lower(), text)
+    except ValueError:
+        return {"true": True, "false": False}.get(text.lower(), text)
 
 
 def parse_restrictions(items: list[str]) -> dict[str, list[int | bool | str]]:
@@ -119,6 +120,7 @@ def tune(
     from jointtune.autotune.handles import job_space
     from jointtune.autotune.results import job_label
     from jointtune.autotune.runner import prepare_interpreter, run_jobs
+    from jointtune.autotune.search import check_exhaustive
     from jointtune.autotune.settings import Job, TuneSettings
     from jointtune.kernels import get_family
 
@@ -136,6 +138,7 @@ def tune(
     family = get_family(kernel)
     space = job_space(Job(family.name, (), dtype, world_size, settings), family)
     problem = space.make_problem(shape, dtype=dtype, world_size=world_size)
+    check_exhaustive(space, problem, settings)
     job = Job.of(family.name, problem, settings)
     console = _console()
     title = f"tune {job_label(job)}"

@@ -148,8 +148,8 @@ def _log2_postgresql(element: log2, compiler: Any, **kw: Any) -> str:
 
 
 class square(sa.sql.functions.GenericFunction):
-    """x * x with x evaluated once where the database can: PostgreSQL's power(x, 2) is the same
-    correctly rounded product, without computing x's logarithm twice per candidate row."""
+    """x * x with x evaluated once where the database can: PostgreSQL's power(x, 2) squares without
+    computing x's logarithm twice per candidate row (equal to x * x up to the last bit)."""
 
     type = sa.Double()
     inherit_cache = True

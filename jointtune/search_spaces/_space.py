@@ -159,6 +159,8 @@ class Space:
                     f"restrict.{name}: unknown field for space {self.name!r}; allowed: {', '.join(self._by_name)}"
                 )
             p = self._by_name[name]
+            if values is None or isinstance(values, Mapping):
+                raise SpaceError(f"restrict.{name}: {values!r} is not allowed; give a value or a list of values")
             given = [values] if isinstance(values, (str, int, bool, float)) else list(values)
             picked = set()
             for value in given:
@@ -177,6 +179,14 @@ class Space:
                 continue  # its condition can never hold any more
             kept[p.name] = allowed.get(p.name, p.choices)
             params.append(Param(p.name, kept[p.name], when, p.kind, p.doc))
+        gone = [name for name in allowed if name not in kept]
+        if gone:
+            p = self._by_name[gone[0]]
+            assert p.when is not None
+            raise SpaceError(
+                f"restrict.{gone[0]}: it only exists when {p.when.describe()}, which the restriction excludes; "
+                f"drop it or allow those values"
+            )
         sub = Space(
             self.name,
             dims=self.dims,

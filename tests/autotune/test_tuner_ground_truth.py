@@ -20,12 +20,15 @@ def test_ground_truth_tables_are_committed() -> None:
     assert len(TABLES) >= 2
 
 
+@pytest.mark.parametrize("strategy", ["tpe-warm", "tpe"])
 @pytest.mark.parametrize("path", TABLES, ids=[p.stem.removeprefix("ground_truth_") for p in TABLES])
-def test_the_tuner_gets_within_3_percent_in_48_trials(path: Path) -> None:
+def test_the_tuner_gets_within_3_percent_in_48_trials(path: Path, strategy: str) -> None:
+    """ "tpe-warm" is the tuner (baseline, then the family default, then TPE): on these tables the
+    default is often already within 3%, so joint TPE from the baseline alone must make it too."""
     table = ReplayTable.load(path)
     assert table.space.restriction, "a ground-truth table names the sub-space it enumerated"
     target = table.best_us * 1.03
-    for seed in (0, 1):
-        curve = replay(table, "tpe-warm", trials=48, seed=seed)
+    for seed in (0, 1, 2):
+        curve = replay(table, strategy, trials=48, seed=seed)
         needed = trials_to_target(curve, target)
         assert needed is not None and needed <= 48, f"seed {seed}: best {min(v for v in curve if v)} µs"

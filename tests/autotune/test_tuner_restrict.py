@@ -73,3 +73,28 @@ def test_sweep_files_validate_the_restriction(families) -> None:
     assert job.settings.restrict == (("splits", (4,)),)
     with pytest.raises(TuningError, match=r"restrict\.splits: 3 is not allowed; allowed: 1, 2, 4, 8"):
         parse_sweep(sweep({"splits": [3]}))
+
+
+def test_an_exhaustive_study_larger_than_its_budget_is_refused_up_front(families, capsys) -> None:
+    from jointtune.cli import main
+
+    args = ["tune", "--kernel", "jt_matmul", "--shape", "64x48x32", "--dtype", "fp32", "--strategy", "exhaustive"]
+    with pytest.raises(SystemExit) as done:
+        main([*args, "--trials", "5"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "trials: 5 is not allowed for an exhaustive study of jt_matmul at M=64,N=48,K=32" in err
+    assert "which has 9 valid configs; allowed: >= 9" in err
+
+
+def test_a_sub_space_without_the_family_default_spends_no_trial_on_a_stand_in(families) -> None:
+    from jointtune.autotune.search import initial_configs
+    from jointtune.search_spaces import DeviceLimits, get_space
+
+    full = get_space("jt_matmul")
+    problem = full.make_problem("64x48x32", dtype="fp32", world_size=2)
+    limits = DeviceLimits.nominal_hopper()
+    inside = full.restrict({"splits": [2, 4]})  # the family default (splits=2, order=mk) lies inside
+    outside = full.restrict({"splits": [4, 8]})
+    assert [role for role, _ in initial_configs(inside, problem, limits)] == ["baseline", "default"]
+    assert [role for role, _ in initial_configs(outside, problem, limits)] == ["baseline"]

@@ -45,15 +45,32 @@ def compile_config(config: dict, *, M: int = 1024, N: int = 2048, K: int = 1024,
     )
     options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages")}
     names = list(inspect.signature(ag_gemm_kernel.fn).parameters)
-    signature = {}
-    for name, value in zip(names, args):
-        signature[name] = _TYPES[value.dtype] if isinstance(value, torch.Tensor) else "i32"
+    fixed = set(getattr(ag_gemm_kernel, "do_not_specialize", ()) or ())
+    fixed |= {names[i] for i in fixed if isinstance(i, int)}
+    # Specialise as a launch does: pointers (16-byte aligned) and integers divisible by 16 carry
+    # tt.divisibility (vectorised loads); an integer equal to 1 becomes a constant (unit strides).
+    signature, attrs = {}, {}
+    for i, (name, value) in enumerate(zip(names, args)):
+        if isinstance(value, torch.Tensor):
+            signature[name] = _TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif value == 1 and name not in fixed:
+            signature[name] = "constexpr"
+            constexprs[name] = 1
+        else:
+            signature[name] = "i32"
+            if value % 16 == 0 and name not in fixed:
+                attrs[(i,)] = [["tt.divisibility", 16]]
     signature.update({name: "constexpr" for name in constexprs})
     src = ASTSource(
-        fn=ag_gemm_kernel, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()}
+        fn=ag_gemm_kernel,
+        signature=signature,
+        constexprs={(names.index(k),): v for k, v in constexprs.items()},
+        attrs=attrs,
     )
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    return f"{len(kernel.asm['ptx'])} PTX chars"
+    vectorised = "ld.global.v4" in kernel.asm["ptx"] or "cp.async.cg.shared.global" in kernel.asm["ptx"]
+    return f"{len(kernel.asm['ptx'])} PTX chars, {'vectorised' if vectorised else 'scalar'} loads"
 
 
 def main() -> None:

@@ -62,6 +62,8 @@ def test_the_default_of_a_restricted_space_lies_inside_it() -> None:
         ({"BLOCK_M": [100]}, "restrict.BLOCK_M: 100 is not allowed; allowed: 16, 32, 64, 128, 256"),
         ({"bogus": [1]}, "restrict.bogus: unknown field for space 'ag_gemm'"),
         ({"mode": []}, "restrict.mode: no values given"),
+        ({"mode": "pull", "ce_chunks": [4]}, 'restrict.ce_chunks: it only exists when mode == "ce", which the'),
+        ({"BLOCK_M": None}, "restrict.BLOCK_M: None is not allowed; give a value or a list of values"),
     ],
 )
 def test_bad_restrictions_name_the_field(restriction: dict, message: str) -> None:
