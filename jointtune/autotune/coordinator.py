@@ -34,6 +34,7 @@ from jointtune.autotune.settings import Job
 from jointtune.autotune.studies import (
     ATTR_DEADLINE,
     ATTR_DETAIL,
+    ATTR_HOST,
     ATTR_OWNER,
     ATTR_P10,
     ATTR_P50,
@@ -240,6 +241,8 @@ class Coordinator:
                 p.trial.set_user_attr(ATTR_P10, outcome.p10)
                 p.trial.set_user_attr(ATTR_P50, outcome.p50)
                 p.trial.set_user_attr(ATTR_P90, outcome.p90)
+                if outcome.host_us is not None:
+                    p.trial.set_user_attr(ATTR_HOST, outcome.host_us)
                 h.study.tell(p.trial, outcome.p50)
             else:
                 self._tell_failure(h, p, outcome.reason or "error", outcome.detail)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jointtune.autotune.settings import Job
-from jointtune.autotune.timing import measure, percentiles
+from jointtune.autotune.timing import host_launch_us, measure, percentiles
 from jointtune.autotune.watchdog import Watchdog
 from jointtune.errors import KernelError
 from jointtune.search_spaces._config import config_hash
@@ -64,6 +64,8 @@ class Outcome:
     p10: float | None = None
     p50: float | None = None
     p90: float | None = None
+    #: host µs to issue one call (max over ranks); None when not measured
+    host_us: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -216,15 +218,11 @@ class RankExecutor:
                 return Outcome(reason, detail)
             self._checked.add(key)
         self.control.barrier()
-        stats = [0.0, 0.0, 0.0]
+        stats = [0.0, 0.0, 0.0, 0.0]
         try:
-            samples = measure(
-                lambda: family.run(self._inputs, config, world),
-                world,
-                warmup=job.settings.warmup,
-                iters=job.settings.iters,
-            )
-            stats = list(percentiles(samples))
+            run = lambda: family.run(self._inputs, config, world)
+            samples = measure(run, world, warmup=job.settings.warmup, iters=job.settings.iters)
+            stats = [*percentiles(samples), host_launch_us(run, world)]
             reason, detail = None, ""
         except Exception as exc:
             reason, detail = classify(exc), _detail(exc)
@@ -233,7 +231,7 @@ class RankExecutor:
         if merged[0]:
             reason, detail = self._agree(reason, detail)
             return Outcome(reason, detail)
-        return Outcome(None, "", merged[1], merged[2], merged[3])
+        return Outcome(None, "", merged[1], merged[2], merged[3], merged[4])
 
     def _compile(self, key: str, config: dict[str, Any]) -> tuple[str | None, str]:
         hook = getattr(self._family, "precompile", None)

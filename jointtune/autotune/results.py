@@ -18,7 +18,7 @@ import optuna
 
 from jointtune.autotune.keys import TuningKey
 from jointtune.autotune.settings import Job
-from jointtune.autotune.studies import ATTR_P10, ATTR_P90, StudyState, trial_config, trial_kind
+from jointtune.autotune.studies import ATTR_HOST, ATTR_P10, ATTR_P90, StudyState, trial_config, trial_kind
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -133,6 +133,7 @@ class JobResult:
             "best_us": self.best_us,
             "best_p10_us": best.user_attrs.get(ATTR_P10) if best else None,
             "best_p90_us": best.user_attrs.get(ATTR_P90) if best else None,
+            "best_host_us": best.user_attrs.get(ATTR_HOST) if best else None,
             "baseline_us": self.baseline_us,
             "speedup": self.speedup,
             "best_config": self.best_config,

@@ -46,6 +46,8 @@ ATTR_ROLE = "jt_role"
 ATTR_CACHED = "jt_cached"
 ATTR_RETRY_OF = "jt_retry_of"
 ATTR_P10, ATTR_P50, ATTR_P90 = "p10_us", "p50_us", "p90_us"
+#: host time (µs) to launch one call: what an eager caller pays per call even when the GPU is idle
+ATTR_HOST = "host_us"
 #: study user attrs
 STUDY_JOB, STUDY_KEY, STUDY_SPACE, STUDY_BASELINE = "jt_job", "jt_key", "jt_space", "jt_baseline"
 STUDY_INIT, STUDY_STOPPED = "jt_init", "jt_stopped"

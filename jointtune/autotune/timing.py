@@ -105,6 +105,20 @@ def _cycles_per_us(device: Any) -> float:
     return _cycles[device]
 
 
+def host_launch_us(run: Callable[[], Any], world: World) -> float:
+    """Microseconds the host spends issuing one call (without waiting for the device).
+
+    The timed runs measure the GPU alone; this is the other half of what an eager caller pays: a
+    config whose launch takes longer than its GPU time is host-bound, whatever its latency says.
+    """
+    world.synchronize()
+    begin = time.perf_counter()
+    run()
+    elapsed = (time.perf_counter() - begin) * 1e6
+    world.synchronize()
+    return elapsed
+
+
 def percentile(samples: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100) with linear interpolation between closest ranks."""
     if not samples:

@@ -36,6 +36,7 @@ def test_tune_measures_a_real_family_and_writes_plots_and_a_record(families, tmp
     assert (report / pngs[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (result,) = json.loads((report / "results.json").read_text())
     assert result["trials"] == 6 and result["status"] == "trials" and result["best_us"] > 0
+    assert result["best_host_us"] > 0  # the host's launch time of one call, recorded beside the GPU time
     records = open_store(url).list_records(kernel="jt_matmul")
     assert len(records) == 1 and records[0].config == result["best_config"]
 
