@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 
 # The GPU image's Triton, beside the venv's: tests compile the kernel for sm_90 with both versions.
 GPU_TRITON := $(VENV)/gpu-triton/.installed
-# (About 640 MB; without a package index the compile check for it is skipped, or fails under CI's
-# JOINTTUNE_REQUIRE_GPU_TRITON=1.)
+# (About 640 MB; without a package index the compile check for it is skipped, or fails where
+# JOINTTUNE_REQUIRE_GPU_TRITON=1 is set.)
 $(GPU_TRITON): $(STAMP)
 	@if $(BIN)/pip install -q --no-deps --target $(VENV)/gpu-triton "triton==3.6.0"; then touch $(GPU_TRITON); \
 	 else echo "triton 3.6.0 could not be installed: its sm_90 compile check will be skipped"; fi
