@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jointtune.autotune.settings import Job
-from jointtune.autotune.timing import host_launch_us, measure, percentiles
+from jointtune.autotune.timing import measure, percentiles
 from jointtune.autotune.watchdog import Watchdog
 from jointtune.errors import KernelError
 from jointtune.search_spaces._config import config_hash
@@ -220,9 +220,13 @@ class RankExecutor:
         self.control.barrier()
         stats = [0.0, 0.0, 0.0, 0.0]
         try:
-            run = lambda: family.run(self._inputs, config, world)
-            samples = measure(run, world, warmup=job.settings.warmup, iters=job.settings.iters)
-            stats = [*percentiles(samples), host_launch_us(run, world)]
+            samples = measure(
+                lambda: family.run(self._inputs, config, world),
+                world,
+                warmup=job.settings.warmup,
+                iters=job.settings.iters,
+            )
+            stats = [*percentiles(samples), samples.host_us]
             reason, detail = None, ""
         except Exception as exc:
             reason, detail = classify(exc), _detail(exc)

@@ -39,7 +39,18 @@ def _flush_buffer(device: Any) -> Any:
     return buf
 
 
-def measure(run: Callable[[], Any], world: World, *, warmup: int, iters: int) -> list[float]:
+class Samples(list):
+    """The timed runs' microseconds, plus `host_us`: what the host spent issuing one call.
+
+    The timed runs measure the GPU alone; `host_us` is the other half of what an eager caller pays:
+    a config whose launch takes longer than its GPU time is host-bound, whatever its latency says.
+    On the local world a call is synchronous, so its host time is its median latency.
+    """
+
+    host_us: float = 0.0
+
+
+def measure(run: Callable[[], Any], world: World, *, warmup: int, iters: int) -> Samples:
     """Microseconds of `iters` timed runs of `run`, after `warmup` untimed ones (on CUDA, two more
     untimed runs: one sizes the hold before the timed runs, one absorbs the ranks' skew after it)."""
     for _ in range(warmup):
@@ -47,16 +58,26 @@ def measure(run: Callable[[], Any], world: World, *, warmup: int, iters: int) ->
     world.synchronize()
     if world.device.type == "cuda":
         return _measure_cuda(run, world, iters)
-    samples = []
+    samples = Samples()
     for _ in range(iters):
         start = time.perf_counter()
         run()
         world.synchronize()
         samples.append((time.perf_counter() - start) * 1e6)
+    samples.host_us = percentile(samples, 50)
     return samples
 
 
-def _measure_cuda(run: Callable[[], Any], world: World, iters: int) -> list[float]:
+def _host_launch_us(run: Callable[[], Any], world: World) -> float:
+    """Microseconds the host spends issuing one call (then waits for the device, untimed)."""
+    begin = time.perf_counter()
+    run()
+    elapsed = (time.perf_counter() - begin) * 1e6
+    world.synchronize()
+    return elapsed
+
+
+def _measure_cuda(run: Callable[[], Any], world: World, iters: int) -> Samples:
     import torch
 
     flush = _flush_buffer(world.device)
@@ -68,10 +89,7 @@ def _measure_cuda(run: Callable[[], Any], world: World, iters: int) -> list[floa
     # host, e.g. one compiling the next configs on other threads, slows down at random). The hold's
     # length is each rank's own estimate, so ranks leave it at slightly different times: the first
     # run absorbs that (a fused kernel waits for its peers) and is not counted.
-    begin = time.perf_counter()
-    run()
-    host_us = (time.perf_counter() - begin) * 1e6
-    world.synchronize()
+    host_us = _host_launch_us(run, world)
     gate_us = min(_MAX_GATE_US, 500.0 + 3.0 * (iters + 1) * (host_us + 20.0))
     with torch.cuda.device(world.device):
         torch.cuda._sleep(int(gate_us * _cycles_per_us(world.device)))
@@ -81,7 +99,9 @@ def _measure_cuda(run: Callable[[], Any], world: World, iters: int) -> list[floa
         run()
         end.record()
     world.synchronize()
-    return [start.elapsed_time(end) * 1e3 for start, end in zip(starts[1:], ends[1:])]
+    samples = Samples(start.elapsed_time(end) * 1e3 for start, end in zip(starts[1:], ends[1:]))
+    samples.host_us = host_us
+    return samples
 
 
 #: the longest hold before the timed runs (a host slower than this shows in the timings again)
@@ -103,20 +123,6 @@ def _cycles_per_us(device: Any) -> float:
             end.synchronize()
         _cycles[device] = 2_000_000 / max(start.elapsed_time(end) * 1e3, 1.0)
     return _cycles[device]
-
-
-def host_launch_us(run: Callable[[], Any], world: World) -> float:
-    """Microseconds the host spends issuing one call (without waiting for the device).
-
-    The timed runs measure the GPU alone; this is the other half of what an eager caller pays: a
-    config whose launch takes longer than its GPU time is host-bound, whatever its latency says.
-    """
-    world.synchronize()
-    begin = time.perf_counter()
-    run()
-    elapsed = (time.perf_counter() - begin) * 1e6
-    world.synchronize()
-    return elapsed
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
