@@ -25,7 +25,7 @@ from pathlib import Path
 
 import optuna
 
-from jointtune.autotune.handles import job_space
+from jointtune.autotune.handles import study_space
 from jointtune.autotune.replay import STRATEGIES, ReplayTable, compare, format_comparison, replay
 from jointtune.autotune.settings import Job
 from jointtune.autotune.studies import STUDY_JOB, quiet_optuna
@@ -50,7 +50,7 @@ def tables(args: argparse.Namespace) -> None:
         with quiet_optuna():
             study = optuna.load_study(study_name=summary.study_name, storage=url)
         job = Job.from_json(study.user_attrs[STUDY_JOB])
-        space = job_space(job, get_family(job.kernel))
+        space = study_space(get_family(job.kernel), job.settings)
         table = ReplayTable.from_study(study, space, job.problem, limits)
         data = table.to_json()
         data.update(

@@ -22,7 +22,7 @@ import optuna
 from jointtune.autotune.keys import TuningKey, triton_version
 from jointtune.autotune.locks import study_lock
 from jointtune.autotune.search import Searcher, baseline_config, enqueue, initial_configs
-from jointtune.autotune.settings import Job
+from jointtune.autotune.settings import Job, TuneSettings
 from jointtune.autotune.studies import (
     ATTR_P10,
     ATTR_P90,
@@ -50,16 +50,16 @@ def resolve_space(family: Family) -> Space:
     return space if isinstance(space, Space) else get_space(space)
 
 
-def job_space(job: Job, family: Family) -> Space:
-    """The space a job's study searches: the family's, narrowed by the job's `restrict` setting.
+def study_space(family: Family, settings: TuneSettings) -> Space:
+    """The space a study searches: the family's, narrowed by the `restrict` setting.
 
     A restriction of `mode` keeps "baseline": every study measures the unfused path first, for its
     speed-ups and its watchdog's time limits.
     """
     space = resolve_space(family)
-    if not job.settings.restrict:
+    if not settings.restrict:
         return space
-    restrict = {name: list(values) for name, values in job.settings.restrict}
+    restrict = {name: list(values) for name, values in settings.restrict}
     if "mode" in restrict and "baseline" in space.modes and "baseline" not in restrict["mode"]:
         restrict["mode"].append("baseline")
     return space.restrict(restrict)
@@ -92,7 +92,7 @@ class StudyHandle:
         from jointtune.kernels._family import get_family
 
         family = get_family(job.kernel)
-        space = job_space(job, family)
+        space = study_space(family, job.settings)
         problem = space.make_problem(dict(job.shape), dtype=job.dtype, world_size=job.world_size)
         key = TuningKey.of(family.name, family.version, problem, hardware_id)
         name = key.study_name(space_version=space.version, exhaustive=job.settings.strategy == "exhaustive")

@@ -26,11 +26,11 @@ if TYPE_CHECKING:
 
 def study_name_for(job: Job, hardware_id: str) -> str:
     """The study a group on `hardware_id` uses for `job` (what the coordinator derives)."""
-    from jointtune.autotune.handles import job_space
+    from jointtune.autotune.handles import study_space
     from jointtune.kernels._family import get_family
 
     family = get_family(job.kernel)
-    space = job_space(job, family)
+    space = study_space(family, job.settings)
     key = TuningKey.of(family.name, family.version, job.problem, hardware_id)
     return key.study_name(space_version=space.version, exhaustive=job.settings.strategy == "exhaustive")
 

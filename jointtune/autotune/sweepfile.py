@@ -144,14 +144,14 @@ def _pydantic_problems(exc: ValidationError) -> list[str]:
 
 
 def _jobs(where: str, model: JobModel, base: TuneSettings, problems: list[str]) -> list[Job]:
-    from jointtune.autotune.handles import job_space
+    from jointtune.autotune.handles import study_space
     from jointtune.autotune.search import check_exhaustive
     from jointtune.kernels._family import get_family
 
     try:
         family = get_family(model.kernel)
         settings = base.replace(**model.settings_changes())
-        space = job_space(Job(family.name, (), "bfloat16", 1, settings), family)
+        space = study_space(family, settings)
     except JointtuneError as exc:
         problems.append(f"{where}: {exc}")
         return []

@@ -117,7 +117,7 @@ def tune(
     ] = None,
 ) -> None:
     """Tune one kernel for one shape on this node."""
-    from jointtune.autotune.handles import job_space
+    from jointtune.autotune.handles import study_space
     from jointtune.autotune.results import job_label
     from jointtune.autotune.runner import prepare_interpreter, run_jobs
     from jointtune.autotune.search import check_exhaustive
@@ -136,7 +136,7 @@ def tune(
         restrict=parse_restrictions(restrict or []),
     ).replace(**{k: v for k, v in changes.items() if v is not None})
     family = get_family(kernel)
-    space = job_space(Job(family.name, (), dtype, world_size, settings), family)
+    space = study_space(family, settings)
     problem = space.make_problem(shape, dtype=dtype, world_size=world_size)
     check_exhaustive(space, problem, settings)
     job = Job.of(family.name, problem, settings)

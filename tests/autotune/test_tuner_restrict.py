@@ -9,7 +9,7 @@ import sys
 import optuna
 import pytest
 
-from jointtune.autotune.handles import job_space
+from jointtune.autotune.handles import study_space
 from jointtune.autotune.results import study_name_for
 from jointtune.autotune.settings import Job, TuneSettings
 from jointtune.autotune.sweepfile import parse_sweep
@@ -42,7 +42,7 @@ def test_cli_restrictions_parse_typed_values() -> None:
 def test_a_restricted_job_keeps_the_baseline_and_gets_its_own_study(families) -> None:
     full = Job("jt_matmul", (("K", 32), ("M", 64), ("N", 48)), "float32", 2)
     sub = Job("jt_matmul", full.shape, "float32", 2, TuneSettings(restrict={"mode": "split", "splits": [2, 8]}))
-    space = job_space(sub, get_family("jt_matmul"))
+    space = study_space(get_family("jt_matmul"), sub.settings)
     assert space.param("mode").choices == ("baseline", "split") and space.param("splits").choices == (2, 8)
     assert study_name_for(sub, "hw") != study_name_for(full, "hw")
 
