@@ -406,26 +406,33 @@ class AgGemmFamily(Family):
         warmup = getattr(ag_gemm_kernel, "warmup", None)
         if warmup is None:
             return
-        # Compiles specialise on dtypes, on which integers are 16-divisible and on pointer alignment:
-        # 1-element stand-ins with the call's real dims compile what the trial will launch.
-        W = problem.world_size
         M, N, K = (problem.dim(d) for d in self.dims)
-        R, N_r = M // W, N // W
-        dev = torch.device("cuda", torch.cuda.current_device())
-        t = torch.empty(1, dtype=getattr(torch, problem.dtype), device=dev)
-        i64 = torch.zeros(1, dtype=torch.int64, device=dev)
-        i32 = torch.zeros(1, dtype=torch.int32, device=dev)
-        f32 = torch.zeros(1, dtype=torch.float32, device=dev)
-        b = torch.empty_strided((1, 1), (N_r, 1), dtype=t.dtype, device=dev)
-        c = torch.empty_strided((1, 1), (N_r, 1), dtype=t.dtype, device=dev)
-        comm = plan.comm_sms if plan.mode == "push" else 0
-        push = dict(inbox=t, inbox_deltas=i64, flags=i32, flag_ptrs=i64, epoch=0, n_chunks=2, slot=_slot(R, K),
-                    comm_sms=comm, consumers=2, gather_local=False, tickets=i32, done=i32,
-                    fence=i32)  # fmt: skip
-        args, constexprs = _kernel_args(
-            plan, W, "cuda", t, t, i64, b, c, f32 if plan.SPLIT_K > 1 else c, i32, push, K, N_r, R, M, 0, 0, 0, 0
+        device = torch.device("cuda", torch.cuda.current_device())
+        args, constexprs = standin_args(
+            plan, M=M, N=N, K=K, world_size=problem.world_size, dtype=getattr(torch, problem.dtype), device=device
         )
         warmup(*args, grid=(1,), **constexprs)
+
+
+def standin_args(
+    plan: Plan, *, M: int, N: int, K: int, world_size: int, dtype: torch.dtype, device: torch.device
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The kernel's arguments and constants for a call of this shape, with 1-element stand-in tensors.
+
+    Compiles specialise on dtypes, on which integers are 16-divisible and on pointer alignment, so
+    stand-ins with the call's real dims compile what the call will launch (ahead-of-time compiles).
+    """
+    R, N_r = M // world_size, N // world_size
+    t = torch.empty(1, dtype=dtype, device=device)
+    i64, i32, f32 = (torch.zeros(1, dtype=d, device=device) for d in (torch.int64, torch.int32, torch.float32))
+    b = torch.empty_strided((1, 1), (N_r, 1), dtype=dtype, device=device)
+    c = torch.empty_strided((1, 1), (N_r, 1), dtype=dtype, device=device)
+    push = dict(inbox=t, inbox_deltas=i64, flags=i32, flag_ptrs=i64, epoch=0, n_chunks=2, slot=_slot(R, K),
+                comm_sms=plan.comm_sms if plan.mode == "push" else 0, consumers=2, gather_local=False, tickets=i32,
+                done=i32, fence=i32)  # fmt: skip
+    return _kernel_args(
+        plan, world_size, "cuda", t, t, i64, b, c, f32 if plan.SPLIT_K > 1 else c, i32, push, K, N_r, R, M, 0, 0, 0, 0
+    )
 
 
 register_family(AgGemmFamily())

@@ -2,7 +2,7 @@
 
 Triton's NVIDIA backend lowers to PTX and runs its bundled ptxas with no driver, so compile
 failures that only a GPU run used to show (a pass pipeline that breaks on one Triton version)
-are caught on the CPU, with the launcher's own arguments and constants (`_kernel_args`).
+are caught on the CPU, with the launcher's own arguments and constants (`standin_args`, as the tuner's precompile uses).
 
     python tests/kernels/aot_compile.py '[{"mode": "push", ...}, ...]'   # prints one line per config
 
@@ -24,7 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from jointtune.kernels._ag_gemm_kernel import ag_gemm_kernel
-from jointtune.kernels.ag_gemm import _kernel_args, _plan, _slot
+from jointtune.kernels.ag_gemm import _plan, standin_args
 
 _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
           torch.int64: "*i64"}  # fmt: skip
@@ -33,15 +33,8 @@ _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32
 def compile_config(config: dict, *, M: int = 1024, N: int = 2048, K: int = 1024, world_size: int = 2) -> str:
     """Compile one config's kernel for sm_90; returns the PTX size as text, raises on failure."""
     plan = _plan(config)
-    R, N_r = M // world_size, N // world_size
-    t = torch.empty(1, dtype=torch.bfloat16)
-    i64, i32, f32 = (torch.empty(1, dtype=d) for d in (torch.int64, torch.int32, torch.float32))
-    b = torch.empty_strided((1, 1), (N_r, 1), dtype=t.dtype)
-    push = dict(inbox=t, inbox_deltas=i64, flags=i32, flag_ptrs=i64, epoch=0, n_chunks=2, slot=_slot(R, K),
-                comm_sms=plan.comm_sms if plan.mode == "push" else 0, consumers=2, gather_local=False, tickets=i32,
-                done=i32, fence=i32)  # fmt: skip
-    args, constexprs = _kernel_args(
-        plan, world_size, "cuda", t, t, i64, b, b, f32 if plan.SPLIT_K > 1 else b, i32, push, K, N_r, R, M, 0, 0, 0, 0
+    args, constexprs = standin_args(
+        plan, M=M, N=N, K=K, world_size=world_size, dtype=torch.bfloat16, device=torch.device("cpu")
     )
     options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages")}
     names = list(inspect.signature(ag_gemm_kernel.fn).parameters)
