@@ -110,8 +110,9 @@ def _gap_curve(table: ReplayTable, strategy: str, trials: int, seeds: int) -> li
 
 
 def run_compare(args: argparse.Namespace) -> None:
-    results = {}
+    results, devices = {}, set()
     for path in args.tables:
+        devices.add(json.loads(Path(path).read_text()).get("device", "unknown"))
         table = ReplayTable.load(path)
         name = f"{table.space.name} {_shape_text(table)}"
         stats = compare(table, args.strategies, seeds=args.seeds, trials=args.trials, tolerance=args.tolerance)
@@ -127,6 +128,7 @@ def run_compare(args: argparse.Namespace) -> None:
     out = Path(args.out)
     report = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": "replayed on the CPU; latencies measured on " + ", ".join(sorted(devices)),
         "command": " ".join(["python", *sys.argv]),
         "seeds": args.seeds,
         "trials": args.trials,
