@@ -182,20 +182,16 @@ def count(
     modes: list[str] = []
     for row in rows:
         modes += [m for m in row["modes"] if m not in modes]
-    table = Table(
-        "space",
-        "shape",
-        "total",
-        *modes,
-        title=title,
-        caption=_describe(limits, source),
-        padding=(0, 1),
-        pad_edge=False,
-    )
+    table = Table(title=title, caption=_describe(limits, source), padding=(0, 1), pad_edge=False)
+    for name in ("space", "shape", "total", *modes):  # counts and names fold, never end in "…"
+        table.add_column(name, overflow="fold")
     for row in rows:
         per_mode = [str(row["modes"][m]) if m in row["modes"] else "-" for m in modes]
         table.add_row(row["space"], "x".join(str(v) for v in _ordered(row)), str(row["total"]), *per_mode)
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # piped: wide enough for one line per row
+        console = Console(width=max(console.width, 132))
+    console.print(table)
 
 
 def _ordered(row: dict[str, Any]) -> list[int]:

@@ -248,6 +248,72 @@ def ag_gemm_kernel(
                 work += num_consumers
 
 
+# ---- push_cublas: the push as its own kernel, so cuBLAS can do the multiplying ----
+
+
+@triton.jit(do_not_specialize=["rank", "epoch", "n_chunks"])
+def ag_push_kernel(
+    a_ptr,
+    inbox_ptr,
+    inbox_deltas_ptr,
+    flag_ptrs_ptr,
+    flags_ptr,
+    done_ptr,
+    fence_ptr,
+    K,
+    R,
+    slot,
+    rank,
+    epoch,
+    n_chunks,
+    WORLD: tl.constexpr,
+    COMM_SMS: tl.constexpr,
+    CHUNK_M: tl.constexpr,
+    GATHER_LOCAL: tl.constexpr,
+    CP_M: tl.constexpr,
+    CP_K: tl.constexpr,
+    THREADS: tl.constexpr,
+    FENCE: tl.constexpr,
+    WAIT_ALL: tl.constexpr,
+):
+    # COMM_SMS programs, the fused kernel's producers alone. Pushing waits on nothing, so every
+    # rank's push finishes whatever else holds its GPU. WAIT_ALL (a GPU world's gather-then-GEMM):
+    # program 0 then also waits for every peer's rows, so the next kernel on the stream (cuBLAS)
+    # reads them without a separate wait launch. The interpreter runs one rank's launch to its end
+    # before the next rank's starts, so there the wait is a kernel of its own, after every push.
+    pid = tl.program_id(0)
+    _push_chunks(
+        a_ptr, inbox_ptr, inbox_deltas_ptr, flag_ptrs_ptr, done_ptr, fence_ptr, pid, K, R, slot, rank, epoch,
+        n_chunks, WORLD, COMM_SMS, CHUNK_M, GATHER_LOCAL, CP_M, CP_K, THREADS, FENCE,
+    )  # fmt: skip
+    if WAIT_ALL:  # noqa: SIM102 (constexpr: without it no wait code at all)
+        if pid == 0:
+            _wait_rows(flags_ptr, 0, R * WORLD - 1, R, rank, epoch, n_chunks, CHUNK_M)
+
+
+@triton.jit(do_not_specialize=["rank", "epoch", "n_chunks", "chunk", "R"])
+def ag_signal_kernel(
+    flag_ptrs_ptr, flags_ptr, rank, epoch, n_chunks, chunk, R, WORLD: tl.constexpr, WAIT_ALL: tl.constexpr,
+    CHUNK_M: tl.constexpr,
+):  # fmt: skip
+    # Queued behind the copy engine's copies of `chunk` into every peer: stream order puts them
+    # before this kernel, the system-scope release publishes them with the flag. WAIT_ALL: then
+    # wait for every peer's rows, as in ag_push_kernel.
+    for j in range(1, WORLD):
+        peer = (rank + j) % WORLD
+        flags = tl.load(flag_ptrs_ptr + peer).to(tl.pointer_type(tl.int32))
+        tl.atomic_xchg(flags + rank * n_chunks + chunk, epoch, sem="release", scope="sys")
+    if WAIT_ALL:
+        _wait_rows(flags_ptr, 0, R * WORLD - 1, R, rank, epoch, n_chunks, CHUNK_M)
+
+
+@triton.jit(do_not_specialize=["row_first", "row_last", "R", "rank", "epoch", "n_chunks"])
+def ag_wait_kernel(flags_ptr, row_first, row_last, R, rank, epoch, n_chunks, CHUNK_M: tl.constexpr):
+    # One program: the stream's next kernel (cuBLAS) starts only once every remote chunk that
+    # global rows [row_first, row_last] read has been released to this rank.
+    _wait_rows(flags_ptr, row_first, row_last, R, rank, epoch, n_chunks, CHUNK_M)
+
+
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -256,4 +322,4 @@ def compile_options(config: dict) -> dict:
     return {"num_warps": int(config.get("num_warps", 4)), "num_stages": int(config.get("num_stages", 3))}
 
 
-__all__ = ["ag_gemm_kernel", "compile_options", "triton"]
+__all__ = ["ag_gemm_kernel", "ag_push_kernel", "ag_signal_kernel", "ag_wait_kernel", "compile_options", "triton"]

@@ -26,7 +26,14 @@ from typing import Any
 import torch
 
 from jointtune.errors import ShapeError
-from jointtune.kernels._ag_gemm_kernel import INTERPRETED, ag_gemm_kernel, compile_options
+from jointtune.kernels._ag_gemm_kernel import (
+    INTERPRETED,
+    ag_gemm_kernel,
+    ag_push_kernel,
+    ag_signal_kernel,
+    ag_wait_kernel,
+    compile_options,
+)
 from jointtune.kernels._family import Family, register_family
 from jointtune.kernels.world import World
 
@@ -50,6 +57,8 @@ class Plan:
     chunk_m: int = 0
     ce_consumer: str = "triton"
     ce_chunks: int = 1
+    push_by: str = "sm"
+    gemm_order: str = "local_first"
 
     @staticmethod
     @functools.lru_cache(maxsize=4096)
@@ -241,33 +250,62 @@ def _pull(plan, a, b, c_out, world, R, K, N_r, want_gathered):
     return c_out, gathered
 
 
+@dataclass(frozen=True)
+class _Inboxes:
+    """This call's half of the push inboxes and flags, shared by `push` and `push_cublas`.
+
+    Both count calls on one epoch, so the inbox halves alternate across modes as well: a rank writes
+    call t+2's rows into a half only after (stream order, through its wait on call t+1's flags) every
+    peer finished call t's reads of it.
+    """
+
+    epoch: int
+    slot: int
+    half: int
+    n_chunks: int
+    inbox: Any
+    flags: Any
+
+
+def _inboxes(world: World, R: int, K: int, chunk_m: int, dtype: torch.dtype) -> _Inboxes:
+    W = world.world_size
+    epoch = world.next_epoch("ag_gemm.push")
+    slot = _slot(R, K)
+    inbox = world.symmetric("ag_gemm.inbox", (2 * W * slot,), dtype)
+    flags = world.symmetric("ag_gemm.flags", (W * triton_cdiv(R, 16),), torch.int32, zero=True)
+    return _Inboxes(epoch, slot, (epoch % 2) * W * slot, triton_cdiv(R, chunk_m), inbox, flags)
+
+
+def _inbox_deltas(world: World, box: _Inboxes, i: int, elem: int) -> torch.Tensor:
+    """Element offsets of every rank's inbox half from this rank's, as this rank maps them."""
+    base = box.inbox.tensors[i][box.half :].data_ptr()
+    peers = box.inbox.peers[i]
+    return world.int_table(tuple(_offset(peers[p][box.half :], base, elem) for p in range(world.world_size)))
+
+
+def _gathered_from(inbox_half: torch.Tensor, W: int, slot: int, R: int, K: int) -> torch.Tensor:
+    return torch.cat([inbox_half[p * slot : p * slot + R * K].view(R, K) for p in range(W)])
+
+
 def _push(plan, a, b, c_out, world, R, K, N_r, want_gathered):
     W = world.world_size
     M = R * W
     elem = a[0].element_size()
-    epoch = world.next_epoch("ag_gemm.push")
-    slot = _slot(R, K)
-    half = (epoch % 2) * W * slot
-    n_chunks = triton_cdiv(R, plan.chunk_m)
-    inbox = world.symmetric("ag_gemm.inbox", (2 * W * slot,), a[0].dtype)
-    flags = world.symmetric("ag_gemm.flags", (W * triton_cdiv(R, 16),), torch.int32, zero=True)
+    box = _inboxes(world, R, K, plan.chunk_m, a[0].dtype)
     work = triton_cdiv(M, plan.BLOCK_M) * triton_cdiv(N_r, plan.BLOCK_N) * plan.SPLIT_K
     consumers = max(1, min(_num_sms(world) - plan.comm_sms, work))
     tickets = world.scratch("ag_gemm.tickets", 1, torch.int32)  # this rank's tile counter
-    done = world.scratch("ag_gemm.push_done", n_chunks, torch.int32)  # pieces copied per chunk, kept at zero
+    done = world.scratch("ag_gemm.push_done", box.n_chunks, torch.int32)  # pieces copied per chunk, kept at zero
     fence = world.scratch("ag_gemm.fence", (plan.comm_sms + consumers) * 32 * plan.num_warps, torch.int32)
     launches = []
     for i, r in enumerate(world.local_ranks):
-        local_inbox = inbox.tensors[i][half:]
-        base = local_inbox.data_ptr()
-        deltas = world.int_table(tuple(p * slot for p in range(W)))
-        inbox_deltas = world.int_table(tuple(_offset(inbox.peers[i][p][half:], base, elem) for p in range(W)))
-        push = dict(inbox=local_inbox, inbox_deltas=inbox_deltas, flags=flags.tensors[i], flag_ptrs=flags.ptrs[i],
-                    epoch=epoch, n_chunks=n_chunks, slot=slot, comm_sms=plan.comm_sms, consumers=consumers,
-                    gather_local=want_gathered, tickets=tickets[i], done=done[i],
-                    fence=fence[i])  # fmt: skip
-        c = c_out[i]
-        launches.append((i, r, local_inbox, deltas, push, c))
+        local_inbox = box.inbox.tensors[i][box.half :]
+        deltas = world.int_table(tuple(p * box.slot for p in range(W)))
+        push = dict(inbox=local_inbox, inbox_deltas=_inbox_deltas(world, box, i, elem), flags=box.flags.tensors[i],
+                    flag_ptrs=box.flags.ptrs[i], epoch=box.epoch, n_chunks=box.n_chunks, slot=box.slot,
+                    comm_sms=plan.comm_sms, consumers=consumers, gather_local=want_gathered, tickets=tickets[i],
+                    done=done[i], fence=fence[i])  # fmt: skip
+        launches.append((i, r, local_inbox, deltas, push, c_out[i]))
     # The interpreter runs launches in order: every rank's producers before any rank's consumers.
     phases = [(0, plan.comm_sms), (plan.comm_sms, plan.comm_sms + consumers)] if world.kind == "local" else [None]
     for phase in phases:
@@ -277,10 +315,127 @@ def _push(plan, a, b, c_out, world, R, K, N_r, want_gathered):
     for counter in tickets:  # the kernel counts tiles up from zero: hand the counter back zeroed
         counter.zero_()
     outs = [entry[-1] for entry in launches]
-    gathered = []
-    if want_gathered:
-        gathered = [torch.cat([e[2][p * slot : p * slot + R * K].view(R, K) for p in range(W)]) for e in launches]
+    gathered = [_gathered_from(e[2], W, box.slot, R, K) for e in launches] if want_gathered else []
     return outs, gathered
+
+
+def _push_cublas(plan, a, b, c_out, world, R, K, N_r, want_gathered):
+    """Pushes as in `push`, but as a kernel (or copy-engine copies) of its own, and cuBLAS multiplies.
+
+    No barrier: a rank reads only its own A and what peers pushed to it, and its next writes into a
+    peer wait (in stream order) on that peer's flags of the call before, as `_Inboxes` says.
+    Launch work is kept small (it is most of a small-M call's cost on the host): views and address
+    tables are built once per inbox half, and on a GPU world a gather-then-GEMM call waits inside
+    its push launch instead of launching a wait kernel.
+    """
+    W = world.world_size
+    M = R * W
+    gathered_order = plan.gemm_order == "gathered"
+    chunk_m = _next_pow2(R) if gathered_order else plan.chunk_m  # one chunk per rank when nothing overlaps
+    box = _inboxes(world, R, K, chunk_m, a[0].dtype)
+    gather_local = want_gathered or gathered_order
+    fold_wait = gathered_order and world.kind == "cuda"  # see ag_push_kernel: not under the interpreter
+    views = [_push_views(world, box, i, R, K) for i in range(len(a))]
+    # every rank pushes before any rank waits (the interpreter runs launches in order)
+    for i, r in enumerate(world.local_ranks):
+        with contextlib.nullcontext() if gathered_order else world.side_stream(i):
+            if plan.push_by == "sm":
+                _launch_push(plan, world, box, i, r, a[i], views[i], K, R, chunk_m, gather_local, fold_wait)
+            else:
+                _copy_engine_push(world, box, i, r, a[i], views[i], R, chunk_m, gather_local, fold_wait)
+    gathered = []
+    for i, r in enumerate(world.local_ranks):
+        v, flags = views[i], box.flags.tensors[i]
+        if gathered_order:
+            if not fold_wait:
+                ag_wait_kernel[(1,)](flags, 0, M - 1, R, r, box.epoch, box.n_chunks, CHUNK_M=chunk_m)
+            if v.all_rows is not None:  # ranks' rows are contiguous: one GEMM, B read once
+                torch.mm(v.all_rows, b[i], out=c_out[i])
+            else:
+                for p in range(W):
+                    torch.mm(v.rows[p], b[i], out=c_out[i][p * R : (p + 1) * R])
+        else:
+            torch.mm(a[i], b[i], out=c_out[i][r * R : (r + 1) * R])
+            for p in [(r + j) % W for j in range(1, W)]:
+                for lo in range(0, R, chunk_m):
+                    hi = min(R, lo + chunk_m)
+                    ag_wait_kernel[(1,)](flags, p * R + lo, p * R + hi - 1, R, r, box.epoch, box.n_chunks,
+                                         CHUNK_M=chunk_m)  # fmt: skip
+                    rows = v.rows[p] if hi - lo == R else v.rows[p][lo:hi]
+                    torch.mm(rows, b[i], out=c_out[i][p * R + lo : p * R + hi])
+            world.wait_side_stream()  # the side stream read A: the caller may overwrite it after us
+        if want_gathered:
+            gathered.append(torch.cat(v.rows))
+    return c_out, gathered
+
+
+@dataclass(frozen=True)
+class _PushViews:
+    """One rank's views of one inbox half, built once (slicing tensors costs host time per call)."""
+
+    deltas: torch.Tensor  # element offsets of every rank's inbox half from this rank's
+    dests: list[torch.Tensor]  # [R, K] where this rank's rows go in rank p's inbox (p's mapping)
+    rows: list[torch.Tensor]  # [R, K] rank p's rows in this rank's inbox
+    all_rows: torch.Tensor | None  # [M, K] all of them, when the slots are contiguous
+
+
+def _push_views(world: World, box: _Inboxes, i: int, R: int, K: int) -> _PushViews:
+    own = box.inbox.tensors[i]
+    # the inbox's address in the key: a regrown buffer gets new views (the old ones keep it alive)
+    key = ("ag_gemm.push_views", own.data_ptr(), box.half, box.slot, R, K)
+    views = world.derived.get(key)
+    if views is None:
+        W, r = world.world_size, world.local_ranks[i]
+        half = own[box.half :]
+        start = box.half + r * box.slot
+        views = _PushViews(
+            deltas=_inbox_deltas(world, box, i, own.element_size()),
+            dests=[box.inbox.peers[i][p][start : start + R * K].view(R, K) for p in range(W)],
+            rows=[half[p * box.slot : p * box.slot + R * K].view(R, K) for p in range(W)],
+            all_rows=half[: W * R * K].view(W * R, K) if box.slot == R * K else None,
+        )
+        world.derived[key] = views
+    return views
+
+
+def _launch_push(plan, world, box, i, r, a_i, views, K, R, chunk_m, gather_local, wait_all):
+    done = world.scratch("ag_gemm.push_done", box.n_chunks, torch.int32)[i]
+    fence = world.scratch("ag_gemm.fence", plan.comm_sms * 32 * plan.num_warps, torch.int32)[i]
+    args, constexprs = _push_kernel_args(
+        plan, world.world_size, a_i, box.inbox.tensors[i][box.half :], views.deltas, box.flags.ptrs[i],
+        box.flags.tensors[i], done, fence, K, R, box.slot, r, box.epoch, box.n_chunks, chunk_m, gather_local,
+        wait_all,
+    )  # fmt: skip
+    ag_push_kernel[(plan.comm_sms,)](*args, **constexprs)
+
+
+def _push_kernel_args(plan, world_size, a, inbox, inbox_deltas, flag_ptrs, flags, done, fence, K, R, slot, rank,
+                      epoch, n_chunks, chunk_m, gather_local, wait_all):  # fmt: skip
+    """The push kernel's arguments and constants; shared by launches and ahead-of-time compiles."""
+    args = (a, inbox, inbox_deltas, flag_ptrs, flags, done, fence, K, R, slot, rank, epoch, n_chunks)
+    constexprs = dict(
+        WORLD=world_size, COMM_SMS=plan.comm_sms, CHUNK_M=chunk_m, GATHER_LOCAL=gather_local, CP_M=32, CP_K=256,
+        THREADS=32 * plan.num_warps, FENCE=not INTERPRETED, WAIT_ALL=wait_all, num_warps=plan.num_warps,
+    )  # fmt: skip
+    return args, constexprs
+
+
+def _copy_engine_push(world, box, i, r, a_i, views, R, chunk_m, gather_local, wait_all):
+    """Copy-engine copies of each chunk into every peer's inbox, then one kernel releasing its flags."""
+    W = world.world_size
+    dests = [views.dests[(r + j) % W] for j in range(0 if gather_local else 1, W)]
+    for c, lo in enumerate(range(0, R, chunk_m)):
+        hi = min(R, lo + chunk_m)
+        src = a_i if hi - lo == R else a_i[lo:hi]
+        for dest in dests:
+            (dest if hi - lo == R else dest[lo:hi]).copy_(src, non_blocking=True)
+        if W > 1:
+            ag_signal_kernel[(1,)](box.flags.ptrs[i], box.flags.tensors[i], r, box.epoch, box.n_chunks, c, R,
+                                   WORLD=W, WAIT_ALL=wait_all, CHUNK_M=chunk_m)  # fmt: skip
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, x - 1).bit_length()
 
 
 def _ce(plan, a, b, c_out, world, R, K, N_r, want_gathered):
@@ -330,7 +485,7 @@ def _num_sms(world: World) -> int:
     return 132  # the interpreter's nominal Hopper, as DeviceLimits.nominal_hopper
 
 
-_MODES = {"pull": _pull, "push": _push, "ce": _ce, "baseline": _baseline}
+_MODES = {"pull": _pull, "push": _push, "push_cublas": _push_cublas, "ce": _ce, "baseline": _baseline}
 
 
 def reference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -399,40 +554,56 @@ class AgGemmFamily(Family):
         return 2.0 * M * N * K
 
     def precompile(self, config: Mapping[str, Any], problem: Any) -> None:
-        """Compile the config's kernel ahead of its trial (tuners call this on a thread pool)."""
+        """Compile the config's Triton kernel ahead of its trial (tuners call this on a thread pool)."""
         plan = _plan(config)
-        if plan.mode == "baseline" or (plan.mode == "ce" and plan.ce_consumer == "cublas") or INTERPRETED:
-            return
-        warmup = getattr(ag_gemm_kernel, "warmup", None)
-        if warmup is None:
+        if INTERPRETED or not _runs_triton(plan):
             return
         M, N, K = (problem.dim(d) for d in self.dims)
         device = torch.device("cuda", torch.cuda.current_device())
-        args, constexprs = standin_args(
+        for kernel, args, constexprs in standin_launches(
             plan, M=M, N=N, K=K, world_size=problem.world_size, dtype=getattr(torch, problem.dtype), device=device
-        )
-        warmup(*args, grid=(1,), **constexprs)
+        ):
+            warmup = getattr(kernel, "warmup", None)
+            if warmup is not None:
+                warmup(*args, grid=(1,), **constexprs)
 
 
-def standin_args(
+def _runs_triton(plan: Plan) -> bool:
+    if plan.mode == "baseline" or (plan.mode == "ce" and plan.ce_consumer == "cublas"):
+        return False
+    return not (plan.mode == "push_cublas" and plan.push_by == "ce")
+
+
+def standin_launches(
     plan: Plan, *, M: int, N: int, K: int, world_size: int, dtype: torch.dtype, device: torch.device
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The kernel's arguments and constants for a call of this shape, with 1-element stand-in tensors.
+) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """(kernel, arguments, constants) of the big Triton kernel a call of this shape launches.
 
-    Compiles specialise on dtypes, on which integers are 16-divisible and on pointer alignment, so
-    stand-ins with the call's real dims compile what the call will launch (ahead-of-time compiles).
+    1-element stand-in tensors with the call's real dims: compiles specialise on dtypes, on which
+    integers are 16-divisible and on pointer alignment, so they compile what the call will launch
+    (ahead-of-time compiles). The tiny wait and signal kernels compile on first use.
     """
     R, N_r = M // world_size, N // world_size
     t = torch.empty(1, dtype=dtype, device=device)
     i64, i32, f32 = (torch.zeros(1, dtype=d, device=device) for d in (torch.int64, torch.int32, torch.float32))
+    if plan.mode == "push_cublas":
+        if plan.push_by == "ce":
+            return []
+        gathered = plan.gemm_order == "gathered"
+        chunk_m = _next_pow2(R) if gathered else plan.chunk_m
+        args, constexprs = _push_kernel_args(
+            plan, world_size, t, t, i64, i64, i32, i32, i32, K, R, _slot(R, K), 0, 0, 2, chunk_m, gathered, gathered
+        )
+        return [(ag_push_kernel, args, constexprs)]
     b = torch.empty_strided((1, 1), (N_r, 1), dtype=dtype, device=device)
     c = torch.empty_strided((1, 1), (N_r, 1), dtype=dtype, device=device)
     push = dict(inbox=t, inbox_deltas=i64, flags=i32, flag_ptrs=i64, epoch=0, n_chunks=2, slot=_slot(R, K),
                 comm_sms=plan.comm_sms if plan.mode == "push" else 0, consumers=2, gather_local=False, tickets=i32,
                 done=i32, fence=i32)  # fmt: skip
-    return _kernel_args(
+    args, constexprs = _kernel_args(
         plan, world_size, "cuda", t, t, i64, b, c, f32 if plan.SPLIT_K > 1 else c, i32, push, K, N_r, R, M, 0, 0, 0, 0
     )
+    return [(ag_gemm_kernel, args, constexprs)]
 
 
 register_family(AgGemmFamily())

@@ -74,6 +74,8 @@ class World(ABC):
         self._tables: dict[tuple[int, ...], torch.Tensor] = {}
         self._scratch: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
         self._user_views: dict[int, SymmetricBuffer] = {}  # data_ptr of a tensor `empty` handed out
+        # launchers' views and tables derived from buffers, built once (keys name the buffer's address)
+        self.derived: dict[tuple[Any, ...], Any] = {}
         self.epochs: dict[str, int] = {}
 
     @property
@@ -162,6 +164,7 @@ class World(ABC):
 
     def close(self) -> None:
         self._buffers.clear()
+        self.derived.clear()
 
 
 def _prod(shape: Sequence[int]) -> int:

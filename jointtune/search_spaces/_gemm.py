@@ -38,8 +38,8 @@ BASELINE_BELOW_ROWS = 512
 SPLIT_KS = (1, 2, 4, 8)
 
 
-def mode_param(doc: str) -> Param:
-    return categorical("mode", MODES, doc=doc)
+def mode_param(doc: str, modes: tuple[str, ...] = MODES) -> Param:
+    return categorical("mode", modes, doc=doc)
 
 
 def ce_params(consumer_doc: str, chunks_doc: str) -> list[Param]:

@@ -5,6 +5,11 @@ Dims M, N, K are global; R = M / W rows per rank, N_r = N / W columns per rank. 
   pull      every program reads A's rows straight from the owning peer (waits on its flag);
   push      `comm_sms` SMs copy the local A shard to every peer in `chunk_m`-row chunks, raising a
             flag per chunk, while the other SMs run the tile GEMM on chunks as they arrive;
+  push_cublas  A's chunks are pushed into every peer's inbox, by `comm_sms` Triton programs or by
+            the copy engine (`push_by`), a flag raised per chunk; cuBLAS multiplies the local rows
+            while they travel and then each chunk after its flag (`gemm_order=local_first`), or all
+            M rows in one GEMM once everything landed (`gathered`: one read of B, for small M).
+            No barrier: a rank only writes into peers and reads what it was sent;
   ce        the copy engine gathers A in `ce_chunks` chunks per peer shard; a Triton tile GEMM or
             cuBLAS (`ce_consumer`) consumes each chunk after it lands;
   baseline  NCCL all_gather, then one cuBLAS GEMM (no knobs: the unfused reference speed).
@@ -16,34 +21,87 @@ The ag_gemm kernel is written against exactly these names, values and meanings.
 from __future__ import annotations
 
 from jointtune.search_spaces._gemm import (
+    BASELINE_BELOW_ROWS,
     ce_params,
     comm_constraints,
-    gemm_default,
     mode_param,
     sharded_problem,
     tile_constraints,
     tile_params,
 )
-from jointtune.search_spaces._params import pow2, when
+from jointtune.search_spaces._params import Context, Value, categorical, next_pow2, pow2, when
 from jointtune.search_spaces._space import Space
 
 _check_problem, _derive = sharded_problem("ag_gemm", ("M", "N"), {"R": "M", "N_r": "N"})
+
+MODES = ("pull", "push", "push_cublas", "ce", "baseline")
+_PUSH_CUBLAS = when(mode="push_cublas")
+CHUNK_MAX = 8192
+
+
+def _default(ctx: Context) -> dict[str, Value]:
+    """NCCL + cuBLAS for few rows per rank; else the copy engine pushing, cuBLAS local rows first.
+
+    The best measured on 2x H200 at R >= 512 (bench/results/ag_gemm_*): no barrier, the copy engine
+    leaves every SM to cuBLAS, and from R >= 2048 two chunks per rank let the peer's first half be
+    multiplied while its second half travels. Where no allowed chunk fits R (R over 8192 rows with
+    no power-of-two divisor), the copy engine pulls in one chunk instead.
+    """
+    R = ctx["R"]
+    if R < BASELINE_BELOW_ROWS:
+        return {"mode": "baseline"}
+    chunk = default_chunk_m(R)
+    if chunk is None:
+        return {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1}
+    return {"mode": "push_cublas", "push_by": "ce", "gemm_order": "local_first", "chunk_m": chunk}
+
+
+def default_chunk_m(R: int) -> int | None:
+    """Half of R when R >= 2048 and that is a power of two, else one chunk, else a power-of-two divisor."""
+    half = R // 2
+    if R >= 2048 and R % 2 == 0 and half & (half - 1) == 0 and half <= CHUNK_MAX:
+        return half
+    if next_pow2(R) <= CHUNK_MAX:
+        return next_pow2(R)
+    divisors = [c for c in (2**e for e in range(4, CHUNK_MAX.bit_length())) if R % c == 0]
+    return divisors[-1] if divisors else None
 
 
 AG_GEMM = Space(
     "ag_gemm",
     dims=("M", "N", "K"),
-    revision=2,  # 2: SPLIT_K (split-K tiles) and its depth rule
+    revision=3,  # 2: SPLIT_K (split-K tiles) and its depth rule; 3: push_cublas
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
-        mode_param("how A's shards reach the GEMM: fused pull/push, copy engine, or NCCL + cuBLAS"),
+        mode_param("how A's shards reach the GEMM: fused pull/push, pushed to cuBLAS, copy engine, or NCCL", MODES),
         *ce_params(
             "what multiplies each gathered chunk in ce mode: a Triton tile GEMM or cuBLAS",
             "copy-engine chunks per peer shard (more chunks = earlier start, more launches)",
         ),
+        categorical(
+            "push_by", ("sm", "ce"), when=_PUSH_CUBLAS, doc="who pushes in push_cublas: Triton programs or copy engine"
+        ),
+        categorical(
+            "gemm_order",
+            ("local_first", "gathered"),
+            when=_PUSH_CUBLAS,
+            doc="push_cublas: local rows while chunks travel, then per chunk; or one GEMM after the gather",
+        ),
         *tile_params(),
-        pow2("comm_sms", 1, 32, when=when(mode="push"), doc="SMs that push A chunks to peers"),
-        pow2("chunk_m", 16, 8192, when=when(mode="push"), doc="rows of A per pushed chunk (one flag each)"),
+        pow2(
+            "comm_sms",
+            1,
+            32,
+            when=when(mode="push") | when(mode="push_cublas", push_by="sm"),
+            doc="SMs that push A chunks to peers",
+        ),
+        pow2(
+            "chunk_m",
+            16,
+            CHUNK_MAX,
+            when=when(mode="push") | when(mode="push_cublas", gemm_order="local_first"),
+            doc="rows of A per pushed chunk (one flag each)",
+        ),
     ],
     constraints=[
         *tile_constraints("N_r", "N / world_size", "K", "global depth"),
@@ -51,5 +109,5 @@ AG_GEMM = Space(
     ],
     derive=_derive,
     check_problem=_check_problem,
-    default=gemm_default,
+    default=_default,
 )

@@ -1,8 +1,9 @@
-"""Compile the AG+GEMM kernel for Hopper (sm_90) on a machine without a GPU.
+"""Compile the AG+GEMM kernels for Hopper (sm_90) on a machine without a GPU.
 
 Triton's NVIDIA backend lowers to PTX and runs its bundled ptxas with no driver, so compile
 failures that only a GPU run used to show (a pass pipeline that breaks on one Triton version)
-are caught on the CPU, with the launcher's own arguments and constants (`standin_args`, as the tuner's precompile uses).
+are caught on the CPU, with the launcher's own arguments and constants (`standin_launches`, as the tuner's
+precompile uses). The small wait and signal kernels of `push_cublas` are compiled once per run.
 
     python tests/kernels/aot_compile.py '[{"mode": "push", ...}, ...]'   # prints one line per config
 
@@ -23,22 +24,27 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from jointtune.kernels._ag_gemm_kernel import ag_gemm_kernel
-from jointtune.kernels.ag_gemm import _plan, standin_args
+from jointtune.kernels._ag_gemm_kernel import ag_signal_kernel, ag_wait_kernel
+from jointtune.kernels.ag_gemm import _plan, standin_launches
 
 _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
           torch.int64: "*i64"}  # fmt: skip
 
 
 def compile_config(config: dict, *, M: int = 1024, N: int = 2048, K: int = 1024, world_size: int = 2) -> str:
-    """Compile one config's kernel for sm_90; returns the PTX size as text, raises on failure."""
-    plan = _plan(config)
-    args, constexprs = standin_args(
-        plan, M=M, N=N, K=K, world_size=world_size, dtype=torch.bfloat16, device=torch.device("cpu")
+    """Compile one config's Triton kernel for sm_90; returns the PTX size as text, raises on failure."""
+    launches = standin_launches(
+        _plan(config), M=M, N=N, K=K, world_size=world_size, dtype=torch.bfloat16, device=torch.device("cpu")
     )
-    options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages")}
-    names = list(inspect.signature(ag_gemm_kernel.fn).parameters)
-    fixed = set(getattr(ag_gemm_kernel, "do_not_specialize", ()) or ())
+    return "; ".join(compile_kernel(kernel, args, constexprs) for kernel, args, constexprs in launches)
+
+
+def compile_kernel(kernel, args: tuple, constexprs: dict) -> str:
+    """Lower one kernel for sm_90, specialised as a launch with these arguments would be."""
+    constexprs = dict(constexprs)
+    options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages") if k in constexprs}
+    names = list(inspect.signature(kernel.fn).parameters)
+    fixed = set(getattr(kernel, "do_not_specialize", ()) or ())
     fixed |= {names[i] for i in fixed if isinstance(i, int)}
     # Specialise as a launch does: pointers (16-byte aligned) and integers divisible by 16 carry
     # tt.divisibility (vectorised loads); an integer equal to 1 becomes a constant (unit strides).
@@ -56,14 +62,30 @@ def compile_config(config: dict, *, M: int = 1024, N: int = 2048, K: int = 1024,
                 attrs[(i,)] = [["tt.divisibility", 16]]
     signature.update({name: "constexpr" for name in constexprs})
     src = ASTSource(
-        fn=ag_gemm_kernel,
+        fn=kernel,
         signature=signature,
         constexprs={(names.index(k),): v for k, v in constexprs.items()},
         attrs=attrs,
     )
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    vectorised = "ld.global.v4" in kernel.asm["ptx"] or "cp.async.cg.shared.global" in kernel.asm["ptx"]
-    return f"{len(kernel.asm['ptx'])} PTX chars, {'vectorised' if vectorised else 'scalar'} loads"
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    ptx = compiled.asm["ptx"]
+    vectorised = "ld.global.v4" in ptx or "cp.async.cg.shared.global" in ptx
+    return f"{kernel.fn.__name__}: {len(ptx)} PTX chars, {'vectorised' if vectorised else 'scalar'} loads"
+
+
+def _small_kernels() -> list[tuple[str, str]]:
+    i32, i64 = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64)
+    done = []
+    for kernel, args, constexprs in (
+        (ag_wait_kernel, (i32, 0, 1023, 512, 0, 3, 2), dict(CHUNK_M=256)),
+        (ag_signal_kernel, (i64, i32, 0, 3, 2, 1, 512), dict(WORLD=2, WAIT_ALL=False, CHUNK_M=256)),
+        (ag_signal_kernel, (i64, i32, 0, 3, 1, 0, 512), dict(WORLD=2, WAIT_ALL=True, CHUNK_M=512)),
+    ):
+        try:
+            done.append(("ok", compile_kernel(kernel, args, constexprs)))
+        except Exception as exc:
+            done.append(("FAILED", f"{kernel.fn.__name__} {type(exc).__name__}: {str(exc)[-300:]}"))
+    return done
 
 
 def main() -> None:
@@ -74,6 +96,9 @@ def main() -> None:
         except Exception as exc:  # report every config, then fail
             failed += 1
             print(f"FAILED {json.dumps(config, sort_keys=True)} {type(exc).__name__}: {str(exc)[-300:]}", flush=True)
+    for status, line in _small_kernels():
+        failed += status != "ok"
+        print(f"{status} {line}", flush=True)
     print(f"triton {triton.__version__}: {failed} failed")
     sys.exit(1 if failed else 0)
 

@@ -20,6 +20,10 @@ CONFIGS = {
     "push_one_chunk": dict(mode="push", comm_sms=1, chunk_m=64, **dict(TILES, BLOCK_M=32)),
     "ce_triton": dict(mode="ce", ce_consumer="triton", ce_chunks=2, **TILES),
     "ce_cublas": dict(mode="ce", ce_consumer="cublas", ce_chunks=4),
+    "push_cublas_sm": dict(mode="push_cublas", push_by="sm", gemm_order="local_first", comm_sms=2, chunk_m=16),
+    "push_cublas_ce": dict(mode="push_cublas", push_by="ce", gemm_order="local_first", chunk_m=16),
+    "push_cublas_sm_gathered": dict(mode="push_cublas", push_by="sm", gemm_order="gathered", comm_sms=3),
+    "push_cublas_ce_gathered": dict(mode="push_cublas", push_by="ce", gemm_order="gathered"),
 }
 TOL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
 
@@ -50,7 +54,9 @@ def test_every_mode_matches_reference_with_poisoned_output(name, W, R, K, N_r):
             assert _rel(o, ref) < TOL[dtype]
 
 
-@pytest.mark.parametrize("name", ["pull", "push", "ce_triton", "baseline"])
+@pytest.mark.parametrize(
+    "name", ["pull", "push", "ce_triton", "baseline", "push_cublas_sm", "push_cublas_ce", "push_cublas_ce_gathered"]
+)
 def test_gathered_a_is_returned_and_symmetric_input_needs_no_copy(name):
     W, R, K, N_r = 2, 16, 32, 32
     world = create_world("local", world_size=W)
@@ -77,6 +83,37 @@ def test_push_reuses_buffers_across_calls_with_changing_configs():
             assert _rel(o, ref) < TOL[torch.float16]
 
 
+def test_push_modes_share_inboxes_and_epochs_across_calls():
+    """push and push_cublas alternate on one world (one epoch counter, one pair of inbox halves), with
+    changing chunking and both transports; every call is right and the copy counters end at zero."""
+    W, R, K, N_r = 2, 32, 48, 24
+    world = create_world("local", world_size=W)
+    configs = [
+        CONFIGS["push"],
+        dict(CONFIGS["push_cublas_sm"], chunk_m=32),
+        CONFIGS["push_cublas_ce"],
+        dict(CONFIGS["push"], chunk_m=32),
+        CONFIGS["push_cublas_sm_gathered"],
+        CONFIGS["push_cublas_sm"],
+    ]
+    for seed, cfg in enumerate(configs):
+        a, b = _inputs(W, R, K, N_r, torch.bfloat16, seed=seed)
+        out = [torch.full((W * R, N_r), float("nan"), dtype=torch.bfloat16) for _ in range(W)]
+        for o, ref in zip(ag_gemm(a, b, world=world, config=cfg, out=out), reference(a, b)):
+            assert _rel(o, ref) < TOL[torch.bfloat16], cfg
+    assert world.epochs["ag_gemm.push"] == len(configs)
+    done = world._scratch[("ag_gemm.push_done", torch.int32)]
+    assert all(int(t.abs().sum()) == 0 for t in done)
+
+
+def test_push_cublas_at_world_size_one_multiplies_its_own_rows():
+    world = create_world("local", world_size=1)
+    a, b = _inputs(1, 20, 40, 24, torch.float16, seed=5)
+    for name in ("push_cublas_sm", "push_cublas_ce_gathered"):
+        (out,) = ag_gemm(a, b, world=world, config=CONFIGS[name])
+        assert _rel(out, reference(a, b)[0]) < TOL[torch.float16]
+
+
 def test_family_runs_configs_from_the_space():
     """The space's default and enumerated configs run through the family and pass its tolerance."""
     fam = get_family("ag_gemm")
@@ -87,7 +124,7 @@ def test_family_runs_configs_from_the_space():
     inputs = fam.make_inputs(problem, world, seed=3)
     ref = fam.reference(inputs)
     picks = [space.default(problem, limits)]
-    for mode in ("pull", "push", "ce"):
+    for mode in ("pull", "push", "push_cublas", "ce"):
         picks.append(
             next(c for c in space.enumerate(problem, limits) if c["mode"] == mode and c.get("BLOCK_K", 32) == 32)
         )

@@ -25,7 +25,10 @@ CONFIGS = [
     dict(mode="pull", SPLIT_K=1, **dict(TILE, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=4)),
     dict(mode="push", comm_sms=32, chunk_m=128, SPLIT_K=2, **dict(TILE, BLOCK_K=128, num_warps=4, num_stages=4)),
     dict(mode="push", comm_sms=8, chunk_m=256, SPLIT_K=1, **dict(TILE, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)),
+    dict(mode="push_cublas", push_by="sm", gemm_order="local_first", comm_sms=16, chunk_m=128),
+    dict(mode="push_cublas", push_by="sm", gemm_order="gathered", comm_sms=32),
 ]
+SMALL_KERNELS = 3  # push_cublas's wait kernel and signal kernel (with and without its wait), once per run
 
 
 def _compile(extra_path: str | None) -> subprocess.CompletedProcess:
@@ -38,7 +41,7 @@ def _compile(extra_path: str | None) -> subprocess.CompletedProcess:
 def test_every_mode_compiles_for_sm90_with_this_triton():
     done = _compile(None)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("\nok ") + done.stdout.startswith("ok ") == len(CONFIGS)
+    assert done.stdout.count("\nok ") + done.stdout.startswith("ok ") == len(CONFIGS) + SMALL_KERNELS
 
 
 def test_every_mode_compiles_for_sm90_with_the_gpu_images_triton():

@@ -33,6 +33,12 @@ def active_fields(space: str, cfg: dict[str, Any]) -> set[str]:
         out |= set(TILES)
     if mode == "push":
         out |= {"comm_sms", "chunk_m"}
+    if space == "ag_gemm" and mode == "push_cublas":
+        out |= {"push_by", "gemm_order"}
+        if cfg.get("push_by") == "sm":
+            out.add("comm_sms")
+        if cfg.get("gemm_order") == "local_first":
+            out.add("chunk_m")
     if space == "gemm_rs" and mode == "pull":
         out.add("chunk_m")
     return out

@@ -39,9 +39,9 @@ def test_list_and_show(invoke) -> None:
     assert rows[0] == {
         "name": "ag_gemm",
         "version": get_space("ag_gemm").version,
-        "revision": 2,
+        "revision": 3,
         "dims": ["M", "N", "K"],
-        "params": 12,
+        "params": 14,
     }
     table = invoke("list")
     assert get_space("gemm_rs").version in table and "flash_decode" in table

@@ -27,9 +27,11 @@ TILES = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", 
 def test_ag_gemm_params_are_exactly_the_kernel_contract() -> None:
     space = get_space("ag_gemm")
     assert {p.name: p.choices for p in space.params} == {
-        "mode": ("pull", "push", "ce", "baseline"),
+        "mode": ("pull", "push", "push_cublas", "ce", "baseline"),
         "ce_consumer": ("triton", "cublas"),
         "ce_chunks": (1, 2, 4, 8),
+        "push_by": ("sm", "ce"),
+        "gemm_order": ("local_first", "gathered"),
         "BLOCK_M": (16, 32, 64, 128, 256),
         "BLOCK_N": (32, 64, 128, 256),
         "BLOCK_K": (32, 64, 128, 256),
@@ -42,7 +44,9 @@ def test_ag_gemm_params_are_exactly_the_kernel_contract() -> None:
     }
     conditions = {p.name: p.when.describe() if p.when else None for p in space.params}
     assert conditions["ce_consumer"] == conditions["ce_chunks"] == 'mode == "ce"'
-    assert conditions["comm_sms"] == conditions["chunk_m"] == 'mode == "push"'
+    assert conditions["push_by"] == conditions["gemm_order"] == 'mode == "push_cublas"'
+    assert conditions["comm_sms"] == 'mode == "push" or (mode == "push_cublas" and push_by == "sm")'
+    assert conditions["chunk_m"] == 'mode == "push" or (mode == "push_cublas" and gemm_order == "local_first")'
     for tile in TILES:
         assert conditions[tile] == 'mode in ["pull", "push"] or (mode == "ce" and ce_consumer == "triton")'
 
@@ -51,7 +55,7 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
     # If this fails you changed a space: bump its `revision` if constraint code changed meaning,
     # then update the pinned value. Stored records are keyed by these versions.
     assert {name: get_space(name).version for name in ("ag_gemm", "gemm_rs", "flash_decode")} == {
-        "ag_gemm": "e4f86759eac3",
+        "ag_gemm": "f157dc3fa290",
         "gemm_rs": "1fd89d6bea81",
         "flash_decode": "b08fba860040",
     }
@@ -118,7 +122,7 @@ def test_error_messages_name_field_value_and_what_is_allowed() -> None:
     no_split = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
     tiles = {**no_split, "SPLIT_K": 1}
     cases = [
-        ({"mode": "pushy"}, 'mode: \'pushy\' is not allowed; allowed: "pull", "push", "ce", "baseline"'),
+        ({"mode": "pushy"}, 'mode: \'pushy\' is not allowed; allowed: "pull", "push", "push_cublas", "ce", "baseline"'),
         ({"mode": "ce", "ce_consumer": "cublas"}, 'ce_chunks: missing (required with mode="ce"); allowed: 1, 2, 4, 8'),
         ({"mode": "baseline", "chunk_m": 64}, 'chunk_m: 64 is not allowed with mode="baseline"; chunk_m only exists'),
         ({"mode": "baseline", "blockm": 64}, "blockm: unknown field for space 'ag_gemm'; allowed fields: mode, "),
@@ -268,9 +272,17 @@ def test_anchor_counts_are_fast_and_add_up() -> None:
     for _, _, total, modes in rows:
         assert total == sum(modes.values()) and modes["baseline"] == 1
     # (8192, 4096, 12288): 1556 tile configs x 4 SPLIT_K (K is deep enough for every split and BLOCK_K);
-    # ce = 4 chunks x (cuBLAS + the tiles); push x 6 SMs x 9 chunks
+    # ce = 4 chunks x (cuBLAS + the tiles); push x 6 SMs x 9 chunks; push_cublas: by SMs (6 SM counts, each
+    # with 9 chunk sizes local-first or gathered) or by the copy engine (9 chunk sizes local-first, or gathered)
     tiles = 1556 * 4
-    assert rows[0][3] == {"pull": tiles, "push": tiles * 6 * 9, "ce": 4 * (tiles + 1), "baseline": 1}
+    push_cublas = 6 * (9 + 1) + (9 + 1)
+    assert rows[0][3] == {
+        "pull": tiles,
+        "push": tiles * 6 * 9,
+        "push_cublas": push_cublas,
+        "ce": 4 * (tiles + 1),
+        "baseline": 1,
+    }
 
 
 def test_count_filters_must_name_real_choices() -> None:

@@ -9,10 +9,11 @@ import optuna
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from spaces_oracle import active_fields, broken_rules
+from spaces_oracle import active_fields, broken_rules, np2
 
 from jointtune.errors import SpaceError
 from jointtune.search_spaces import DeviceLimits, Problem, Space, canonical_json, config_hash, get_space
+from jointtune.search_spaces.ag_gemm import default_chunk_m
 
 NAMES = ["ag_gemm", "gemm_rs", "flash_decode"]
 LIMITS = [
@@ -179,6 +180,11 @@ def test_default_is_always_valid(named, limits: DeviceLimits) -> None:
     if name != "flash_decode":
         rows = problem.dim("M") // problem.world_size
         expected = {"mode": "baseline"} if rows < 512 else {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1}
+        if name == "ag_gemm" and rows >= 512 and default_chunk_m(rows) is not None:
+            chunk = default_chunk_m(rows)
+            expected = {"mode": "push_cublas", "push_by": "ce", "gemm_order": "local_first", "chunk_m": chunk}
+            # a chunk the kernel can take: divides the rows, or is one chunk per rank
+            assert rows % chunk == 0 or chunk == np2(rows)
         assert default == expected
     else:
         assert default == {"mode": "baseline"}
