@@ -5,9 +5,11 @@ Launch: `torchrun --nproc-per-node=2 bench/ag_gemm_bench.py --out results.json`
 
 Every candidate is checked against a float32 reference (fresh random data, poisoned output)
 before it is timed. Timing: identical warm-up and iteration counts on every rank, a barrier
-before each iteration, then the same short device-side sleep on every rank (so Python's launch
-work queues behind it and is not timed as GPU idle time), CUDA events around the call, median per
-rank, max across ranks.
+before each iteration, then the same device-side sleep on every rank, long enough to cover the
+host's issue time measured in warm-up (so Python's launch work queues behind it and is not timed as
+GPU idle time), a device-side barrier (both GPUs start together), CUDA events around the call,
+median per rank, max across ranks. The host's issue time per call is reported beside it
+(`host_us`): it is what an eager caller pays when the GPU work of a call is shorter.
 """
 
 from __future__ import annotations
@@ -63,8 +65,18 @@ def candidates(M: int, W: int) -> dict[str, list[dict]]:
         push += [dict(mode="push", comm_sms=32, chunk_m=min(R, 256), SPLIT_K=1, **dict(TILES[0], num_stages=4))]
         pull = [dict(mode="pull", **t) for t in tiles if t["SPLIT_K"] in (1, 4)]
         ce_triton = [dict(mode="ce", ce_consumer="triton", ce_chunks=1, **t) for t in tiles if t["SPLIT_K"] in (2, 4)]
+    pc = dict(mode="push_cublas")
+    if R >= 2048:  # compute-bound: overlap the local rows' GEMM with the push
+        push_cublas = [dict(pc, push_by="ce", gemm_order="local_first", chunk_m=c) for c in (R, R // 2, R // 4)]
+        push_cublas += [dict(pc, push_by="sm", gemm_order="local_first", comm_sms=16, chunk_m=R)]
+    else:  # small M: one GEMM after the gather reads B once; local-first pays a second read of B
+        push_cublas = [dict(pc, push_by="sm", gemm_order="gathered", comm_sms=s) for s in (8, 16, 32)]
+        push_cublas += [dict(pc, push_by="ce", gemm_order="gathered")]
+        push_cublas += [dict(pc, push_by="ce", gemm_order="local_first", chunk_m=_pow2_floor(R))]
+        push_cublas += [dict(pc, push_by="sm", gemm_order="local_first", comm_sms=32, chunk_m=_pow2_floor(R))]
     return {
         "baseline": [dict(mode="baseline")],
+        "push_cublas": push_cublas,
         "ce_cublas": [dict(mode="ce", ce_consumer="cublas", ce_chunks=c) for c in (1, 2, 4)],
         "ce_triton": ce_triton,
         "pull": pull,
@@ -72,31 +84,60 @@ def candidates(M: int, W: int) -> dict[str, list[dict]]:
     }
 
 
+def _pow2_floor(x: int) -> int:
+    return 1 << (x.bit_length() - 1)
+
+
 class Bench:
-    def __init__(self, iters: int, warmup: int) -> None:
-        self.iters, self.warmup = iters, warmup
-        self.sleep_cycles = 400_000  # about 0.2 ms at H200 clocks
+    def __init__(self, iters: int, warmup: int, world) -> None:
+        self.iters, self.warmup, self.world = iters, warmup, world
+        self.sleep_cycles = 400_000  # about 0.2 ms at H200 clocks (scaled per candidate, see time())
         self.rank, self.W = dist.get_rank(), dist.get_world_size()
 
     def time(self, fn) -> dict:
+        warm = []
         for _ in range(self.warmup):
+            t0 = time.perf_counter()
             fn()
-        times = []
+            warm.append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+        # The hold covers the host's issue time (twice the warm-up median, at least 0.2 ms, the same
+        # on every rank), so the events time the GPU; the host's own time is reported beside it.
+        hold = torch.tensor([max(200e-6, 2 * statistics.median(warm))], device="cuda")
+        dist.all_reduce(hold, op=dist.ReduceOp.MAX)
+        hold_s = min(hold.item(), 5e-3)
+        cycles = int(self.sleep_cycles * hold_s / 200e-6)
+        times, host = [], []
         for _ in range(self.iters):
             torch.cuda.synchronize()
             dist.barrier()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            # the same short device-side sleep on every rank, so the host's launch work is queued
-            # behind it and the events time the GPU, not Python (ranks stay aligned by the barrier)
-            torch.cuda._sleep(self.sleep_cycles)
+            # the same device-side sleep on every rank, so the host's launch work is queued behind
+            # it and the events time the GPU, not Python; then a device-side barrier, so both GPUs
+            # start within an NVLink round trip of each other (after the host barrier alone, the
+            # ranks' host jitter, 15-35 µs, showed up in every op that waits on a peer)
+            torch.cuda._sleep(cycles)
+            self.world.barrier()
             start.record()
+            t0 = time.perf_counter()
             fn()
+            host.append(time.perf_counter() - t0)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-        med = torch.tensor([statistics.median(times)], device="cuda")
+        over = sum(h > hold_s for h in host)
+        med = torch.tensor([statistics.median(times), statistics.median(host) * 1e6, over], device="cuda")
         dist.all_reduce(med, op=dist.ReduceOp.MAX)
-        return {"median_ms": med.item(), "rank_median_ms": statistics.median(times)}
+        # host_us: Python's time to issue one call (max over ranks); an eager caller whose GPU work per
+        # call is shorter than that waits on the host. host_over_hold: iterations whose issue outlasted
+        # the hold (their GPU idle time is in median_ms).
+        return {
+            "median_ms": med[0].item(),
+            "rank_median_ms": statistics.median(times),
+            "host_us": med[1].item(),
+            "hold_us": hold_s * 1e6,
+            "host_over_hold": int(med[2].item()),
+        }
 
     def error(self, out: torch.Tensor, ref: torch.Tensor) -> float:
         err = ((out.float() - ref).norm() / ref.norm()).item()
@@ -131,7 +172,7 @@ def ce_anchor(world, a_sym, b, R, K, chunks=1):
     return c
 
 
-def bench_shape(M: int, N: int, K: int, world, bench: Bench, group_name: str) -> dict:
+def bench_shape(M: int, N: int, K: int, world, bench: Bench, group_name: str, families: str = "") -> dict:
     W, rank = world.world_size, world.rank
     t0 = time.time()
     R, N_r = M // W, N // W
@@ -175,6 +216,8 @@ def bench_shape(M: int, N: int, K: int, world, bench: Bench, group_name: str) ->
     record("peer_copy_alone", lambda: (landing.copy_(peer), None)[1], entry["anchors"])
 
     for family, cands in candidates(M, W).items():
+        if families and family not in families.split(","):
+            continue
         best = None
         for cfg in cands:
             poisoned = torch.full((M, N // W), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -242,13 +285,14 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--shapes", default="")
+    ap.add_argument("--families", default="", help="comma-separated families of ours to sweep (default: all)")
     ap.add_argument("--spin-up-s", type=float, default=2.0, help="seconds of matmuls first, so clocks are up")
     args = ap.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     world = create_world("cuda")
-    bench = Bench(args.iters, args.warmup)
+    bench = Bench(args.iters, args.warmup, world)
     W, rank = world.world_size, world.rank
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
     group_name = dist.group.WORLD.group_name
@@ -277,7 +321,7 @@ def main() -> None:
     }
     spin_up(args.spin_up_s)
     for M, N, K in shapes:
-        result["shapes"].append(bench_shape(M, N, K, world, bench, group_name))
+        result["shapes"].append(bench_shape(M, N, K, world, bench, group_name, args.families))
         torch.cuda.empty_cache()
         if rank == 0:
             Path(args.out).write_text(json.dumps(result, indent=1))

@@ -1,6 +1,10 @@
 """Repeat AG+GEMM configs that exercise the cross-program handshakes (split-K slots, push flags) many
 times on fresh random data and count wrong results: a race shows as an error that comes and goes.
 
+Each config runs twice: one call at a time (a collective between calls), and as a burst of `--reps`
+calls issued back to back with no synchronisation, checked afterwards, so a rank running calls ahead of
+its peer (the inbox halves' reuse across calls) is exercised too.
+
 Launch: `torchrun --nproc-per-node=2 bench/ag_gemm_stress.py --reps 30`
 """
 
@@ -26,14 +30,29 @@ CONFIGS = [
     dict(mode="pull", SPLIT_K=4, **TILE),
     dict(mode="push", comm_sms=32, chunk_m=128, SPLIT_K=2, **dict(TILE, BLOCK_K=128, num_warps=4, num_stages=4)),
     dict(mode="push", comm_sms=8, chunk_m=16, SPLIT_K=1, **dict(TILE, BLOCK_K=64, num_stages=4)),
+    dict(mode="push_cublas", push_by="sm", gemm_order="local_first", comm_sms=16, chunk_m=32),
+    dict(mode="push_cublas", push_by="ce", gemm_order="local_first", chunk_m=32),
+    dict(mode="push_cublas", push_by="sm", gemm_order="gathered", comm_sms=32),
+    dict(mode="push_cublas", push_by="ce", gemm_order="gathered"),
 ]
 SHAPES = [(1024, 2048, 2048), (128, 8192, 8192), (4096, 4096, 4096)]
+
+
+KNOBS = ("SPLIT_K", "push_by", "gemm_order", "comm_sms", "chunk_m")
+
+
+def _max_error(out: torch.Tensor, all_a: list[torch.Tensor], b: torch.Tensor) -> float:
+    ref = torch.cat(all_a).float() @ b.float()
+    err = torch.tensor([((out.float() - ref).norm() / ref.norm()).nan_to_num(float("inf")).item()], device="cuda")
+    dist.all_reduce(err, op=dist.ReduceOp.MAX)
+    return err.item()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default="ag_gemm_stress.json")
+    ap.add_argument("--modes", default="", help="comma-separated modes to stress (default: every config's)")
     args = ap.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local_rank)
@@ -43,27 +62,33 @@ def main() -> None:
     report = {"device": f"{W}x {torch.cuda.get_device_name()}", "command": " ".join(sys.argv), "runs": []}
     for M, N, K in SHAPES:
         R, N_r = M // W, N // W
-        for cfg in CONFIGS:
-            worst, bad = 0.0, 0
-            for rep in range(args.reps):
-                gen = torch.Generator(device="cuda").manual_seed(rep)
-                all_a = [torch.randn(R, K, device="cuda", generator=gen).bfloat16() for _ in range(W)]
-                b = torch.randn(K, N_r, device="cuda", generator=gen).bfloat16()
-                ref = torch.cat(all_a).float() @ b.float()
-                out = torch.full((M, N_r), float("nan"), dtype=torch.bfloat16, device="cuda")
-                ag_gemm(all_a[rank], b, world=world, config=cfg, out=out)
-                err = torch.tensor(
-                    [((out.float() - ref).norm() / ref.norm()).nan_to_num(float("inf")).item()], device="cuda"
+        for cfg in [c for c in CONFIGS if not args.modes or c["mode"] in args.modes.split(",")]:
+            for burst in (False, True):
+                inputs, outs, errors = [], [], []
+                for rep in range(args.reps):
+                    gen = torch.Generator(device="cuda").manual_seed(rep)
+                    all_a = [torch.randn(R, K, device="cuda", generator=gen).bfloat16() for _ in range(W)]
+                    b = torch.randn(K, N_r, device="cuda", generator=gen).bfloat16()
+                    out = torch.full((M, N_r), float("nan"), dtype=torch.bfloat16, device="cuda")
+                    ag_gemm(all_a[rank], b, world=world, config=cfg, out=out)
+                    inputs.append((all_a, b))
+                    outs.append(out)
+                    if not burst:
+                        errors.append(_max_error(out, all_a, b))
+                        inputs.clear()
+                        outs.clear()
+                if burst:
+                    errors = [_max_error(out, all_a, b) for out, (all_a, b) in zip(outs, inputs)]
+                worst, bad = max(errors), sum(e > 2e-2 for e in errors)
+                report["runs"].append(
+                    dict(shape=[M, N, K], config=cfg, burst=burst, reps=args.reps, worst_rel_error=worst, wrong=bad)
                 )
-                dist.all_reduce(err, op=dist.ReduceOp.MAX)
-                worst = max(worst, err.item())
-                bad += err.item() > 2e-2
-            report["runs"].append(dict(shape=[M, N, K], config=cfg, reps=args.reps, worst_rel_error=worst, wrong=bad))
-            if rank == 0:
-                print(
-                    f"{M}x{N}x{K} {cfg['mode']} split{cfg['SPLIT_K']}: worst {worst:.2e}, wrong {bad}/{args.reps}",
-                    flush=True,
-                )
+                if rank == 0:
+                    label = f"{cfg['mode']} " + ",".join(f"{k}={v}" for k, v in sorted(cfg.items()) if k in KNOBS)
+                    print(
+                        f"{M}x{N}x{K} {label}{' burst' if burst else ''}: worst {worst:.2e}, wrong {bad}/{args.reps}",
+                        flush=True,
+                    )
     if rank == 0:
         Path(args.out).write_text(json.dumps(report, indent=1))
     dist.destroy_process_group()

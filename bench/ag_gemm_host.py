@@ -1,0 +1,120 @@
+"""What one AG+GEMM call costs the host (Python issuing work), per mode, and where that time goes.
+
+Launch: `torchrun --nproc-per-node=2 bench/ag_gemm_host.py --shape 128x8192x8192 --out host.json`
+
+For each config: the host's time to issue one call (median over 200 calls issued back to back, max
+over ranks), and the steady-state time per call of those 200 calls (the larger of host and GPU time
+per call: what an eager caller that does nothing else sees). Then the parts: one Triton launch of a
+tiny kernel, one torch.mm, one tensor slice. Then a cProfile of 200 calls of one config (rank 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jointtune.kernels._ag_gemm_kernel import ag_wait_kernel
+from jointtune.kernels.ag_gemm import ag_gemm
+from jointtune.kernels.world import create_world
+
+PC = dict(mode="push_cublas")
+CONFIGS = [
+    dict(mode="baseline"),
+    dict(mode="ce", ce_consumer="cublas", ce_chunks=1),
+    dict(PC, push_by="sm", gemm_order="gathered", comm_sms=32),
+    dict(PC, push_by="ce", gemm_order="gathered"),
+    dict(PC, push_by="ce", gemm_order="local_first", chunk_m=64),
+    dict(PC, push_by="sm", gemm_order="local_first", comm_sms=16, chunk_m=64),
+]
+
+
+def _host_us(fn, calls: int = 200) -> tuple[float, float]:
+    """(median host µs to issue one call, steady-state µs per call), both max over ranks."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    host = []
+    start = time.perf_counter()
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    per_call = (time.perf_counter() - start) * 1e6 / calls
+    out = torch.tensor([statistics.median(host), per_call], device="cuda")
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return out[0].item(), out[1].item()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="128x8192x8192")
+    ap.add_argument("--out", default="ag_gemm_host.json")
+    args = ap.parse_args()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    world = create_world("cuda")
+    W, rank = world.world_size, world.rank
+    M, N, K = (int(x) for x in args.shape.split("x"))
+    R, N_r = M // W, N // W
+    (a,) = world.empty((R, K), torch.bfloat16)
+    a.copy_(torch.randn(R, K, device="cuda").div_(K**0.25))
+    b = torch.randn(K, N_r, device="cuda").div_(K**0.25).bfloat16()
+    c = torch.empty(M, N_r, device="cuda", dtype=torch.bfloat16)
+    result = {
+        "device": f"{W}x {torch.cuda.get_device_name()}",
+        "command": "torchrun --nproc-per-node=2 bench/ag_gemm_host.py " + " ".join(sys.argv[1:]),
+        "shape": [M, N, K],
+        "calls": {},
+        "parts_us": {},
+    }
+    for cfg in CONFIGS:
+        host, per_call = _host_us(lambda cfg=cfg: ag_gemm(a, b, world=world, config=cfg, out=c))
+        result["calls"][json.dumps(cfg, sort_keys=True)] = {"host_us": host, "per_call_us": per_call}
+        if rank == 0:
+            print(f"[host {args.shape}] {cfg}: issue {host:.1f} µs, per call {per_call:.1f} µs", flush=True)
+    flag = torch.zeros(W * 16, dtype=torch.int32, device="cuda")  # epoch 0: the wait returns at once
+    parts = {
+        "triton_launch_tiny_kernel": lambda: ag_wait_kernel[(1,)](flag, 0, M - 1, R, rank, 0, 1, CHUNK_M=R),
+        "torch_mm": lambda: torch.mm(a, b, out=c[:R]),
+        "tensor_slice_and_view": lambda: c[R:M].view(-1),
+        "torch_empty_c": lambda: torch.empty(M, N_r, device="cuda", dtype=torch.bfloat16),
+    }
+    for name, fn in parts.items():
+        result["parts_us"][name] = _host_us(fn)[0]
+        if rank == 0:
+            print(f"[host {args.shape}] {name}: {result['parts_us'][name]:.1f} µs", flush=True)
+    profiled = CONFIGS[2]
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(200):
+        ag_gemm(a, b, world=world, config=profiled, out=c)
+    profile.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+    if rank == 0:
+        result["profile_config"] = profiled
+        result["profile_top"] = text.getvalue().splitlines()[:60]
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
