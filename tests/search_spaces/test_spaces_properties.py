@@ -177,15 +177,23 @@ def test_default_is_always_valid(named, limits: DeviceLimits) -> None:
     space = get_space(name)
     default = space.default(problem, limits)
     assert space.violations(default, problem, limits) == []
-    if name != "flash_decode":
+    if name == "gemm_rs":
         rows = problem.dim("M") // problem.world_size
         expected = {"mode": "baseline"} if rows < 512 else {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1}
-        if name == "ag_gemm" and rows >= 512 and default_chunk_m(rows) is not None:
-            chunk = default_chunk_m(rows)
-            expected = {"mode": "push_cublas", "push_by": "ce", "gemm_order": "local_first", "chunk_m": chunk}
-            # a chunk the kernel can take: divides the rows, or is one chunk per rank
-            assert rows % chunk == 0 or chunk == np2(rows)
         assert default == expected
+    elif name == "ag_gemm":
+        rows, w = problem.dim("M") // problem.world_size, problem.world_size
+        if w == 1 or limits.num_sms < 4:
+            assert default == {"mode": "baseline"}
+        elif rows < 2048:
+            assert default["mode"] == "push_cublas" and default["gemm_order"] == "gathered"
+            assert default["comm_sms"] == min(32, 1 << (limits.num_sms // 4).bit_length() - 1)
+        elif default_chunk_m(rows) is None:
+            assert default == {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1}
+        else:
+            chunk = default["chunk_m"]
+            assert default == {"mode": "push_cublas", "push_by": "ce", "gemm_order": "local_first", "chunk_m": chunk}
+            assert rows % chunk == 0 or chunk == np2(rows)  # a chunk the kernel takes
     else:
         assert default == {"mode": "baseline"}
 
