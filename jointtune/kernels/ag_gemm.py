@@ -381,8 +381,7 @@ class _PushViews:
 
 def _push_views(world: World, box: _Inboxes, i: int, R: int, K: int) -> _PushViews:
     own = box.inbox.tensors[i]
-    # the inbox's address in the key: a regrown buffer gets new views (the old ones keep it alive)
-    key = ("ag_gemm.push_views", own.data_ptr(), box.half, box.slot, R, K)
+    key = ("ag_gemm.push_views", i, box.half, box.slot, R, K)  # the world drops these if the inbox is regrown
     views = world.derived.get(key)
     if views is None:
         W, r = world.world_size, world.local_ranks[i]

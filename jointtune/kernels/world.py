@@ -74,7 +74,7 @@ class World(ABC):
         self._tables: dict[tuple[int, ...], torch.Tensor] = {}
         self._scratch: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
         self._user_views: dict[int, SymmetricBuffer] = {}  # data_ptr of a tensor `empty` handed out
-        # launchers' views and tables derived from buffers, built once (keys name the buffer's address)
+        # launchers' views derived from `symmetric` buffers, built once; cleared when one is replaced
         self.derived: dict[tuple[Any, ...], Any] = {}
         self.epochs: dict[str, int] = {}
 
@@ -115,6 +115,7 @@ class World(ABC):
         if buf is None or buf.numel < numel:
             buf = self._allocate(name, max(numel, 1), dtype, zero=zero)
             self._buffers[key] = buf
+            self.derived.clear()  # views of a replaced buffer would keep it alive (and stale)
         return buf
 
     @abstractmethod

@@ -106,6 +106,20 @@ def test_push_modes_share_inboxes_and_epochs_across_calls():
     assert all(int(t.abs().sum()) == 0 for t in done)
 
 
+def test_push_cublas_views_follow_a_regrown_inbox():
+    """Cached inbox views are dropped when a larger call regrows the inbox: none keeps the old buffer."""
+    W, K, N_r = 2, 32, 16
+    world = create_world("local", world_size=W)
+    for R in (16, 48, 16):  # the second call regrows the inbox; the third must not use views of the old one
+        a, b = _inputs(W, R, K, N_r, torch.bfloat16, seed=R)
+        for o, ref in zip(ag_gemm(a, b, world=world, config=CONFIGS["push_cublas_ce"]), reference(a, b)):
+            assert _rel(o, ref) < TOL[torch.bfloat16]
+    inbox = world.symmetric("ag_gemm.inbox", (1,), torch.bfloat16)
+    live = {t.untyped_storage().data_ptr() for t in inbox.tensors}
+    views = [v for key, v in world.derived.items() if key[0] == "ag_gemm.push_views"]
+    assert views and all(r.untyped_storage().data_ptr() in live for v in views for r in v.rows)
+
+
 def test_push_cublas_at_world_size_one_multiplies_its_own_rows():
     world = create_world("local", world_size=1)
     a, b = _inputs(1, 20, 40, 24, torch.float16, seed=5)
