@@ -1,4 +1,6 @@
-"""The Triton kernel behind All-Gather+GEMM: one kernel for the pull, push and copy-engine modes.
+"""The Triton kernels behind All-Gather+GEMM: one kernel for the pull, push and copy-engine modes,
+and for `push_cublas` the push alone plus two one-program kernels (release a chunk's flag after the
+copy engine's copies; wait for chunks' flags before cuBLAS), all on the same flags and inboxes.
 
 Rows this rank owns come from `a_ptr`; rows of other ranks through a table of element offsets,
 one per owning rank, relative to a stable base `src_ptr`: peers' symmetric buffers (pull), or this

@@ -5,6 +5,9 @@ as `torch.ops.symm_mem.fused_all_gather_matmul` gives). The config's `mode` pick
 
 - pull: the GEMM loads peers' rows straight from their symmetric buffers; no extra kernel.
 - push: producer programs inside the GEMM's persistent grid push rows into every peer's inbox.
+- push_cublas: the same push as a kernel of its own (or copy-engine copies plus a flag kernel), and
+  cuBLAS multiplies: local rows while peers' rows travel, then each chunk after its flag; or all rows
+  in one GEMM after the gather. No barrier at all.
 - ce: the copy engine pulls peers' rows on a side stream, chunk by chunk; per chunk a Triton tile
   GEMM or cuBLAS consumes it as soon as its event fires. Local rows are multiplied first.
 - baseline: NCCL all-gather, then torch.matmul (kept in the space: tuning never loses to it).
