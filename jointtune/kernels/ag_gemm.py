@@ -70,6 +70,23 @@ class Plan:
         return Plan(**{k: v for k, v in config.items() if k in Plan.__dataclass_fields__})
 
 
+@functools.lru_cache(maxsize=4096)
+def _check_plan(plan: Plan) -> None:
+    """The knobs the config's mode reads: a missing count would launch an empty grid and hang its peers."""
+    pushes = plan.mode == "push" or (plan.mode == "push_cublas" and plan.push_by == "sm")
+    chunks = plan.mode == "push" or (plan.mode == "push_cublas" and plan.gemm_order == "local_first")
+    choices = {"push_cublas": {"push_by": ("sm", "ce"), "gemm_order": ("local_first", "gathered")},
+               "ce": {"ce_consumer": ("triton", "cublas")}}.get(plan.mode, {})  # fmt: skip
+    for name, allowed in choices.items():
+        if getattr(plan, name) not in allowed:
+            raise ShapeError(f"config.{name}: {getattr(plan, name)!r} is not allowed with mode={plan.mode!r}; "
+                             f"choose one of {', '.join(allowed)}")  # fmt: skip
+    for name, needed in (("comm_sms", pushes), ("chunk_m", chunks), ("ce_chunks", plan.mode == "ce")):
+        if needed and getattr(plan, name) < 1:
+            raise ShapeError(f"config.{name}: {getattr(plan, name)} is not allowed with mode={plan.mode!r}; "
+                             f"it must be >= 1")  # fmt: skip
+
+
 def _plan(config: Mapping[str, Any]) -> Plan:
     return Plan.of(tuple(sorted(config.items())))
 
@@ -137,6 +154,7 @@ def ag_gemm(
     run = _MODES.get(plan.mode)
     if run is None:
         raise ShapeError(f"config.mode: {plan.mode!r} is not allowed; choose one of {', '.join(_MODES)}")
+    _check_plan(plan)
     a_l = [x if world.symmetric_of(x) is not None else _aligned(x) for x in a_l]
     M = R * world.world_size
     if out is None:
@@ -275,8 +293,12 @@ def _inboxes(world: World, R: int, K: int, chunk_m: int, dtype: torch.dtype) -> 
     epoch = world.next_epoch("ag_gemm.push")
     slot = _slot(R, K)
     inbox = world.symmetric("ag_gemm.inbox", (2 * W * slot,), dtype)
-    flags = world.symmetric("ag_gemm.flags", (W * triton_cdiv(R, 16),), torch.int32, zero=True)
-    return _Inboxes(epoch, slot, (epoch % 2) * W * slot, triton_cdiv(R, chunk_m), inbox, flags)
+    n_chunks = triton_cdiv(R, chunk_m)
+    # Flag (p, c) sits at p * n_chunks + c: one buffer per chunk count, so every flag has one writer
+    # (rank p) and its epochs only grow. A shared buffer would let a slot pass between writers as the
+    # chunk count changes, and with W > 2 a late write of call t could land after a peer's t+1.
+    flags = world.symmetric(f"ag_gemm.flags.{n_chunks}", (W * n_chunks,), torch.int32, zero=True)
+    return _Inboxes(epoch, slot, (epoch % 2) * W * slot, n_chunks, inbox, flags)
 
 
 def _inbox_deltas(world: World, box: _Inboxes, i: int, elem: int) -> torch.Tensor:
@@ -384,7 +406,8 @@ class _PushViews:
 
 def _push_views(world: World, box: _Inboxes, i: int, R: int, K: int) -> _PushViews:
     own = box.inbox.tensors[i]
-    key = ("ag_gemm.push_views", i, box.half, box.slot, R, K)  # the world drops these if the inbox is regrown
+    # keyed like the inbox (by dtype); the world drops these if a buffer is regrown
+    key = ("ag_gemm.push_views", own.dtype, i, box.half, box.slot, R, K)
     views = world.derived.get(key)
     if views is None:
         W, r = world.world_size, world.local_ranks[i]
@@ -425,7 +448,7 @@ def _push_kernel_args(plan, world_size, a, inbox, inbox_deltas, flag_ptrs, flags
 def _copy_engine_push(world, box, i, r, a_i, views, R, chunk_m, gather_local, wait_all):
     """Copy-engine copies of each chunk into every peer's inbox, then one kernel releasing its flags."""
     W = world.world_size
-    dests = [views.dests[(r + j) % W] for j in range(0 if gather_local else 1, W)]
+    dests = [views.dests[(r + j) % W] for j in range(1, W)] + ([views.dests[r]] if gather_local else [])
     for c, lo in enumerate(range(0, R, chunk_m)):
         hi = min(R, lo + chunk_m)
         src = a_i if hi - lo == R else a_i[lo:hi]

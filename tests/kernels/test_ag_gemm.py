@@ -55,8 +55,10 @@ def test_every_mode_matches_reference_with_poisoned_output(name, W, R, K, N_r):
 
 
 @pytest.mark.parametrize(
-    "name", ["pull", "push", "ce_triton", "baseline", "push_cublas_sm", "push_cublas_ce", "push_cublas_ce_gathered"]
-)
+    "name",
+    ["pull", "push", "ce_triton", "baseline", "push_cublas_sm", "push_cublas_ce", "push_cublas_sm_gathered",
+     "push_cublas_ce_gathered"],
+)  # fmt: skip
 def test_gathered_a_is_returned_and_symmetric_input_needs_no_copy(name):
     W, R, K, N_r = 2, 16, 32, 32
     world = create_world("local", world_size=W)
@@ -106,6 +108,40 @@ def test_push_modes_share_inboxes_and_epochs_across_calls():
     assert all(int(t.abs().sum()) == 0 for t in done)
 
 
+def test_push_cublas_alternating_dtypes_use_their_own_inboxes():
+    """bf16 and fp16 calls have separate inboxes: cached views are per dtype (a fourth call reuses call 2's)."""
+    W, R, K, N_r = 2, 16, 32, 24
+    for name in ("push_cublas_sm", "push_cublas_ce", "push_cublas_sm_gathered"):
+        world = create_world("local", world_size=W)
+        for call, dtype in enumerate([torch.bfloat16, torch.float16, torch.float16, torch.bfloat16, torch.bfloat16]):
+            a, b = _inputs(W, R, K, N_r, dtype, seed=call)
+            for o, ref in zip(ag_gemm(a, b, world=world, config=CONFIGS[name]), reference(a, b)):
+                assert o.dtype == dtype and _rel(o, ref) < TOL[dtype], (name, call)
+
+
+def test_four_ranks_mixing_chunk_counts_modes_and_gathered_a():
+    """W = 4, ragged rows (slots padded, so no single [M, K] view): calls alternate chunk counts (each count
+    has its own flags, one writer per flag), transports, GEMM orders and the fused push; each returns A."""
+    W, R, K, N_r = 4, 13, 37, 20
+    world = create_world("local", world_size=W)
+    configs = [
+        dict(CONFIGS["push_cublas_sm"], chunk_m=16),
+        dict(CONFIGS["push_cublas_ce"], chunk_m=4),
+        CONFIGS["push_cublas_sm_gathered"],
+        dict(CONFIGS["push"], chunk_m=8),
+        CONFIGS["push_cublas_ce_gathered"],
+        dict(CONFIGS["push_cublas_sm"], chunk_m=4),
+    ]
+    for seed, cfg in enumerate(configs):
+        a, b = _inputs(W, R, K, N_r, torch.float16, seed=seed)
+        results = ag_gemm(a, b, world=world, config=cfg, return_gathered=True)
+        for (c, gathered), ref in zip(results, reference(a, b)):
+            assert torch.equal(gathered, torch.cat(a)), cfg
+            assert _rel(c, ref) < TOL[torch.float16], cfg
+    flag_buffers = {name for name, _ in world._buffers if name.startswith("ag_gemm.flags.")}
+    assert flag_buffers == {"ag_gemm.flags.1", "ag_gemm.flags.2", "ag_gemm.flags.4"}
+
+
 def test_push_cublas_views_follow_a_regrown_inbox():
     """Cached inbox views are dropped when a larger call regrows the inbox: none keeps the old buffer."""
     W, K, N_r = 2, 32, 16
@@ -151,6 +187,15 @@ def test_bad_inputs_name_the_field():
     a, b = _inputs(2, 8, 16, 8, torch.float16, seed=0)
     with pytest.raises(ShapeError, match=r"config\.mode"):
         ag_gemm(a, b, world=world, config={"mode": "teleport"})
+    # a mode's counts must be given: an empty push grid would leave its peers waiting forever
+    with pytest.raises(ShapeError, match=r"config\.comm_sms: 0 is not allowed with mode='push_cublas'"):
+        ag_gemm(a, b, world=world, config={"mode": "push_cublas", "push_by": "sm", "gemm_order": "gathered"})
+    with pytest.raises(ShapeError, match=r"config\.chunk_m: 0 is not allowed with mode='push'"):
+        ag_gemm(a, b, world=world, config={"mode": "push", "comm_sms": 2})
+    with pytest.raises(ShapeError, match=r"config\.push_by: 'dma' is not allowed .*choose one of sm, ce"):
+        ag_gemm(a, b, world=world, config={"mode": "push_cublas", "push_by": "dma", "gemm_order": "gathered"})
+    with pytest.raises(ShapeError, match=r"config\.gemm_order"):
+        ag_gemm(a, b, world=world, config={"mode": "push_cublas", "push_by": "ce", "gemm_order": "first"})
     with pytest.raises(ShapeError, match="shapes"):
         ag_gemm(a, [b[0], b[1][:4]], world=world, config={"mode": "baseline"})
     with pytest.raises(ShapeError, match="dtype"):
