@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ag_gemm_bench import Bench, spin_up
+from ag_gemm_bench import Bench, init_cuda_world, spin_up
 
 from jointtune.kernels._ag_gemm_kernel import ag_signal_kernel, ag_wait_kernel
-from jointtune.kernels.world import create_world
 
 
 def main() -> None:
@@ -36,10 +35,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--out", default="ag_gemm_anatomy.json")
     args = ap.parse_args()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-    world = create_world("cuda")
+    world = init_cuda_world()
     W, rank = world.world_size, world.rank
     M, N, K = (int(x) for x in args.shape.split("x"))
     R, N_r = M // W, N // W
@@ -69,7 +65,7 @@ def main() -> None:
 
     def handshake() -> None:
         epoch[0] += 1
-        chunk = triton_next_pow2(R)
+        chunk = triton.next_power_of_2(R)
         ag_signal_kernel[(1,)](flags.ptrs[0], flags.tensors[0], rank, epoch[0], 1, 0, R, WORLD=W, WAIT_ALL=False,
                                CHUNK_M=chunk)  # fmt: skip
         ag_wait_kernel[(1,)](flags.tensors[0], 0, M - 1, R, rank, epoch[0], 1, CHUNK_M=chunk)
@@ -97,10 +93,6 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(result, indent=1))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def triton_next_pow2(x: int) -> int:
-    return 1 << max(0, x - 1).bit_length()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import triton
 
 from jointtune.errors import ShapeError
 from jointtune.kernels._ag_gemm_kernel import (
@@ -301,32 +302,21 @@ def _inboxes(world: World, R: int, K: int, chunk_m: int, dtype: torch.dtype) -> 
     return _Inboxes(epoch, slot, (epoch % 2) * W * slot, n_chunks, inbox, flags)
 
 
-def _inbox_deltas(world: World, box: _Inboxes, i: int, elem: int) -> torch.Tensor:
-    """Element offsets of every rank's inbox half from this rank's, as this rank maps them."""
-    base = box.inbox.tensors[i][box.half :].data_ptr()
-    peers = box.inbox.peers[i]
-    return world.int_table(tuple(_offset(peers[p][box.half :], base, elem) for p in range(world.world_size)))
-
-
-def _gathered_from(inbox_half: torch.Tensor, W: int, slot: int, R: int, K: int) -> torch.Tensor:
-    return torch.cat([inbox_half[p * slot : p * slot + R * K].view(R, K) for p in range(W)])
-
-
 def _push(plan, a, b, c_out, world, R, K, N_r, want_gathered):
     W = world.world_size
     M = R * W
-    elem = a[0].element_size()
     box = _inboxes(world, R, K, plan.chunk_m, a[0].dtype)
     work = triton_cdiv(M, plan.BLOCK_M) * triton_cdiv(N_r, plan.BLOCK_N) * plan.SPLIT_K
     consumers = max(1, min(_num_sms(world) - plan.comm_sms, work))
     tickets = world.scratch("ag_gemm.tickets", 1, torch.int32)  # this rank's tile counter
     done = world.scratch("ag_gemm.push_done", box.n_chunks, torch.int32)  # pieces copied per chunk, kept at zero
     fence = world.scratch("ag_gemm.fence", (plan.comm_sms + consumers) * 32 * plan.num_warps, torch.int32)
+    views = [_push_views(world, box, i, R, K) for i in range(len(a))]
     launches = []
     for i, r in enumerate(world.local_ranks):
         local_inbox = box.inbox.tensors[i][box.half :]
         deltas = world.int_table(tuple(p * box.slot for p in range(W)))
-        push = dict(inbox=local_inbox, inbox_deltas=_inbox_deltas(world, box, i, elem), flags=box.flags.tensors[i],
+        push = dict(inbox=local_inbox, inbox_deltas=views[i].deltas, flags=box.flags.tensors[i],
                     flag_ptrs=box.flags.ptrs[i], epoch=box.epoch, n_chunks=box.n_chunks, slot=box.slot,
                     comm_sms=plan.comm_sms, consumers=consumers, gather_local=want_gathered, tickets=tickets[i],
                     done=done[i], fence=fence[i])  # fmt: skip
@@ -340,7 +330,7 @@ def _push(plan, a, b, c_out, world, R, K, N_r, want_gathered):
     for counter in tickets:  # the kernel counts tiles up from zero: hand the counter back zeroed
         counter.zero_()
     outs = [entry[-1] for entry in launches]
-    gathered = [_gathered_from(e[2], W, box.slot, R, K) for e in launches] if want_gathered else []
+    gathered = [torch.cat(v.rows) for v in views] if want_gathered else []
     return outs, gathered
 
 
@@ -356,7 +346,7 @@ def _push_cublas(plan, a, b, c_out, world, R, K, N_r, want_gathered):
     W = world.world_size
     M = R * W
     gathered_order = plan.gemm_order == "gathered"
-    chunk_m = _next_pow2(R) if gathered_order else plan.chunk_m  # one chunk per rank when nothing overlaps
+    chunk_m = triton.next_power_of_2(R) if gathered_order else plan.chunk_m  # gathered: one chunk per rank
     box = _inboxes(world, R, K, chunk_m, a[0].dtype)
     gather_local = want_gathered or gathered_order
     fold_wait = gathered_order and world.kind == "cuda"  # see ag_push_kernel: not under the interpreter
@@ -396,7 +386,8 @@ def _push_cublas(plan, a, b, c_out, world, R, K, N_r, want_gathered):
 
 @dataclass(frozen=True)
 class _PushViews:
-    """One rank's views of one inbox half, built once (slicing tensors costs host time per call)."""
+    """One rank's views of one inbox half (`push` and `push_cublas`), built once: slicing tensors and
+    building address tables cost host time on every call."""
 
     deltas: torch.Tensor  # element offsets of every rank's inbox half from this rank's
     dests: list[torch.Tensor]  # [R, K] where this rank's rows go in rank p's inbox (p's mapping)
@@ -413,8 +404,10 @@ def _push_views(world: World, box: _Inboxes, i: int, R: int, K: int) -> _PushVie
         W, r = world.world_size, world.local_ranks[i]
         half = own[box.half :]
         start = box.half + r * box.slot
+        elem = own.element_size()
+        deltas = tuple(_offset(box.inbox.peers[i][p][box.half :], half.data_ptr(), elem) for p in range(W))
         views = _PushViews(
-            deltas=_inbox_deltas(world, box, i, own.element_size()),
+            deltas=world.int_table(deltas),
             dests=[box.inbox.peers[i][p][start : start + R * K].view(R, K) for p in range(W)],
             rows=[half[p * box.slot : p * box.slot + R * K].view(R, K) for p in range(W)],
             all_rows=half[: W * R * K].view(W * R, K) if box.slot == R * K else None,
@@ -457,10 +450,6 @@ def _copy_engine_push(world, box, i, r, a_i, views, R, chunk_m, gather_local, wa
         if W > 1:
             ag_signal_kernel[(1,)](box.flags.ptrs[i], box.flags.tensors[i], r, box.epoch, box.n_chunks, c, R,
                                    WORLD=W, WAIT_ALL=wait_all, CHUNK_M=chunk_m)  # fmt: skip
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, x - 1).bit_length()
 
 
 def _ce(plan, a, b, c_out, world, R, K, N_r, want_gathered):
@@ -615,7 +604,7 @@ def standin_launches(
         if plan.push_by == "ce":
             return []
         gathered = plan.gemm_order == "gathered"
-        chunk_m = _next_pow2(R) if gathered else plan.chunk_m
+        chunk_m = triton.next_power_of_2(R) if gathered else plan.chunk_m
         args, constexprs = _push_kernel_args(
             plan, world_size, t, t, i64, i64, i32, i32, i32, K, R, _slot(R, K), 0, 0, 2, chunk_m, gathered, gathered
         )
