@@ -279,6 +279,14 @@ def spin_up(seconds: float) -> None:
     dist.barrier()
 
 
+def init_cuda_world():
+    """This torchrun rank's GPU, NCCL and the CUDA world over it (every bench script starts here)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    return create_world("cuda")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="ag_gemm_bench.json")
@@ -288,10 +296,7 @@ def main() -> None:
     ap.add_argument("--families", default="", help="comma-separated families of ours to sweep (default: all)")
     ap.add_argument("--spin-up-s", type=float, default=2.0, help="seconds of matmuls first, so clocks are up")
     args = ap.parse_args()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-    world = create_world("cuda")
+    world = init_cuda_world()
     bench = Bench(args.iters, args.warmup, world)
     W, rank = world.world_size, world.rank
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES

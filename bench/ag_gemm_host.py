@@ -14,7 +14,6 @@ import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
 import statistics
 import sys
@@ -26,9 +25,10 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ag_gemm_bench import init_cuda_world
+
 from jointtune.kernels._ag_gemm_kernel import ag_wait_kernel
 from jointtune.kernels.ag_gemm import ag_gemm
-from jointtune.kernels.world import create_world
 
 PC = dict(mode="push_cublas")
 CONFIGS = [
@@ -65,10 +65,7 @@ def main() -> None:
     ap.add_argument("--shape", default="128x8192x8192")
     ap.add_argument("--out", default="ag_gemm_host.json")
     args = ap.parse_args()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-    world = create_world("cuda")
+    world = init_cuda_world()
     W, rank = world.world_size, world.rank
     M, N, K = (int(x) for x in args.shape.split("x"))
     R, N_r = M // W, N // W

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -21,8 +20,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ag_gemm_bench import init_cuda_world
+
 from jointtune.kernels.ag_gemm import ag_gemm
-from jointtune.kernels.world import create_world
 
 TILE = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=6)
 CONFIGS = [
@@ -54,10 +54,7 @@ def main() -> None:
     ap.add_argument("--out", default="ag_gemm_stress.json")
     ap.add_argument("--modes", default="", help="comma-separated modes to stress (default: every config's)")
     args = ap.parse_args()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-    world = create_world("cuda")
+    world = init_cuda_world()
     W, rank = world.world_size, world.rank
     report = {"device": f"{W}x {torch.cuda.get_device_name()}", "command": " ".join(sys.argv), "runs": []}
     for M, N, K in SHAPES:
