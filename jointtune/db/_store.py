@@ -158,15 +158,7 @@ class Store:
         self, *, kernel: str, kernel_version: str, shape: dict[str, int], dtype: str, world_size: int, hardware_id: str
     ) -> Record | None:
         """The stored record for exactly this key, or None."""
-        check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=True)
-        params = q.key_params(
-            kernel=kernel,
-            kernel_version=kernel_version,
-            shape=shape,
-            dtype=dtype,
-            world_size=world_size,
-            hardware_id=hardware_id,
-        )
+        params = _checked_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=True)
         row = self._lookup("looking up a record", lambda conn: conn.execute(q.EXACT, params).first())
         return None if row is None else q.to_record(row)
 
@@ -184,17 +176,9 @@ class Store:
         """Records of the same kernel, hardware, dtype and world size (and kernel_version unless
         None) with the same dim names, closest first: distance = Euclidean distance between the
         log2 of the dims (0 for the exact shape). Ties go to the lower p50, then the older record."""
-        check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=False)
+        params = _checked_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=False)
         check_page(limit, 0)
         versioned = kernel_version is not None
-        params = q.key_params(
-            kernel=kernel,
-            kernel_version=kernel_version,
-            shape=shape,
-            dtype=dtype,
-            world_size=world_size,
-            hardware_id=hardware_id,
-        )
 
         def run(conn: sa.Connection) -> list[tuple[Record, float]]:
             if limit == 1 and versioned:  # the common lookup: one probe of the unique key
@@ -370,3 +354,25 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _checked_key(
+    kernel: str,
+    kernel_version: str | None,
+    shape: dict[str, int],
+    dtype: str,
+    world_size: int,
+    hardware_id: str,
+    *,
+    versioned: bool,
+) -> dict[str, Any]:
+    """A lookup key checked (bad input: one clear error) and bound for the prebuilt lookup statements."""
+    check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=versioned)
+    return q.key_params(
+        kernel=kernel,
+        kernel_version=kernel_version,
+        shape=shape,
+        dtype=dtype,
+        world_size=world_size,
+        hardware_id=hardware_id,
+    )
