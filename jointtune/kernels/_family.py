@@ -1,8 +1,10 @@
-"""What the tuner, the decorator and the benchmarks need from a kernel family.
+"""The family contract: what the tuner, the decorator, the benchmarks and the torch ops need of a kernel family.
 
-A family (`ag_gemm`, `gemm_rs`, `flash_decode`, or a test's fault-injection family) knows how to
-build inputs for a problem on a world, run one config, compute the torch reference, and judge the
-error. The tuner never imports a kernel module directly: it asks the registry for a family.
+A family (`ag_gemm`, `gemm_rs`, `flash_decode`, or a test's fault-injection family) knows how to build
+inputs for a problem on a world, run one config (its launcher), compute the float32 reference, run the
+unfused baseline, turn a call's arguments into its key (the problem shape), and compile a config's
+Triton kernels ahead of its first launch (`standin_launches`, launched nowhere). The tuner never imports
+a kernel module directly: it asks the registry for a family.
 
 Example:
     >>> fam = get_family("ag_gemm")                                   # doctest: +SKIP
@@ -17,14 +19,19 @@ import functools
 import hashlib
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jointtune.errors import UnknownNameError
 
 if TYPE_CHECKING:
+    import torch
+
     from jointtune.kernels.world import World
     from jointtune.search_spaces import Problem
+
+#: (kernel, arguments by name, launch options) of one Triton launch a config makes
+StandinLaunch = tuple[Any, dict[str, Any], dict[str, Any]]
 
 
 class Family(ABC):
@@ -56,15 +63,27 @@ class Family(ABC):
 
     @abstractmethod
     def run(self, inputs: Any, config: Mapping[str, Any], world: World) -> Any:
-        """Run one config on every rank this process drives; return the outputs."""
+        """The launcher: run one config on every rank this process drives; return the outputs."""
 
     @abstractmethod
     def reference(self, inputs: Any) -> Any:
         """The float32 torch reference for `inputs` (what `run` must match)."""
 
-    @abstractmethod
-    def max_error(self, outputs: Any, reference: Any) -> float:
+    def baseline(self, inputs: Any, world: World) -> Any:
+        """The unfused path (NCCL collective + cuBLAS/torch); a family's space holds it as `mode=baseline`."""
+        return self.run(inputs, {"mode": "baseline"}, world)
+
+    def key(self, *args: Any, world: World, **kwargs: Any) -> dict[str, int]:
+        """The problem shape (global dims) of a launcher call: what configs are stored and looked up under."""
+        raise UnknownNameError(f"kernel: family {self.name!r} has no key function; pass key= to the decorator")
+
+    def max_error(self, outputs: Sequence[Any], reference: Sequence[Any]) -> float:
         """Largest relative error ‖out − ref‖ / ‖ref‖ over ranks; NaN counts as infinite."""
+        worst = 0.0
+        for out, ref in zip(outputs, reference):
+            err = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            worst = max(worst, err if err == err else float("inf"))
+        return worst
 
     def tolerance(self, dtype: str) -> float:
         """Relative error allowed for `dtype` (fp32 accumulation)."""
@@ -73,6 +92,26 @@ class Family(ABC):
     def flops(self, problem: Problem) -> float:
         """Floating-point operations of one call summed over ranks (for reports); 0 if unknown."""
         return 0.0
+
+    def standin_launches(
+        self, config: Mapping[str, Any], problem: Problem, device: torch.device
+    ) -> list[StandinLaunch]:
+        """The Triton launches a call of `config` makes, with 1-element stand-in tensors and the call's
+        real integers: compiles specialise on dtypes, on integers divisible by 16 and on pointer
+        alignment, so these compile what a call will launch. Families without Triton kernels: none."""
+        return []
+
+    def precompile(self, config: Mapping[str, Any], problem: Problem) -> None:
+        """Compile `config`'s Triton kernels before its first launch (tuners call this on a thread pool)."""
+        from jointtune.kernels._runtime import interpreted
+
+        if interpreted():
+            return
+        import torch
+
+        device = torch.device("cuda", torch.cuda.current_device())
+        for kernel, args, options in self.standin_launches(config, problem, device):
+            kernel.warmup(grid=(1,), **args, **options)
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -7,21 +7,27 @@ as `torch.ops.symm_mem.fused_all_gather_matmul` gives). The config's `mode` pick
 - push: producer programs inside the GEMM's persistent grid push rows into every peer's inbox.
 - push_cublas: the same push as a kernel of its own (or copy-engine copies plus a flag kernel), and
   cuBLAS multiplies: local rows while peers' rows travel, then each chunk after its flag; or all rows
-  in one GEMM after the gather. No barrier at all.
+  in one GEMM after the gather.
 - ce: the copy engine pulls peers' rows on a side stream, chunk by chunk; per chunk a Triton tile
   GEMM or cuBLAS consumes it as soon as its event fires. Local rows are multiplied first.
 - baseline: NCCL all-gather, then torch.matmul (kept in the space: tuning never loses to it).
 
-A may already live in the world's symmetric memory (`world.empty`, written by the previous
-layer: nothing is copied) or be an ordinary tensor (copied into a staging buffer). Staging and
-inbox buffers alternate between two halves by call parity, so a peer writing call t+1 never
-overwrites what a rank still reads of call t; flags carry epochs, so nothing is reset per call.
+A may already live in the world's symmetric memory (`world.empty`, written by the previous layer:
+nothing is copied) or be an ordinary tensor. Every call of one (world, shapes, dtype, config) runs a
+launch plan built once (`_ag_gemm_plans`), and nothing a later call needs comes from the host, so the
+op is correct under CUDA-graph capture and replay (capture after one eager warm-up call).
+
+Three ways in:
+    ag_gemm(a, b, world=world, config=cfg)                         # eager, the cheapest host path
+    torch.ops.jointtune.ag_gemm([a], [b], world.name, cfg_json)    # torch.compile / graphs (`config_json`)
+    get_family("ag_gemm")                                          # tuner, decorator and benchmarks
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import functools
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,66 +36,14 @@ import torch
 import triton
 
 from jointtune.errors import ShapeError
-from jointtune.kernels._ag_gemm_kernel import (
-    INTERPRETED,
-    ag_gemm_kernel,
-    ag_push_kernel,
-    ag_signal_kernel,
-    ag_wait_kernel,
-    compile_options,
-)
-from jointtune.kernels._family import Family, register_family
-from jointtune.kernels.world import World
+from jointtune.kernels._ag_gemm_plans import AgGemmConfig, Shape, build_plan, gemm_args, push_args
+from jointtune.kernels._family import Family, StandinLaunch, register_family
+from jointtune.kernels._plan import config_key, resolve_config
+from jointtune.kernels._symm import slot_elems
+from jointtune.kernels.world import World, world_named
 
-_DTYPES = (torch.bfloat16, torch.float16)
-_ALIGN = 16  # elements; see the kernel's docstring
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A config resolved against a call's shape: everything the launch needs, computed once."""
-
-    mode: str
-    BLOCK_M: int = 64
-    BLOCK_N: int = 64
-    BLOCK_K: int = 64
-    GROUP_M: int = 8
-    SPLIT_K: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    comm_sms: int = 0
-    chunk_m: int = 0
-    ce_consumer: str = "triton"
-    ce_chunks: int = 1
-    push_by: str = "sm"
-    gemm_order: str = "local_first"
-
-    @staticmethod
-    @functools.lru_cache(maxsize=4096)
-    def of(items: tuple[tuple[str, Any], ...]) -> Plan:
-        config = dict(items)
-        return Plan(**{k: v for k, v in config.items() if k in Plan.__dataclass_fields__})
-
-
-@functools.lru_cache(maxsize=4096)
-def _check_plan(plan: Plan) -> None:
-    """The knobs the config's mode reads: a missing count would launch an empty grid and hang its peers."""
-    pushes = plan.mode == "push" or (plan.mode == "push_cublas" and plan.push_by == "sm")
-    chunks = plan.mode == "push" or (plan.mode == "push_cublas" and plan.gemm_order == "local_first")
-    choices = {"push_cublas": {"push_by": ("sm", "ce"), "gemm_order": ("local_first", "gathered")},
-               "ce": {"ce_consumer": ("triton", "cublas")}}.get(plan.mode, {})  # fmt: skip
-    for name, allowed in choices.items():
-        if getattr(plan, name) not in allowed:
-            raise ShapeError(f"config.{name}: {getattr(plan, name)!r} is not allowed with mode={plan.mode!r}; "
-                             f"choose one of {', '.join(allowed)}")  # fmt: skip
-    for name, needed in (("comm_sms", pushes), ("chunk_m", chunks), ("ce_chunks", plan.mode == "ce")):
-        if needed and getattr(plan, name) < 1:
-            raise ShapeError(f"config.{name}: {getattr(plan, name)} is not allowed with mode={plan.mode!r}; "
-                             f"it must be >= 1")  # fmt: skip
-
-
-def _plan(config: Mapping[str, Any]) -> Plan:
-    return Plan.of(tuple(sorted(config.items())))
+_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_OWNED_MODES = ("pull", "ce")  # modes whose plan reads A from the caller's symmetric buffer in place
 
 
 def _as_list(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -100,38 +54,42 @@ def _check(a: list[torch.Tensor], b: list[torch.Tensor], world: World) -> tuple[
     n_local = len(world.local_ranks)
     if len(a) != n_local or len(b) != n_local:
         raise ShapeError(f"a, b: expected one tensor per local rank ({n_local}), got {len(a)} and {len(b)}")
-    R, K = a[0].shape
-    N_r = b[0].shape[1]
+    R, K = a[0].shape if a[0].dim() == 2 else (0, 0)
+    N_r = b[0].shape[1] if b[0].dim() == 2 else 0
     for i, (ai, bi) in enumerate(zip(a, b)):
         if ai.dim() != 2 or bi.dim() != 2:
             raise ShapeError(f"a, b: must be 2-D, got a{list(ai.shape)} and b{list(bi.shape)} on rank index {i}")
-        if tuple(ai.shape) != (R, K) or bi.shape[0] != K or bi.shape[1] != N_r:
+        if tuple(ai.shape) != (R, K) or bi.shape[0] != K or bi.shape[1] != N_r or min(R, K, N_r) < 1:
             raise ShapeError(
-                f"shapes: a must be [R, K] and b [K, N_r] alike on every rank; rank index {i} has "
+                f"shapes: a must be [R, K] and b [K, N_r] alike on every rank, all sizes >= 1; rank index {i} has "
                 f"a{list(ai.shape)}, b{list(bi.shape)} against a[{R}, {K}], b[{K}, {N_r}]"
             )
         if ai.dtype not in _DTYPES or bi.dtype != ai.dtype:
             raise ShapeError(f"dtype: a {ai.dtype} and b {bi.dtype}; both must be bfloat16 or float16")
         if ai.device != world.device or bi.device != world.device:
             raise ShapeError(f"device: tensors must be on {world.device}, got {ai.device} and {bi.device}")
+        if bi.stride() != b[0].stride():
+            raise ShapeError(f"b: strides must match on every rank; rank index {i} has {bi.stride()}")
     return R, K, N_r
 
 
-def _offset(t: torch.Tensor | int, base: int, elem: int) -> int:
-    diff = (t if isinstance(t, int) else t.data_ptr()) - base
-    if diff % (elem * _ALIGN):
-        raise ShapeError(f"alignment: buffers must be {elem * _ALIGN}-byte aligned relative to each other")
-    return diff // elem
+def _owner(world: World, a: list[torch.Tensor]) -> tuple[Any, int]:
+    """The caller's symmetric buffer holding every local rank's A at one offset, or (None, 0)."""
+    buf = world.symmetric_of(a[0])
+    if buf is None or not a[0].is_contiguous():
+        return None, 0
+    off = (a[0].data_ptr() - buf.tensors[0].data_ptr()) // a[0].element_size()
+    for i, x in enumerate(a):
+        if world.symmetric_of(x) is not buf or x.data_ptr() != buf.tensors[i].data_ptr() + off * x.element_size():
+            return None, 0
+    return buf, off
 
 
-def _slot(R: int, K: int) -> int:
-    """Elements per rank's rows in a shared buffer, rounded so every rank's slot stays aligned."""
-    return triton_cdiv(R * K, _ALIGN) * _ALIGN
-
-
-def _aligned(x: torch.Tensor) -> torch.Tensor:
-    x = x.contiguous()
-    return x if x.data_ptr() % (x.element_size() * _ALIGN) == 0 else x.clone()
+def _usable(x: torch.Tensor) -> torch.Tensor:
+    """Row-major and 16-byte aligned, as the kernels read A (a copy otherwise)."""
+    if x.is_contiguous() and x.data_ptr() % 16 == 0:
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 def ag_gemm(
@@ -147,359 +105,82 @@ def ag_gemm(
 
     On the CUDA world `a` and `b` are this rank's tensors and the result is C (or (C, A_gathered));
     on the local world they are lists with one tensor per simulated rank, and so is the result.
-    `out` (optional, [M, N_r] per rank) receives C instead of a new tensor.
+    `out` (optional, row-major [M, N_r] per rank) receives C instead of a new tensor. The config must
+    be valid in the `ag_gemm` space for this shape (SpaceError names the fields otherwise).
     """
     a_l, b_l = _as_list(a), _as_list(b)
-    R, K, N_r = _check(a_l, b_l, world)
-    plan = _plan(config)
-    run = _MODES.get(plan.mode)
-    if run is None:
-        raise ShapeError(f"config.mode: {plan.mode!r} is not allowed; choose one of {', '.join(_MODES)}")
-    _check_plan(plan)
-    a_l = [x if world.symmetric_of(x) is not None else _aligned(x) for x in a_l]
+    if len(a_l) != 1 or len(b_l) != 1 or len(world.local_ranks) != 1:
+        _check(a_l, b_l, world)  # simulated ranks: every rank's tensors, every call (the CPU's path)
+    a0, b0 = a_l[0], b_l[0]
+    key, owner, off = _plan_key(world, a_l, b_l, config, return_gathered)
+    plan = world.plans.get(key)
+    if plan is None:
+        plan = world.plan(key, functools.partial(_build, world, a_l, b_l, config, owner, off, return_gathered))
+    if owner is None:
+        a_l = [_usable(x) for x in a_l]
+    R, N_r = a0.shape[0], b0.shape[1]
     M = R * world.world_size
     if out is None:
-        c_l = [torch.empty((M, N_r), dtype=x.dtype, device=world.device) for x in a_l]
+        c_l = [torch.empty((M, N_r), dtype=a0.dtype, device=world.device) for _ in a_l]
     else:
         c_l = _as_list(out)
-        if len(c_l) != len(a_l) or any(c.shape != (M, N_r) or c.dtype != a_l[0].dtype or c.stride(1) != 1 for c in c_l):
-            raise ShapeError(f"out: must be one row-major [{M}, {N_r}] {a_l[0].dtype} tensor per local rank")
-    outs, gathered = run(plan, a_l, b_l, c_l, world, R, K, N_r, return_gathered)
-    result = list(zip(outs, gathered)) if return_gathered else outs
+        if len(c_l) != len(a_l) or any(c.shape != (M, N_r) or c.dtype != a0.dtype or c.stride() != (N_r, 1)
+                                       or c.device != world.device for c in c_l):  # fmt: skip
+            raise ShapeError(f"out: must be one row-major [{M}, {N_r}] {a0.dtype} tensor per local rank")
+    gathered = plan(a_l, b_l, c_l)
+    result = list(zip(c_l, gathered)) if return_gathered else c_l
     return result[0] if isinstance(a, torch.Tensor) else result
 
 
-# ----------------------------------------------------------------------------------------------
-# modes
+class PreparedAgGemm:
+    """One call with its tensors bound: `run()` issues the same launches again, reading whatever the
+    bound A and B hold now and writing the bound C, exactly as a CUDA graph replay of the call would
+    (the CPU interpreter's stand-in for one). The cheapest repeat call there is: no key, no checks."""
+
+    def __init__(self, plan: Any, a: list[torch.Tensor], b: list[torch.Tensor], c: list[torch.Tensor]) -> None:
+        self._plan, self.a, self.b, self.c = plan, a, b, c
+
+    def run(self) -> list[torch.Tensor]:
+        self._plan(self.a, self.b, self.c)
+        return self.c
 
 
-def _baseline(plan, a, b, c, world, R, K, N_r, want_gathered):
-    gathered = world.all_gather(a)
-    for g, bi, ci in zip(gathered, b, c):
-        torch.matmul(g, bi, out=ci)
-    return c, gathered
+def prepare(
+    a: torch.Tensor | Sequence[torch.Tensor],
+    b: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    world: World,
+    config: Mapping[str, Any],
+    out: torch.Tensor | Sequence[torch.Tensor] | None = None,
+) -> PreparedAgGemm:
+    """Run `ag_gemm` once (building its plan) and return the call, bound to these tensors, to re-issue."""
+    a_l, b_l = _as_list(a), _as_list(b)
+    c_l = _as_list(ag_gemm(a_l, b_l, world=world, config=config, out=out))
+    a_l = [x if x.is_contiguous() and x.data_ptr() % 16 == 0 else None for x in a_l]
+    if any(x is None for x in a_l):
+        raise ShapeError("a: must be row-major and 16-byte aligned to be bound to a prepared call")
+    key, _, _ = _plan_key(world, a_l, b_l, config, False)
+    return PreparedAgGemm(world.plans[key], a_l, b_l, c_l)
 
 
-@contextlib.contextmanager
-def _shared_a(a, world, R, K):
-    """This rank's A in symmetric memory, readable by every peer for the duration of the block.
-
-    The caller's own buffer (from `world.empty`) or a staging half we copy into (halves alternate by
-    call, so a peer still reading call t never sees call t+1's copy). Yields the buffer, this rank's
-    [R, K] views and every rank's base address as this rank maps it. Enters with a barrier (every
-    rank's A is in place) and, when the caller owns the buffer, leaves with one (peers are done
-    reading it before the caller may overwrite it).
-    """
-    user = [world.symmetric_of(x) for x in a]
-    owned = all(u is not None for u in user) and len({id(u) for u in user}) == 1
-    if owned:
-        buf, views, off = user[0], list(a), 0
-    else:
-        slot = _slot(R, K)
-        buf = world.symmetric("ag_gemm.stage", (2 * slot,), a[0].dtype)
-        off = (world.next_epoch("ag_gemm") % 2) * slot
-        views = [buf.tensors[i][off : off + R * K].view(R, K) for i in range(len(a))]
-        for v, x in zip(views, a):
-            v.copy_(x)
-    elem = a[0].element_size()
-    bases = [[buf.peers[i][p].data_ptr() + off * elem for p in range(world.world_size)] for i in range(len(a))]
-    world.barrier(buf)
-    yield buf, views, bases
-    if owned:
-        world.barrier(buf)
+def _plan_key(world: World, a: list[torch.Tensor], b: list[torch.Tensor], config: Mapping[str, Any],
+              want_gathered: bool) -> tuple[tuple[Any, ...], Any, int]:  # fmt: skip
+    """Everything a plan bakes in: config, shapes, dtypes, B's strides, devices, and for the modes that
+    read A in place, the caller's symmetric buffer holding it."""
+    owner, off = _owner(world, a) if config.get("mode") in _OWNED_MODES else (None, 0)
+    a0, b0 = a[0], b[0]
+    key = ("ag_gemm", config_key(config), a0.shape, b0.shape, a0.dtype, b0.dtype, b0.stride(), a0.device, b0.device,
+           len(a), want_gathered, id(owner), off)  # fmt: skip
+    return key, owner, off
 
 
-def _launch_gemm(plan, world, i, a_view, b, c, K, N_r, *, R, rows, row_lo=0, rank=0, shift=0, src=None,
-                 deltas=None, push=None, pid_range=None):  # fmt: skip
-    """One launch of the kernel for local rank index `i` (GEMM programs, plus producers under push)."""
-    num_tiles = triton_cdiv(rows, plan.BLOCK_M) * triton_cdiv(N_r, plan.BLOCK_N)
-    zero = world.int_table((0,) * world.world_size)
-    if plan.SPLIT_K > 1:
-        ws = world.scratch("ag_gemm.splitk", num_tiles * plan.BLOCK_M * plan.BLOCK_N, torch.float32)[i]
-        counts = world.scratch("ag_gemm.splitk_counts", num_tiles, torch.int32)[i]
-    else:
-        ws, counts = c, zero
-    if push is None:
-        push = dict(inbox=a_view, inbox_deltas=zero, flags=zero, flag_ptrs=zero, epoch=0, n_chunks=1, slot=0,
-                    comm_sms=0, consumers=num_tiles * plan.SPLIT_K, gather_local=False, tickets=zero,
-                    done=zero, fence=zero)  # fmt: skip
-    lo, hi = pid_range or (0, push["comm_sms"] + push["consumers"])
-    args, constexprs = _kernel_args(
-        plan, world.world_size, world.kind, a_view, a_view if src is None else src, zero if deltas is None else deltas,
-        b, c, ws, counts, push, K, N_r, R, rows, row_lo, rank, shift, lo,
-    )  # fmt: skip
-    ag_gemm_kernel[(hi - lo,)](*args, **constexprs)
-
-
-def _kernel_args(plan, world_size, kind, a_view, src, deltas, b, c, ws, counts, push, K, N_r, R, rows, row_lo,
-                 rank, shift, pid_base):  # fmt: skip
-    """The kernel's arguments and compile-time constants; shared by launches and ahead-of-time compiles."""
-    dynamic = push["comm_sms"] > 0
-    args = (
-        a_view, src, deltas, b, c, push["inbox"], push["inbox_deltas"], push["flags"], push["flag_ptrs"],
-        push["tickets"], ws, counts, push["done"], push["fence"], N_r, K, R, push["slot"], row_lo, rows, rank,
-        push["epoch"], push["n_chunks"], shift, push["consumers"], pid_base, b.stride(0), b.stride(1), c.stride(0),
-        c.stride(1),
-    )  # fmt: skip
-    constexprs = dict(
-        WORLD=world_size, BLOCK_M=plan.BLOCK_M, BLOCK_N=plan.BLOCK_N, BLOCK_K=plan.BLOCK_K, GROUP_M=plan.GROUP_M,
-        SPLIT_K=plan.SPLIT_K, COMM_SMS=push["comm_sms"], CHUNK_M=max(plan.chunk_m, 1), WAIT=dynamic,
-        GATHER_LOCAL=push["gather_local"], CP_M=32, CP_K=256, DYNAMIC=dynamic,
-        PRODUCERS_CONSUME=dynamic and kind == "cuda", UPCAST=INTERPRETED, THREADS=32 * plan.num_warps,
-        FENCE=dynamic and not INTERPRETED, **compile_options(plan.__dict__),
-    )  # fmt: skip
-    return args, constexprs
-
-
-def triton_cdiv(x: int, y: int) -> int:
-    return (x + y - 1) // y
-
-
-def _pull(plan, a, b, c_out, world, R, K, N_r, want_gathered):
-    M = R * world.world_size
-    elem = a[0].element_size()
-    gathered = []
-    with _shared_a(a, world, R, K) as (buf, views, bases):
-        for i, r in enumerate(world.local_ranks):
-            src = bases[i][r]
-            deltas = world.int_table(tuple(_offset(bases[i][p], src, elem) for p in range(world.world_size)))
-            _launch_gemm(plan, world, i, views[i], b[i], c_out[i], K, N_r, R=R, rows=M, rank=r,
-                         shift=(r * R) // plan.BLOCK_M, src=views[i], deltas=deltas)  # fmt: skip
-            if want_gathered:
-                peers = [buf.peers[i][p] for p in range(world.world_size)]
-                start = (bases[i][0] - peers[0].data_ptr()) // elem
-                gathered.append(torch.cat([p[start : start + R * K].view(R, K) for p in peers]))
-    return c_out, gathered
-
-
-@dataclass(frozen=True)
-class _Inboxes:
-    """This call's half of the push inboxes and flags, shared by `push` and `push_cublas`.
-
-    Both count calls on one epoch, so the inbox halves alternate across modes as well: a rank writes
-    call t+2's rows into a half only after (stream order, through its wait on call t+1's flags) every
-    peer finished call t's reads of it.
-    """
-
-    epoch: int
-    slot: int
-    half: int
-    n_chunks: int
-    inbox: Any
-    flags: Any
-
-
-def _inboxes(world: World, R: int, K: int, chunk_m: int, dtype: torch.dtype) -> _Inboxes:
-    W = world.world_size
-    epoch = world.next_epoch("ag_gemm.push")
-    slot = _slot(R, K)
-    inbox = world.symmetric("ag_gemm.inbox", (2 * W * slot,), dtype)
-    n_chunks = triton_cdiv(R, chunk_m)
-    # Flag (p, c) sits at p * n_chunks + c: one buffer per chunk count, so every flag has one writer
-    # (rank p) and its epochs only grow. A shared buffer would let a slot pass between writers as the
-    # chunk count changes, and with W > 2 a late write of call t could land after a peer's t+1.
-    flags = world.symmetric(f"ag_gemm.flags.{n_chunks}", (W * n_chunks,), torch.int32, zero=True)
-    return _Inboxes(epoch, slot, (epoch % 2) * W * slot, n_chunks, inbox, flags)
-
-
-def _push(plan, a, b, c_out, world, R, K, N_r, want_gathered):
-    W = world.world_size
-    M = R * W
-    box = _inboxes(world, R, K, plan.chunk_m, a[0].dtype)
-    work = triton_cdiv(M, plan.BLOCK_M) * triton_cdiv(N_r, plan.BLOCK_N) * plan.SPLIT_K
-    consumers = max(1, min(_num_sms(world) - plan.comm_sms, work))
-    tickets = world.scratch("ag_gemm.tickets", 1, torch.int32)  # this rank's tile counter
-    done = world.scratch("ag_gemm.push_done", box.n_chunks, torch.int32)  # pieces copied per chunk, kept at zero
-    fence = world.scratch("ag_gemm.fence", (plan.comm_sms + consumers) * 32 * plan.num_warps, torch.int32)
-    views = [_push_views(world, box, i, R, K) for i in range(len(a))]
-    launches = []
-    for i, r in enumerate(world.local_ranks):
-        local_inbox = box.inbox.tensors[i][box.half :]
-        deltas = world.int_table(tuple(p * box.slot for p in range(W)))
-        push = dict(inbox=local_inbox, inbox_deltas=views[i].deltas, flags=box.flags.tensors[i],
-                    flag_ptrs=box.flags.ptrs[i], epoch=box.epoch, n_chunks=box.n_chunks, slot=box.slot,
-                    comm_sms=plan.comm_sms, consumers=consumers, gather_local=want_gathered, tickets=tickets[i],
-                    done=done[i], fence=fence[i])  # fmt: skip
-        launches.append((i, r, local_inbox, deltas, push, c_out[i]))
-    # The interpreter runs launches in order: every rank's producers before any rank's consumers.
-    phases = [(0, plan.comm_sms), (plan.comm_sms, plan.comm_sms + consumers)] if world.kind == "local" else [None]
-    for phase in phases:
-        for i, r, local_inbox, deltas, push, c in launches:
-            _launch_gemm(plan, world, i, a[i], b[i], c, K, N_r, R=R, rows=M, rank=r, shift=(r * R) // plan.BLOCK_M,
-                         src=local_inbox, deltas=deltas, push=push, pid_range=phase)  # fmt: skip
-    for counter in tickets:  # the kernel counts tiles up from zero: hand the counter back zeroed
-        counter.zero_()
-    outs = [entry[-1] for entry in launches]
-    gathered = [torch.cat(v.rows) for v in views] if want_gathered else []
-    return outs, gathered
-
-
-def _push_cublas(plan, a, b, c_out, world, R, K, N_r, want_gathered):
-    """Pushes as in `push`, but as a kernel (or copy-engine copies) of its own, and cuBLAS multiplies.
-
-    No barrier: a rank reads only its own A and what peers pushed to it, and its next writes into a
-    peer wait (in stream order) on that peer's flags of the call before, as `_Inboxes` says.
-    Launch work is kept small (it is most of a small-M call's cost on the host): views and address
-    tables are built once per inbox half, and on a GPU world a gather-then-GEMM call waits inside
-    its push launch instead of launching a wait kernel.
-    """
-    W = world.world_size
-    M = R * W
-    gathered_order = plan.gemm_order == "gathered"
-    chunk_m = triton.next_power_of_2(R) if gathered_order else plan.chunk_m  # gathered: one chunk per rank
-    box = _inboxes(world, R, K, chunk_m, a[0].dtype)
-    gather_local = want_gathered or gathered_order
-    fold_wait = gathered_order and world.kind == "cuda"  # see ag_push_kernel: not under the interpreter
-    views = [_push_views(world, box, i, R, K) for i in range(len(a))]
-    # every rank pushes before any rank waits (the interpreter runs launches in order)
-    for i, r in enumerate(world.local_ranks):
-        with contextlib.nullcontext() if gathered_order else world.side_stream(i):
-            if plan.push_by == "sm":
-                _launch_push(plan, world, box, i, r, a[i], views[i], K, R, chunk_m, gather_local, fold_wait)
-            else:
-                _copy_engine_push(world, box, i, r, a[i], views[i], R, chunk_m, gather_local, fold_wait)
-    gathered = []
-    for i, r in enumerate(world.local_ranks):
-        v, flags = views[i], box.flags.tensors[i]
-        if gathered_order:
-            if not fold_wait:
-                ag_wait_kernel[(1,)](flags, 0, M - 1, R, r, box.epoch, box.n_chunks, CHUNK_M=chunk_m)
-            if v.all_rows is not None:  # ranks' rows are contiguous: one GEMM, B read once
-                torch.mm(v.all_rows, b[i], out=c_out[i])
-            else:
-                for p in range(W):
-                    torch.mm(v.rows[p], b[i], out=c_out[i][p * R : (p + 1) * R])
-        else:
-            torch.mm(a[i], b[i], out=c_out[i][r * R : (r + 1) * R])
-            for p in [(r + j) % W for j in range(1, W)]:
-                for lo in range(0, R, chunk_m):
-                    hi = min(R, lo + chunk_m)
-                    ag_wait_kernel[(1,)](flags, p * R + lo, p * R + hi - 1, R, r, box.epoch, box.n_chunks,
-                                         CHUNK_M=chunk_m)  # fmt: skip
-                    rows = v.rows[p] if hi - lo == R else v.rows[p][lo:hi]
-                    torch.mm(rows, b[i], out=c_out[i][p * R + lo : p * R + hi])
-            world.wait_side_stream()  # the side stream read A: the caller may overwrite it after us
-        if want_gathered:
-            gathered.append(torch.cat(v.rows))
-    return c_out, gathered
-
-
-@dataclass(frozen=True)
-class _PushViews:
-    """One rank's views of one inbox half (`push` and `push_cublas`), built once: slicing tensors and
-    building address tables cost host time on every call."""
-
-    deltas: torch.Tensor  # element offsets of every rank's inbox half from this rank's
-    dests: list[torch.Tensor]  # [R, K] where this rank's rows go in rank p's inbox (p's mapping)
-    rows: list[torch.Tensor]  # [R, K] rank p's rows in this rank's inbox
-    all_rows: torch.Tensor | None  # [M, K] all of them, when the slots are contiguous
-
-
-def _push_views(world: World, box: _Inboxes, i: int, R: int, K: int) -> _PushViews:
-    own = box.inbox.tensors[i]
-    # keyed like the inbox (by dtype); the world drops these if a buffer is regrown
-    key = ("ag_gemm.push_views", own.dtype, i, box.half, box.slot, R, K)
-    views = world.derived.get(key)
-    if views is None:
-        W, r = world.world_size, world.local_ranks[i]
-        half = own[box.half :]
-        start = box.half + r * box.slot
-        elem = own.element_size()
-        deltas = tuple(_offset(box.inbox.peers[i][p][box.half :], half.data_ptr(), elem) for p in range(W))
-        views = _PushViews(
-            deltas=world.int_table(deltas),
-            dests=[box.inbox.peers[i][p][start : start + R * K].view(R, K) for p in range(W)],
-            rows=[half[p * box.slot : p * box.slot + R * K].view(R, K) for p in range(W)],
-            all_rows=half[: W * R * K].view(W * R, K) if box.slot == R * K else None,
-        )
-        world.derived[key] = views
-    return views
-
-
-def _launch_push(plan, world, box, i, r, a_i, views, K, R, chunk_m, gather_local, wait_all):
-    done = world.scratch("ag_gemm.push_done", box.n_chunks, torch.int32)[i]
-    fence = world.scratch("ag_gemm.fence", plan.comm_sms * 32 * plan.num_warps, torch.int32)[i]
-    args, constexprs = _push_kernel_args(
-        plan, world.world_size, a_i, box.inbox.tensors[i][box.half :], views.deltas, box.flags.ptrs[i],
-        box.flags.tensors[i], done, fence, K, R, box.slot, r, box.epoch, box.n_chunks, chunk_m, gather_local,
-        wait_all,
-    )  # fmt: skip
-    ag_push_kernel[(plan.comm_sms,)](*args, **constexprs)
-
-
-def _push_kernel_args(plan, world_size, a, inbox, inbox_deltas, flag_ptrs, flags, done, fence, K, R, slot, rank,
-                      epoch, n_chunks, chunk_m, gather_local, wait_all):  # fmt: skip
-    """The push kernel's arguments and constants; shared by launches and ahead-of-time compiles."""
-    args = (a, inbox, inbox_deltas, flag_ptrs, flags, done, fence, K, R, slot, rank, epoch, n_chunks)
-    constexprs = dict(
-        WORLD=world_size, COMM_SMS=plan.comm_sms, CHUNK_M=chunk_m, GATHER_LOCAL=gather_local, CP_M=32, CP_K=256,
-        THREADS=32 * plan.num_warps, FENCE=not INTERPRETED, WAIT_ALL=wait_all, num_warps=plan.num_warps,
-    )  # fmt: skip
-    return args, constexprs
-
-
-def _copy_engine_push(world, box, i, r, a_i, views, R, chunk_m, gather_local, wait_all):
-    """Copy-engine copies of each chunk into every peer's inbox, then one kernel releasing its flags."""
-    W = world.world_size
-    dests = [views.dests[(r + j) % W] for j in range(1, W)] + ([views.dests[r]] if gather_local else [])
-    for c, lo in enumerate(range(0, R, chunk_m)):
-        hi = min(R, lo + chunk_m)
-        src = a_i if hi - lo == R else a_i[lo:hi]
-        for dest in dests:
-            (dest if hi - lo == R else dest[lo:hi]).copy_(src, non_blocking=True)
-        if W > 1:
-            ag_signal_kernel[(1,)](box.flags.ptrs[i], box.flags.tensors[i], r, box.epoch, box.n_chunks, c, R,
-                                   WORLD=W, WAIT_ALL=wait_all, CHUNK_M=chunk_m)  # fmt: skip
-
-
-def _ce(plan, a, b, c_out, world, R, K, N_r, want_gathered):
-    W = world.world_size
-    M = R * W
-    elem = a[0].element_size()
-    gathered_buf = world.symmetric("ag_gemm.gathered", (M * K,), a[0].dtype)
-    chunk = triton_cdiv(R, plan.ce_chunks)
-    gathered = []
-    with _shared_a(a, world, R, K) as (buf, views, bases):
-        for i, r in enumerate(world.local_ranks):
-            g = gathered_buf.tensors[i][: M * K].view(M, K)
-            c = c_out[i]
-            events = []
-            with world.side_stream(i):  # copy engine: peers' rows, chunk by chunk, in ring order
-                for p in [(r + j) % W for j in range(1, W)]:
-                    peer = buf.peers[i][p]
-                    start = (bases[i][p] - peer.data_ptr()) // elem
-                    src = peer[start : start + R * K].view(R, K)
-                    for lo in range(0, R, chunk):
-                        hi = min(R, lo + chunk)
-                        g[p * R + lo : p * R + hi].copy_(src[lo:hi], non_blocking=True)
-                        events.append((p * R + lo, hi - lo, world.record_event()))
-            _consume(plan, world, i, views[i], b[i], c[r * R : (r + 1) * R])  # local rows first
-            for row_lo, rows, event in events:
-                world.wait_event(event)
-                _consume(plan, world, i, g[row_lo : row_lo + rows], b[i], c[row_lo : row_lo + rows])
-            world.wait_side_stream()
-            if want_gathered:
-                g[r * R : (r + 1) * R].copy_(views[i])
-                gathered.append(g.clone())
-    return c_out, gathered
-
-
-def _consume(plan, world, i, a_rows, b, c_rows):
-    """c_rows = a_rows @ b for contiguous rows: cuBLAS, or the tile kernel with no communication."""
-    if plan.ce_consumer == "cublas":
-        torch.mm(a_rows, b, out=c_rows)
-        return
-    rows, K = a_rows.shape
-    _launch_gemm(plan, world, i, a_rows, b, c_rows, K, b.shape[1], R=rows, rows=rows)
-
-
-def _num_sms(world: World) -> int:
-    if world.device.type == "cuda":
-        return torch.cuda.get_device_properties(world.device).multi_processor_count
-    return 132  # the interpreter's nominal Hopper, as DeviceLimits.nominal_hopper
-
-
-_MODES = {"pull": _pull, "push": _push, "push_cublas": _push_cublas, "ce": _ce, "baseline": _baseline}
+def _build(world: World, a: list[torch.Tensor], b: list[torch.Tensor], config: Mapping[str, Any], owner: Any,
+           off: int, want_gathered: bool) -> Any:  # fmt: skip
+    R, K, N_r = _check(a, b, world)
+    shape = {"M": R * world.world_size, "N": N_r * world.world_size, "K": K}
+    cfg = AgGemmConfig.of(resolve_config("ag_gemm", config, shape, _DTYPES[a[0].dtype], world))
+    s = Shape(world, R, K, N_r, a[0].dtype, tuple(b[0].stride()))
+    return build_plan(s, cfg, owner, off, want_gathered)
 
 
 def reference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -508,8 +189,38 @@ def reference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> list[torc
     return [gathered @ bi.float() for bi in b]
 
 
-# ----------------------------------------------------------------------------------------------
-# the family: what the tuner and the benchmarks call
+# ---------------------------------------------------------------------------------------------- op
+
+
+def config_json(config: Mapping[str, Any]) -> str:
+    """The config as the torch op takes it (canonical JSON text: a constant under torch.compile)."""
+    return json.dumps(dict(config), sort_keys=True, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_config(text: str) -> dict[str, Any]:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ShapeError(f"config: {text[:80]!r} is not JSON ({exc.msg}); pass config_json(config)") from None
+    if not isinstance(config, dict):
+        raise ShapeError(f"config: {text[:80]!r} is not a JSON object of field -> value")
+    return config
+
+
+@torch.library.custom_op("jointtune::ag_gemm", mutates_args=())
+def _ag_gemm_op(a: list[torch.Tensor], b: list[torch.Tensor], world: str, config: str) -> list[torch.Tensor]:
+    """torch.ops.jointtune.ag_gemm(a, b, world_name, config_json) -> C per local rank."""
+    return list(ag_gemm(list(a), list(b), world=world_named(world), config=_parse_config(config)))
+
+
+@_ag_gemm_op.register_fake
+def _ag_gemm_fake(a: list[torch.Tensor], b: list[torch.Tensor], world: str, config: str) -> list[torch.Tensor]:
+    W = world_named(world).world_size
+    return [x.new_empty((x.shape[0] * W, y.shape[1])) for x, y in zip(a, b)]
+
+
+# ---------------------------------------------------------------------------------------------- family
 
 
 @dataclass
@@ -526,7 +237,13 @@ class AgGemmFamily(Family):
     name = "ag_gemm"
     space = "ag_gemm"
     dims = ("M", "N", "K")
-    source_modules = ("jointtune.kernels._ag_gemm_kernel", "jointtune.kernels.world")
+    source_modules = (
+        "jointtune.kernels._ag_gemm_plans",
+        "jointtune.kernels._ag_gemm_kernel",
+        "jointtune.kernels._signals",
+        "jointtune.kernels._symm",
+        "jointtune.kernels.world",
+    )
 
     def make_inputs(self, problem: Any, world: World, *, seed: int, symmetric: bool = True) -> AgGemmInputs:
         M, N, K = (problem.dim(d) for d in self.dims)
@@ -556,68 +273,65 @@ class AgGemmFamily(Family):
     def reference(self, inputs: AgGemmInputs) -> list[torch.Tensor]:
         return reference(inputs.all_a, inputs.b)
 
-    def max_error(self, outputs: Any, reference: Any) -> float:
-        worst = 0.0
-        for out, ref in zip(outputs, reference):
-            err = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-            worst = max(worst, err if err == err else float("inf"))
-        return worst
+    def key(self, a: Any, b: Any, *, world: World, **_: Any) -> dict[str, int]:
+        a0, b0 = _as_list(a)[0], _as_list(b)[0]
+        W = world.world_size
+        return {"M": a0.shape[0] * W, "N": b0.shape[1] * W, "K": a0.shape[1]}
 
     def flops(self, problem: Any) -> float:
         M, N, K = (problem.dim(d) for d in self.dims)
         return 2.0 * M * N * K
 
-    def precompile(self, config: Mapping[str, Any], problem: Any) -> None:
-        """Compile the config's Triton kernel ahead of its trial (tuners call this on a thread pool)."""
-        plan = _plan(config)
-        if INTERPRETED or not _runs_triton(plan):
-            return
+    def standin_launches(self, config: Mapping[str, Any], problem: Any, device: torch.device) -> list[StandinLaunch]:
         M, N, K = (problem.dim(d) for d in self.dims)
-        device = torch.device("cuda", torch.cuda.current_device())
-        for kernel, args, constexprs in standin_launches(
-            plan, M=M, N=N, K=K, world_size=problem.world_size, dtype=getattr(torch, problem.dtype), device=device
-        ):
-            warmup = getattr(kernel, "warmup", None)
-            if warmup is not None:
-                warmup(*args, grid=(1,), **constexprs)
+        W = problem.world_size
+        dtype = getattr(torch, problem.dtype)
+        cfg = AgGemmConfig.of(dict(config))
+        return standin_launches(cfg, M=M, N=N, K=K, world_size=W, dtype=dtype, device=device)
 
 
-def _runs_triton(plan: Plan) -> bool:
-    if plan.mode == "baseline" or (plan.mode == "ce" and plan.ce_consumer == "cublas"):
-        return False
-    return not (plan.mode == "push_cublas" and plan.push_by == "ce")
+def standin_launches(cfg: AgGemmConfig, *, M: int, N: int, K: int, world_size: int, dtype: torch.dtype,
+                     device: torch.device) -> list[StandinLaunch]:  # fmt: skip
+    """(kernel, arguments, options) of the big Triton kernel a call of this shape launches, with
+    1-element stand-in tensors and the call's real integers (as `ag_gemm`'s plans build them)."""
+    from jointtune.kernels._ag_gemm_kernel import ag_gemm_kernel
+    from jointtune.kernels._signals import allgather_push_kernel
 
-
-def standin_launches(
-    plan: Plan, *, M: int, N: int, K: int, world_size: int, dtype: torch.dtype, device: torch.device
-) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
-    """(kernel, arguments, constants) of the big Triton kernel a call of this shape launches.
-
-    1-element stand-in tensors with the call's real dims: compiles specialise on dtypes, on which
-    integers are 16-divisible and on pointer alignment, so they compile what the call will launch
-    (ahead-of-time compiles). The tiny wait and signal kernels compile on first use.
-    """
-    R, N_r = M // world_size, N // world_size
+    W, R, N_r = world_size, M // world_size, N // world_size
     t = torch.empty(1, dtype=dtype, device=device)
     i64, i32, f32 = (torch.zeros(1, dtype=d, device=device) for d in (torch.int64, torch.int32, torch.float32))
-    if plan.mode == "push_cublas":
-        if plan.push_by == "ce":
+    slot = slot_elems(R, K)
+    if cfg.mode == "push_cublas":
+        if cfg.push_by != "sm":
             return []
-        gathered = plan.gemm_order == "gathered"
-        chunk_m = triton.next_power_of_2(R) if gathered else plan.chunk_m
-        args, constexprs = _push_kernel_args(
-            plan, world_size, t, t, i64, i64, i32, i32, i32, K, R, _slot(R, K), 0, 0, 2, chunk_m, gathered, gathered
-        )
-        return [(ag_push_kernel, args, constexprs)]
+        gathered = cfg.gemm_order == "gathered"
+        chunk = triton.next_power_of_2(R) if gathered else cfg.chunk_m
+        args = push_args(cfg, W, src=t, inbox_base=t, inbox_deltas=i64, own=t, flag_ptrs=i64, flags_local=i64,
+                         done=i32, fence=i32, state=i64, gathered=t, K=K, R=R, slot=slot,
+                         half_stride=W * slot if gathered else 0, rank=0, n_chunks=-(-R // chunk), chunk_m=chunk,
+                         epoch=1 if gathered else 2, push=True, receive=gathered, wait_all=False,
+                         own_rows=gathered)  # fmt: skip
+        return [_split(allgather_push_kernel, args)]
+    if cfg.mode not in ("pull", "push") and not (cfg.mode == "ce" and cfg.ce_consumer == "triton"):
+        return []
     b = torch.empty_strided((1, 1), (N_r, 1), dtype=dtype, device=device)
     c = torch.empty_strided((1, 1), (N_r, 1), dtype=dtype, device=device)
-    push = dict(inbox=t, inbox_deltas=i64, flags=i32, flag_ptrs=i64, epoch=0, n_chunks=2, slot=_slot(R, K),
-                comm_sms=plan.comm_sms if plan.mode == "push" else 0, consumers=2, gather_local=False, tickets=i32,
-                done=i32, fence=i32)  # fmt: skip
-    args, constexprs = _kernel_args(
-        plan, world_size, "cuda", t, t, i64, b, c, f32 if plan.SPLIT_K > 1 else c, i32, push, K, N_r, R, M, 0, 0, 0, 0
-    )
-    return [(ag_gemm_kernel, args, constexprs)]
+    push = None
+    if cfg.mode == "push":
+        push = dict(inbox=t, inbox_deltas=i64, flags=i64, flag_ptrs=i64, tickets=i32, done=i32, fence=i32, state=i64,
+                    slot=slot, half_stride=W * slot, n_chunks=2, comm_sms=cfg.comm_sms, consumers=2, pid_base=0,
+                    ticket_takers=2, num_programs=2, own=False, epoch=1, producers_consume=True)  # fmt: skip
+    rows = M if cfg.mode != "ce" else -(-R // cfg.ce_chunks)
+    split = f32 if cfg.SPLIT_K > 1 else None
+    args = gemm_args(cfg, W, a=t, b=b, c=c, K=K, N_r=N_r, R=R if cfg.mode != "ce" else rows, rows=rows, dummy=i64,
+                     src=t, deltas=i64, push=push, ws=split, counts=i32 if split is not None else None)  # fmt: skip
+    return [_split(ag_gemm_kernel, args)]
+
+
+def _split(kernel: Any, args: Any) -> StandinLaunch:
+    named = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+    options = {k: named.pop(k) for k in ("num_warps", "num_stages") if k in named}
+    return kernel, named, options
 
 
 register_family(AgGemmFamily())

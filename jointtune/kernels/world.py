@@ -7,8 +7,11 @@ peer mappings); on the local world they are ordinary tensors of one process, whi
 interpreter follows like device pointers, so every mode and every launch path runs on the CPU.
 
 Buffers are allocated once per name and grown to the largest size asked for (a collective on the
-CUDA world: every rank asks in the same order, which holds since every rank runs the same ops).
-Flags in symmetric memory carry epochs, so nothing has to be reset between calls.
+CUDA world: every rank asks in the same order, which holds since every rank runs the same ops). A
+grown buffer replaces the old one for new plans only: plans (and CUDA graphs that captured them) keep
+the buffers they were built on alive. Nothing that changes from call to call lives on the host: the
+call counter that epochs and inbox halves come from is device memory (`call_state`, see `_signals`).
+Every world has a `name`, by which torch ops (which take no Python objects) find it.
 
 Example:
     >>> world = create_world("local", world_size=2)
@@ -20,15 +23,20 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from jointtune.errors import KernelError
+from jointtune.kernels._runtime import refuse_during_capture
+
+T = TypeVar("T")
 
 # Multicast stays off on the shared NVLink machines; we never need it.
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -61,6 +69,19 @@ class SymmetricBuffer:
         return flat[:n].view(*shape)
 
 
+_WORLDS: weakref.WeakValueDictionary[str, World] = weakref.WeakValueDictionary()
+_NAMES = itertools.count()
+
+
+def world_named(name: str) -> World:
+    """The live world called `name` (torch ops carry worlds by name)."""
+    world = _WORLDS.get(name)
+    if world is None:
+        live = ", ".join(sorted(_WORLDS)) or "none"
+        raise KernelError(f"world: {name!r} is not a live world; live worlds: {live}")
+    return world
+
+
 class World(ABC):
     """The ranks of one tensor-parallel group, as this process sees them."""
 
@@ -68,30 +89,41 @@ class World(ABC):
     world_size: int
     rank: int
     device: torch.device
+    #: launches of different ranks may run at the same time (one process per GPU). When False, the
+    #: process issues every rank's launches one after another on one stream (simulated ranks), so a
+    #: launcher must order them such that no program waits on a flag only a later launch sets.
+    concurrent: bool
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, torch.dtype], SymmetricBuffer] = {}
         self._tables: dict[tuple[int, ...], torch.Tensor] = {}
         self._scratch: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
         self._user_views: dict[int, SymmetricBuffer] = {}  # data_ptr of a tensor `empty` handed out
-        # launchers' views derived from `symmetric` buffers, built once; cleared when one is replaced
-        self.derived: dict[tuple[Any, ...], Any] = {}
-        self.epochs: dict[str, int] = {}
+        #: launch plans and communication state, built once per key and kept for the world's life:
+        #: a CUDA graph that captured a plan's launches holds its buffers' addresses, not references
+        self.plans: dict[tuple[Any, ...], Any] = {}
+        self.name = f"{self.kind}-{next(_NAMES)}"
+        _WORLDS[self.name] = self
 
     @property
     @abstractmethod
     def local_ranks(self) -> tuple[int, ...]:
         """Ranks this process drives: all of them on the local world, one on CUDA."""
 
-    def next_epoch(self, op: str) -> int:
-        """A per-op call counter, identical on every rank since every rank runs the same calls."""
-        self.epochs[op] = self.epochs.get(op, 0) + 1
-        return self.epochs[op]
+    def plan(self, key: tuple[Any, ...], build: Callable[[], T]) -> T:
+        """The plan under `key`, built on first use (never during CUDA graph capture)."""
+        plan = self.plans.get(key)
+        if plan is None:
+            refuse_during_capture(self.device, f"{key[0]}: building a launch plan")
+            plan = build()
+            self.plans[key] = plan
+        return plan
 
     def int_table(self, values: tuple[int, ...]) -> torch.Tensor:
         """A device int64 tensor holding `values`, made once: no host-to-device copy on the hot path."""
         table = self._tables.get(values)
         if table is None:
+            refuse_during_capture(self.device, "an address table")
             table = torch.tensor(values, dtype=torch.int64, device=self.device)
             self._tables[values] = table
         return table
@@ -101,6 +133,7 @@ class World(ABC):
         key = (name, dtype)
         bufs = self._scratch.get(key)
         if bufs is None or bufs[0].numel() < numel:
+            refuse_during_capture(self.device, f"scratch buffer {name!r}")
             bufs = [torch.zeros(max(numel, 1), dtype=dtype, device=self.device) for _ in self.local_ranks]
             self._scratch[key] = bufs
         return bufs
@@ -113,9 +146,9 @@ class World(ABC):
         key = (name, dtype)
         buf = self._buffers.get(key)
         if buf is None or buf.numel < numel:
+            refuse_during_capture(self.device, f"symmetric buffer {name!r}")
             buf = self._allocate(name, max(numel, 1), dtype, zero=zero)
             self._buffers[key] = buf
-            self.derived.clear()  # views of a replaced buffer would keep it alive (and stale)
         return buf
 
     @abstractmethod
@@ -127,6 +160,7 @@ class World(ABC):
         A fused op reading them needs no copy-in; each call allocates a new buffer, so keep and
         reuse what it returns (it is the input slot of the next layer, not scratch).
         """
+        refuse_during_capture(self.device, "world.empty")
         name = f"user-{len(self._buffers)}"
         buf = self._allocate(name, max(1, _prod(shape)), dtype, zero=False)
         self._buffers[(name, dtype)] = buf
@@ -147,14 +181,20 @@ class World(ABC):
         """All ranks reach this point (in stream order on CUDA) before any goes on."""
 
     @abstractmethod
-    def all_gather(self, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The baseline collective: NCCL all-gather on CUDA, a concatenation on the local world."""
+    def all_gather(
+        self, shards: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
+        """The baseline collective: NCCL all-gather on CUDA, a concatenation on the local world.
+
+        `out` (one [W * rows, ...] tensor per local rank) receives the result instead of new tensors.
+        """
 
     def side_stream(self, i: int) -> contextlib.AbstractContextManager[Any]:
         """Context in which copy-engine work of local rank index `i` is issued."""
         return contextlib.nullcontext()
 
-    def record_event(self) -> Any:
+    def record_event(self, event: Any = None) -> Any:
+        """Record `event` (or a new one) on the current stream; None where streams don't exist."""
         return None
 
     def wait_event(self, event: Any) -> None:
@@ -165,7 +205,8 @@ class World(ABC):
 
     def close(self) -> None:
         self._buffers.clear()
-        self.derived.clear()
+        self.plans.clear()
+        _WORLDS.pop(self.name, None)
 
 
 def _prod(shape: Sequence[int]) -> int:
@@ -188,6 +229,7 @@ class LocalWorld(World):
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     kind: str = "local"
     rank: int = 0
+    concurrent = False  # not a field: simulated ranks always launch one after another
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -213,9 +255,17 @@ class LocalWorld(World):
     def barrier(self, buffer: SymmetricBuffer | None = None) -> None:
         return None  # launches of all simulated ranks are already ordered
 
-    def all_gather(self, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        gathered = torch.cat(list(shards), dim=0)
-        return [gathered] * self.world_size
+    def all_gather(
+        self, shards: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
+        if out is None:
+            gathered = torch.cat(list(shards), dim=0)
+            return [gathered] * self.world_size
+        torch.cat(list(shards), dim=0, out=out[0])
+        for o in out[1:]:
+            if o is not out[0]:
+                o.copy_(out[0])
+        return list(out)
 
 
 class CudaWorld(World):
@@ -226,6 +276,7 @@ class CudaWorld(World):
     """
 
     kind = "cuda"
+    concurrent = True
 
     def __init__(self, group: Any = None) -> None:
         import torch.distributed as dist
@@ -265,20 +316,26 @@ class CudaWorld(World):
             buffer = self.symmetric("barrier", (1,), torch.int32, zero=True)
         buffer.handle.barrier(channel=0)
 
-    def all_gather(self, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def all_gather(
+        self, shards: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
         import torch.distributed as dist
 
         (shard,) = shards
-        out = torch.empty((shard.shape[0] * self.world_size, *shard.shape[1:]), dtype=shard.dtype, device=shard.device)
-        dist.all_gather_into_tensor(out, shard.contiguous(), group=self.group)
-        return [out]
+        if out is None:
+            shape = (shard.shape[0] * self.world_size, *shard.shape[1:])
+            target = torch.empty(shape, dtype=shard.dtype, device=shard.device)
+        else:
+            (target,) = out
+        dist.all_gather_into_tensor(target, shard.contiguous(), group=self.group)
+        return [target]
 
     def side_stream(self, i: int) -> contextlib.AbstractContextManager[Any]:
         self._side.wait_stream(torch.cuda.current_stream(self.device))
         return torch.cuda.stream(self._side)
 
-    def record_event(self) -> Any:
-        event = torch.cuda.Event()
+    def record_event(self, event: Any = None) -> Any:
+        event = event or torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.device))
         return event
 

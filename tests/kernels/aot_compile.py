@@ -3,7 +3,8 @@
 Triton's NVIDIA backend lowers to PTX and runs its bundled ptxas with no driver, so compile
 failures that only a GPU run used to show (a pass pipeline that breaks on one Triton version)
 are caught on the CPU, with the launcher's own arguments and constants (`standin_launches`, as the tuner's
-precompile uses). The small wait and signal kernels of `push_cublas` are compiled once per run.
+precompile uses). The small kernels every family shares (open a call, release a chunk, wait for chunks)
+are compiled once per run.
 
     python tests/kernels/aot_compile.py '[{"mode": "push", ...}, ...]'   # prints one line per config
 
@@ -24,8 +25,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from jointtune.kernels._ag_gemm_kernel import ag_signal_kernel, ag_wait_kernel
-from jointtune.kernels.ag_gemm import _plan, standin_launches
+from jointtune.kernels._ag_gemm_plans import AgGemmConfig
+from jointtune.kernels._signals import open_call_kernel, release_chunk_kernel, wait_chunks_kernel
+from jointtune.kernels.ag_gemm import standin_launches
 
 _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
           torch.int64: "*i64"}  # fmt: skip
@@ -34,16 +36,17 @@ _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32
 def compile_config(config: dict, *, M: int = 1024, N: int = 2048, K: int = 1024, world_size: int = 2) -> str:
     """Compile one config's Triton kernel for sm_90; returns the PTX size as text, raises on failure."""
     launches = standin_launches(
-        _plan(config), M=M, N=N, K=K, world_size=world_size, dtype=torch.bfloat16, device=torch.device("cpu")
+        AgGemmConfig.of(config), M=M, N=N, K=K, world_size=world_size, dtype=torch.bfloat16, device=torch.device("cpu")
     )
-    return "; ".join(compile_kernel(kernel, args, constexprs) for kernel, args, constexprs in launches)
+    return "; ".join(compile_kernel(kernel, named, options) for kernel, named, options in launches)
 
 
-def compile_kernel(kernel, args: tuple, constexprs: dict) -> str:
+def compile_kernel(kernel, named: dict, options: dict) -> str:
     """Lower one kernel for sm_90, specialised as a launch with these arguments would be."""
-    constexprs = dict(constexprs)
-    options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages") if k in constexprs}
     names = list(inspect.signature(kernel.fn).parameters)
+    const_names = {n for n, p in inspect.signature(kernel.fn).parameters.items() if "constexpr" in str(p.annotation)}
+    constexprs = {n: named[n] for n in names if n in const_names}
+    args = tuple(named[n] for n in names if n not in const_names)  # our kernels put every constant last
     fixed = set(getattr(kernel, "do_not_specialize", ()) or ())
     fixed |= {names[i] for i in fixed if isinstance(i, int)}
     # Specialise as a launch does: pointers (16-byte aligned) and integers divisible by 16 carry
@@ -74,15 +77,20 @@ def compile_kernel(kernel, args: tuple, constexprs: dict) -> str:
 
 
 def _small_kernels() -> list[tuple[str, str]]:
-    i32, i64 = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64)
+    i64 = torch.zeros(1, dtype=torch.int64)
     done = []
-    for kernel, args, constexprs in (
-        (ag_wait_kernel, (i32, 0, 1023, 512, 0, 3, 2), dict(CHUNK_M=256)),
-        (ag_signal_kernel, (i64, i32, 0, 3, 2, 1, 512), dict(WORLD=2, WAIT_ALL=False, CHUNK_M=256)),
-        (ag_signal_kernel, (i64, i32, 0, 3, 1, 0, 512), dict(WORLD=2, WAIT_ALL=True, CHUNK_M=512)),
-    ):
+    one = dict(num_warps=1)
+    for kernel, named in (
+        (wait_chunks_kernel, dict(flags_ptr=i64, state_ptr=i64, rank=0, n_chunks=2, p_lo=0, p_hi=1, c_lo=0, c_hi=1)),
+        (release_chunk_kernel, dict(flag_ptrs_ptr=i64, flags_ptr=i64, state_ptr=i64, rank=0, n_chunks=2, chunk=1,
+                                    WORLD=2, WAIT_ALL=False)),
+        (release_chunk_kernel, dict(flag_ptrs_ptr=i64, flags_ptr=i64, state_ptr=i64, rank=1, n_chunks=1, chunk=0,
+                                    WORLD=4, WAIT_ALL=True)),
+        (open_call_kernel, dict(state_ptr=i64, entered_ptrs_ptr=i64, entered_ptr=i64, rank=0, WORLD=2, SIGNAL=True,
+                                WAIT=True)),
+    ):  # fmt: skip
         try:
-            done.append(("ok", compile_kernel(kernel, args, constexprs)))
+            done.append(("ok", compile_kernel(kernel, named, one)))
         except Exception as exc:
             done.append(("FAILED", f"{kernel.fn.__name__} {type(exc).__name__}: {str(exc)[-300:]}"))
     return done

@@ -27,8 +27,9 @@ CONFIGS = [
     dict(mode="push", comm_sms=8, chunk_m=256, SPLIT_K=1, **dict(TILE, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)),
     dict(mode="push_cublas", push_by="sm", gemm_order="local_first", comm_sms=16, chunk_m=128),
     dict(mode="push_cublas", push_by="sm", gemm_order="gathered", comm_sms=32),
+    dict(mode="push_cublas", push_by="sm", gemm_order="gathered", comm_sms=8),
 ]
-SMALL_KERNELS = 3  # push_cublas's wait kernel and signal kernel (with and without its wait), once per run
+SMALL_KERNELS = 4  # the shared wait, release (with and without its wait) and open-call kernels, once per run
 
 
 def _compile(extra_path: str | None) -> subprocess.CompletedProcess:

@@ -1,0 +1,79 @@
+"""Facts about where kernels run, decided in one place: interpreted or compiled, the device's size,
+whether launches of different ranks can run at the same time, and whether a CUDA graph is being captured.
+
+Triton reads TRITON_INTERPRET when a kernel is defined, so `interpreted()` is read once, the first time
+anything asks, and every module of this package asks here (no module reads the variable itself).
+This module imports torch but not Triton: the CLI and the tuner ask it before any kernel exists.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from jointtune.errors import KernelError
+
+if TYPE_CHECKING:
+    from jointtune.search_spaces import DeviceLimits
+
+_TRUE = ("1", "true", "yes", "on", "y")
+
+
+@functools.cache
+def interpreted() -> bool:
+    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1, chosen before import)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of `device`; the interpreter's nominal Hopper (132) on the CPU."""
+    if device.type == "cuda":
+        return _cuda_props(device.index if device.index is not None else torch.cuda.current_device())[0]
+    return 132
+
+
+def device_limits(device: torch.device) -> DeviceLimits:
+    """What a space's constraints check configs against on `device` (nominal Hopper on the CPU)."""
+    from jointtune.search_spaces import DeviceLimits
+
+    if device.type != "cuda":
+        return DeviceLimits.nominal_hopper(interpreter=True)
+    sms, shared, cc = _cuda_props(device.index if device.index is not None else torch.cuda.current_device())
+    return DeviceLimits(max_shared_mem=shared, num_sms=sms, compute_capability=cc)
+
+
+@functools.cache
+def _cuda_props(index: int) -> tuple[int, int, tuple[int, int]]:
+    props = torch.cuda.get_device_properties(index)
+    shared = int(getattr(props, "shared_memory_per_block_optin", 0))
+    if shared <= 0:
+        try:  # older torch builds lack the field; Triton's driver knows it
+            from triton.runtime import driver
+
+            shared = int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+        except Exception as exc:
+            raise KernelError(f"max_shared_mem: device {index} ({props.name}) does not report it") from exc
+    return int(props.multi_processor_count), shared, (int(props.major), int(props.minor))
+
+
+def capturing(device: torch.device) -> bool:
+    """True while the current stream of `device` is being captured into a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def refuse_during_capture(device: torch.device, what: str) -> None:
+    """Raise (before anything is queued) if `what` (allocation, collective, compile) would run during capture."""
+    if capturing(device):
+        raise KernelError(
+            f"{what} during CUDA graph capture: a first call of this op, shape, dtype and config allocates "
+            "symmetric memory and compiles kernels, which a graph can't hold; call it once before capturing "
+            "(warm-up), then capture"
+        )
+
+
+def compile_options(num_warps: int = 4, num_stages: int = 3) -> dict[str, Any]:
+    """Launch options Triton takes beside the kernel arguments."""
+    return {"num_warps": int(num_warps), "num_stages": int(num_stages)}

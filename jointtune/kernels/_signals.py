@@ -1,0 +1,297 @@
+"""Communication pieces every fused family shares, in Triton: push rows to peers, release and wait for
+flags, fence, and the call's epoch, which lives on the device.
+
+Cross-call state never comes from the host. Each world keeps a per-rank counter in device memory
+(`CallState`): the number of fused calls this rank has opened. A call's epoch is that counter + 1.
+Either one small kernel opens the call (`open_call_kernel`: counter += 1, then every kernel of the call
+reads the counter), or the call's first kernel reads counter + 1 and its last program to finish
+publishes it (`close_call`). Flags carry epochs, so a flag written at call e means "ready for call e"
+and nothing is ever reset; inbox halves are picked by epoch parity in the kernel. A CUDA graph that
+captured a call therefore replays it correctly forever: every replay advances the counter on the
+device, exactly as an eager call does.
+
+Epochs and flags are int64: at one call per microsecond they would take 290,000 years to wrap.
+
+Layout conventions (all families): a flag buffer per (family, chunk count) holds `world_size * n_chunks`
+int64 flags; flag (p, c) at `p * n_chunks + c` is written only by rank p (one writer per flag). A
+rank's entry flags (`entered[p]`) are written only by rank p.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# ---- the call's epoch ---------------------------------------------------------------------------
+# EPOCH (constexpr) of a kernel: 1 = this launch opens the call (reads counter + 1; `close_call` at the
+# end publishes it), 2 = the call is already open (the counter is the epoch).
+
+
+@triton.jit
+def call_epoch(state_ptr, EPOCH: tl.constexpr):
+    return tl.load(state_ptr) + EPOCH % 2
+
+
+@triton.jit
+def close_call(state_ptr, epoch, num_programs):
+    # The last of the launch's programs to arrive publishes the epoch. Every program read the counter
+    # before arriving, so none of this launch reads the new value; later kernels on the stream do.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if arrived == num_programs - 1:
+        tl.store(state_ptr + 1, 0)
+        tl.atomic_xchg(state_ptr, epoch, sem="release", scope="gpu")
+
+
+@triton.jit
+def thread_fence(fence_ptr, pid, THREADS: tl.constexpr, FENCE: tl.constexpr):
+    # One acq_rel system-scope atomic per thread (a 1-D block of THREADS elements puts one on each):
+    # a per-thread fence ordering that thread's own loads/stores around a barrier-based handshake.
+    if FENCE:
+        tl.atomic_add(fence_ptr + pid * THREADS + tl.arange(0, THREADS), 0, sem="acq_rel", scope="sys")
+
+
+@triton.jit
+def release_flag(flag_ptrs_ptr, rank, index, epoch, WORLD: tl.constexpr):
+    # flag `index` (this rank's) at every peer := epoch, publishing this rank's earlier writes
+    for j in range(1, WORLD):
+        peer = (rank + j) % WORLD
+        flags = tl.load(flag_ptrs_ptr + peer).to(tl.pointer_type(tl.int64))
+        tl.atomic_xchg(flags + index, epoch, sem="release", scope="sys")
+
+
+@triton.jit
+def wait_flag(flag_ptr, epoch):
+    while tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys") < epoch:
+        pass
+
+
+@triton.jit
+def wait_chunks(flags_ptr, epoch, rank, n_chunks, p_lo, p_hi, c_lo, c_hi):
+    # acquire chunks [c_lo, c_hi] of every source rank in [p_lo, p_hi] but this one
+    for p in range(p_lo, p_hi + 1):
+        if p != rank:
+            for c in range(c_lo, c_hi + 1):
+                wait_flag(flags_ptr + p * n_chunks + c, epoch)
+
+
+# ---- all-gather by pushing: rows [R, K] of every rank land in slot `rank` of every peer's inbox ----
+
+
+@triton.jit
+def push_rows(
+    src_ptr,
+    dest_ptr,
+    dest_deltas_ptr,
+    own_ptr,
+    flag_ptrs_ptr,
+    done_ptr,
+    fence_ptr,
+    pid,
+    K,
+    R,
+    slot,
+    rank,
+    epoch,
+    n_chunks,
+    WORLD: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+    CHUNK_M: tl.constexpr,
+    OWN: tl.constexpr,
+    CP_M: tl.constexpr,
+    CP_K: tl.constexpr,
+    THREADS: tl.constexpr,
+    FENCE: tl.constexpr,
+):
+    # All PROGRAMS programs share every chunk, piece by piece ([CP_M, CP_K] blocks; piece g of the call
+    # goes to program g % PROGRAMS), so the copy runs on all of them whatever the chunk size. `dest_ptr`
+    # is this call's inbox (half) base as this rank maps it; rank p's is at `dest_deltas[p]` elements
+    # from it. OWN: this rank's rows also go to `own_ptr`. A program fences once per chunk, after its
+    # last piece, and adds its piece count to the chunk's counter; the one completing the count (and
+    # leaving it at zero for the next call) releases the chunk's flag to every peer.
+    k_pieces = tl.cdiv(K, CP_K)
+    pieces = tl.cdiv(CHUNK_M, CP_M) * k_pieces
+    for c in range(0, n_chunks):
+        first = (pid - (c * pieces) % PROGRAMS + PROGRAMS) % PROGRAMS
+        for q in range(first, pieces, PROGRAMS):
+            rows = c * CHUNK_M + (q // k_pieces) * CP_M + tl.arange(0, CP_M)
+            ks = (q % k_pieces) * CP_K + tl.arange(0, CP_K)
+            mask = (rows[:, None] < tl.minimum(c * CHUNK_M + CHUNK_M, R)) & (ks[None, :] < K)
+            offs = rows[:, None].to(tl.int64) * K + ks[None, :]
+            x = tl.load(src_ptr + offs, mask=mask)
+            dst = dest_ptr + rank.to(tl.int64) * slot + offs
+            for j in range(1, WORLD):
+                peer = (rank + j) % WORLD
+                delta = (tl.load(dest_deltas_ptr + peer) // 16) * 16
+                tl.store(dst + delta, x, mask=mask)
+            if OWN:
+                tl.store(own_ptr + offs, x, mask=mask)
+        mine = tl.cdiv(pieces - first, PROGRAMS)
+        if mine > 0:
+            thread_fence(fence_ptr, pid, THREADS, FENCE)
+            tl.debug_barrier()
+            done = tl.atomic_add(done_ptr + c, mine, sem="acq_rel", scope="sys")
+            if done + mine == pieces:
+                tl.store(done_ptr + c, 0)
+                release_flag(flag_ptrs_ptr, rank, rank * n_chunks + c, epoch, WORLD)
+
+
+@triton.jit
+def receive_rows(
+    inbox_ptr,
+    gathered_ptr,
+    flags_ptr,
+    fence_ptr,
+    pid,
+    K,
+    R,
+    slot,
+    rank,
+    epoch,
+    n_chunks,
+    WORLD: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+    CHUNK_M: tl.constexpr,
+    CP_M: tl.constexpr,
+    CP_K: tl.constexpr,
+    THREADS: tl.constexpr,
+    FENCE: tl.constexpr,
+):
+    # Every peer's rows from this call's inbox half into `gathered` [WORLD * R, K], each chunk once its
+    # flag says it arrived. The inbox half alternates by call (the kernel picks it); `gathered` stays put,
+    # so a library GEMM (cuBLAS) can read it at one address in every call and every graph replay.
+    k_pieces = tl.cdiv(K, CP_K)
+    pieces = tl.cdiv(CHUNK_M, CP_M) * k_pieces
+    for j in range(1, WORLD):
+        p = (rank + j) % WORLD
+        for c in range(0, n_chunks):
+            g = (j - 1) * n_chunks + c
+            first = (pid - (g * pieces) % PROGRAMS + PROGRAMS) % PROGRAMS
+            if first < pieces:
+                wait_flag(flags_ptr + p * n_chunks + c, epoch)
+                tl.debug_barrier()
+                thread_fence(fence_ptr, pid, THREADS, FENCE)
+                for q in range(first, pieces, PROGRAMS):
+                    rows = c * CHUNK_M + (q // k_pieces) * CP_M + tl.arange(0, CP_M)
+                    ks = (q % k_pieces) * CP_K + tl.arange(0, CP_K)
+                    mask = (rows[:, None] < tl.minimum(c * CHUNK_M + CHUNK_M, R)) & (ks[None, :] < K)
+                    offs = rows[:, None].to(tl.int64) * K + ks[None, :]
+                    x = tl.load(inbox_ptr + p.to(tl.int64) * slot + offs, mask=mask)
+                    tl.store(gathered_ptr + p.to(tl.int64) * R * K + offs, x, mask=mask)
+
+
+# ---- kernels ------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["rank"])
+def open_call_kernel(state_ptr, entered_ptrs_ptr, entered_ptr, rank, WORLD: tl.constexpr, SIGNAL: tl.constexpr,
+                     WAIT: tl.constexpr):  # fmt: skip
+    # Opens a call whose transfers write at fixed addresses (the copy engine, or inboxes a library GEMM
+    # reads): counter += 1, then tell every peer "I entered call e" (so I am done reading what they
+    # sent me in call e - 1), and wait until every peer said the same before anyone writes into it.
+    # On a world whose ranks launch one after another, SIGNAL and WAIT are two launches per rank.
+    if SIGNAL:
+        epoch = tl.load(state_ptr) + 1
+        tl.store(state_ptr, epoch)
+        for j in range(1, WORLD):
+            peer = (rank + j) % WORLD
+            entered = tl.load(entered_ptrs_ptr + peer).to(tl.pointer_type(tl.int64))
+            tl.atomic_xchg(entered + rank, epoch, sem="release", scope="sys")
+    else:
+        epoch = tl.load(state_ptr)
+    if WAIT:
+        for j in range(1, WORLD):
+            wait_flag(entered_ptr + (rank + j) % WORLD, epoch)
+
+
+# Integers that may be 1 stay runtime values: Triton would make them constants and compile per rank.
+@triton.jit(do_not_specialize=["rank", "n_chunks", "num_programs"])
+def allgather_push_kernel(
+    src_ptr,
+    inbox_ptr,
+    inbox_deltas_ptr,
+    own_ptr,
+    flag_ptrs_ptr,
+    flags_ptr,
+    done_ptr,
+    fence_ptr,
+    state_ptr,
+    gathered_ptr,
+    K,
+    R,
+    slot,
+    half_stride,
+    rank,
+    n_chunks,
+    num_programs,
+    WORLD: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+    CHUNK_M: tl.constexpr,
+    OWN: tl.constexpr,
+    CP_M: tl.constexpr,
+    CP_K: tl.constexpr,
+    THREADS: tl.constexpr,
+    FENCE: tl.constexpr,
+    EPOCH: tl.constexpr,
+    PUSH: tl.constexpr,
+    RECEIVE: tl.constexpr,
+    WAIT_ALL: tl.constexpr,
+):
+    # PUSH: this rank's rows to every peer (and OWN: to `own_ptr`), a flag per chunk. RECEIVE: then copy
+    # every peer's rows from this call's inbox half into `gathered`. WAIT_ALL: program 0 waits for every
+    # peer's chunks, so the next kernel on the stream reads them. `half_stride` > 0: inboxes alternate
+    # halves by epoch parity. Pushing waits on nothing, and the grid (<= num_sms / 4) is resident, so
+    # every wait ends: deadlock-free. A sequential world launches PUSH for every rank, then RECEIVE.
+    pid = tl.program_id(0)
+    epoch = call_epoch(state_ptr, EPOCH)
+    half = (epoch % 2) * half_stride
+    if PUSH:
+        push_rows(
+            src_ptr, inbox_ptr + half, inbox_deltas_ptr, own_ptr, flag_ptrs_ptr, done_ptr, fence_ptr, pid, K, R, slot,
+            rank, epoch, n_chunks, WORLD, PROGRAMS, CHUNK_M, OWN, CP_M, CP_K, THREADS, FENCE,
+        )  # fmt: skip
+    if RECEIVE:
+        receive_rows(
+            inbox_ptr + half, gathered_ptr, flags_ptr, fence_ptr, pid, K, R, slot, rank, epoch, n_chunks, WORLD,
+            PROGRAMS, CHUNK_M, CP_M, CP_K, THREADS, FENCE,
+        )  # fmt: skip
+    if WAIT_ALL:  # noqa: SIM102 (constexpr: without it no wait code at all)
+        if pid == 0:
+            wait_chunks(flags_ptr, epoch, rank, n_chunks, 0, WORLD - 1, 0, n_chunks - 1)
+    if EPOCH == 1:
+        close_call(state_ptr, epoch, num_programs)
+
+
+@triton.jit(do_not_specialize=["rank", "n_chunks", "chunk"])
+def release_chunk_kernel(flag_ptrs_ptr, flags_ptr, state_ptr, rank, n_chunks, chunk, WORLD: tl.constexpr,
+                         WAIT_ALL: tl.constexpr):  # fmt: skip
+    # Queued behind the copy engine's copies of `chunk` into every peer: stream order puts them before
+    # this kernel, the system-scope release publishes them with the flag. WAIT_ALL: then wait for every
+    # peer's chunks (a gather-then-GEMM call on a world whose ranks run at once).
+    epoch = tl.load(state_ptr)
+    release_flag(flag_ptrs_ptr, rank, rank * n_chunks + chunk, epoch, WORLD)
+    if WAIT_ALL:
+        wait_chunks(flags_ptr, epoch, rank, n_chunks, 0, WORLD - 1, 0, n_chunks - 1)
+
+
+@triton.jit(do_not_specialize=["rank", "n_chunks", "p_lo", "p_hi", "c_lo", "c_hi"])
+def wait_chunks_kernel(flags_ptr, state_ptr, rank, n_chunks, p_lo, p_hi, c_lo, c_hi):
+    # One program: the stream's next kernel (a library GEMM) starts only after these chunks arrived.
+    wait_chunks(flags_ptr, tl.load(state_ptr), rank, n_chunks, p_lo, p_hi, c_lo, c_hi)
+
+
+__all__ = [
+    "allgather_push_kernel",
+    "call_epoch",
+    "close_call",
+    "open_call_kernel",
+    "push_rows",
+    "receive_rows",
+    "release_chunk_kernel",
+    "release_flag",
+    "thread_fence",
+    "triton",
+    "wait_chunks",
+    "wait_chunks_kernel",
+    "wait_flag",
+]
