@@ -20,13 +20,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ag_gemm_bench import Bench, init_cuda_world, spin_up
 
-from jointtune.kernels._ag_gemm_kernel import ag_signal_kernel, ag_wait_kernel
+from jointtune.kernels._signals import release_chunk_kernel, wait_chunks_kernel
 
 
 def main() -> None:
@@ -49,8 +48,8 @@ def main() -> None:
     peer = world.symmetric_of(shard).peers[0][(rank + 1) % W][: R * K].view(R, K)
     landing = torch.empty(R, K, device="cuda", dtype=torch.bfloat16)
     side = torch.cuda.Stream()
-    flags = world.symmetric("anatomy.flags", (W,), torch.int32, zero=True)
-    epoch = [0]
+    flags = world.symmetric("anatomy.flags", (W,), torch.int64, zero=True)
+    state = torch.zeros(2, dtype=torch.int64, device="cuda")
 
     def halves() -> None:
         for p in range(W):
@@ -64,11 +63,10 @@ def main() -> None:
         torch.cuda.current_stream().wait_stream(side)
 
     def handshake() -> None:
-        epoch[0] += 1
-        chunk = triton.next_power_of_2(R)
-        ag_signal_kernel[(1,)](flags.ptrs[0], flags.tensors[0], rank, epoch[0], 1, 0, R, WORLD=W, WAIT_ALL=False,
-                               CHUNK_M=chunk)  # fmt: skip
-        ag_wait_kernel[(1,)](flags.tensors[0], 0, M - 1, R, rank, epoch[0], 1, CHUNK_M=chunk)
+        state[0] += 1  # the call's epoch, on the device (as every fused call opens one)
+        release_chunk_kernel[(1,)](flags.ptrs[0], flags.tensors[0], state, rank, 1, 0, WORLD=W, WAIT_ALL=False,
+                                   num_warps=1)  # fmt: skip
+        wait_chunks_kernel[(1,)](flags.tensors[0], state, rank, 1, 0, W - 1, 0, 0, num_warps=1)
 
     parts = {
         "gemm_all_rows": lambda: torch.mm(a, b, out=c),

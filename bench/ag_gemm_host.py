@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ag_gemm_bench import init_cuda_world
 
-from jointtune.kernels._ag_gemm_kernel import ag_wait_kernel
-from jointtune.kernels.ag_gemm import ag_gemm
+from jointtune.kernels._signals import wait_chunks_kernel
+from jointtune.kernels.ag_gemm import _plan_key, ag_gemm, prepare
 
 PC = dict(mode="push_cublas")
 CONFIGS = [
@@ -85,9 +85,25 @@ def main() -> None:
         result["calls"][json.dumps(cfg, sort_keys=True)] = {"host_us": host, "per_call_us": per_call}
         if rank == 0:
             print(f"[host {args.shape}] {cfg}: issue {host:.1f} µs, per call {per_call:.1f} µs", flush=True)
-    flag = torch.zeros(W * 16, dtype=torch.int32, device="cuda")  # epoch 0: the wait returns at once
+    flag = torch.zeros(W * 16, dtype=torch.int64, device="cuda")  # epoch 0: the wait returns at once
+    gathered = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
+    pc = CONFIGS[2]
+    prepared = prepare(a, b, world=world, config=pc, out=c)
+    plan = world.plans[_plan_key(world, [a], [b], pc, False)[0]]
+    launch = getattr(plan, "push_launch", [None])[0]
+
+    def anchor() -> None:
+        dist.all_gather_into_tensor(gathered, a)
+        torch.mm(gathered, b, out=c)
+
     parts = {
-        "triton_launch_tiny_kernel": lambda: ag_wait_kernel[(1,)](flag, 0, M - 1, R, rank, 0, 1, CHUNK_M=R),
+        "anchor_nccl_cublas": anchor,
+        "nccl_all_gather_alone": lambda: dist.all_gather_into_tensor(gathered, a),
+        "push_cublas_prepared_run": prepared.run,
+        "push_cublas_plan_call": lambda: plan([a], [b], [c]),
+        "push_cublas_plan_key": lambda: _plan_key(world, [a], [b], pc, False),
+        "push_launch_alone": (lambda: launch(a)) if launch is not None else (lambda: None),
+        "triton_launch_tiny_kernel": lambda: wait_chunks_kernel[(1,)](flag, flag, rank, 1, 0, W - 1, 0, 0),
         "torch_mm": lambda: torch.mm(a, b, out=c[:R]),
         "tensor_slice_and_view": lambda: c[R:M].view(-1),
         "torch_empty_c": lambda: torch.empty(M, N_r, device="cuda", dtype=torch.bfloat16),
@@ -99,13 +115,14 @@ def main() -> None:
     profiled = CONFIGS[2]
     profile = cProfile.Profile()
     profile.enable()
-    for _ in range(200):
+    for _ in range(2000):
         ag_gemm(a, b, world=world, config=profiled, out=c)
     profile.disable()
     torch.cuda.synchronize()
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
     if rank == 0:
+        print("\n".join(text.getvalue().splitlines()[:40]), flush=True)
         result["profile_config"] = profiled
         result["profile_top"] = text.getvalue().splitlines()[:60]
         Path(args.out).write_text(json.dumps(result, indent=1))

@@ -21,15 +21,15 @@ before any rank's waits.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 import triton
 
+from jointtune.kernels._ag_gemm_args import AgGemmConfig, Shape, gemm_args, push_args
 from jointtune.kernels._ag_gemm_kernel import ag_gemm_kernel
 from jointtune.kernels._launch import Launch
-from jointtune.kernels._runtime import interpreted, num_sms
+from jointtune.kernels._runtime import num_sms
 from jointtune.kernels._signals import (
     allgather_push_kernel,
     open_call_kernel,
@@ -39,195 +39,10 @@ from jointtune.kernels._signals import (
 from jointtune.kernels._symm import Inbox, call_state, cdiv, flags, inbox, offset, slot_elems
 from jointtune.kernels.world import World
 
-#: rows x columns of one copy piece of the push (one program's unit of work)
-CP_M, CP_K = 32, 256
-
-
-@dataclass(frozen=True)
-class AgGemmConfig:
-    """A config the ag_gemm space validated; knobs the mode doesn't read keep harmless defaults."""
-
-    mode: str
-    BLOCK_M: int = 64
-    BLOCK_N: int = 64
-    BLOCK_K: int = 64
-    GROUP_M: int = 8
-    SPLIT_K: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    comm_sms: int = 0
-    chunk_m: int = 0
-    ce_consumer: str = "triton"
-    ce_chunks: int = 1
-    push_by: str = "sm"
-    gemm_order: str = "local_first"
-
-    @classmethod
-    def of(cls, canonical: dict[str, Any]) -> AgGemmConfig:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in canonical.items() if k in names})
-
-    @property
-    def d2d_chunk(self) -> int:
-        """Rows per pushed chunk of push_cublas (one chunk per rank in the gathered order)."""
-        return 0 if self.mode != "push_cublas" or self.gemm_order == "gathered" else self.chunk_m
-
-
-@dataclass(frozen=True)
-class Shape:
-    """One call's sizes: R rows of A per rank, K deep, N_r columns of B per rank, on `world`."""
-
-    world: World
-    R: int
-    K: int
-    N_r: int
-    dtype: torch.dtype
-    b_stride: tuple[int, int]
-
-    @property
-    def W(self) -> int:
-        return self.world.world_size
-
-    @property
-    def M(self) -> int:
-        return self.R * self.world.world_size
-
-
-# ---------------------------------------------------------------------------------------- arguments
-
-
-@dataclass
-class GemmArgs:
-    """`ag_gemm_kernel`'s arguments, by name."""
-
-    a_ptr: Any
-    src_ptr: Any
-    deltas_ptr: Any
-    b_ptr: Any
-    c_ptr: Any
-    inbox_ptr: Any
-    inbox_deltas_ptr: Any
-    flags_ptr: Any
-    flag_ptrs_ptr: Any
-    tickets_ptr: Any
-    ws_ptr: Any
-    counts_ptr: Any
-    done_ptr: Any
-    fence_ptr: Any
-    state_ptr: Any
-    N: int
-    K: int
-    R: int
-    slot: int
-    half_stride: int
-    row_lo: int
-    rows: int
-    rank: int
-    n_chunks: int
-    shift: int
-    num_consumers: int
-    pid_base: int
-    ticket_takers: int
-    num_programs: int
-    stride_bk: int
-    stride_bn: int
-    stride_cm: int
-    stride_cn: int
-    WORLD: int
-    BLOCK_M: int
-    BLOCK_N: int
-    BLOCK_K: int
-    GROUP_M: int
-    SPLIT_K: int
-    COMM_SMS: int
-    CHUNK_M: int
-    WAIT: bool
-    OWN: bool
-    CP_M: int
-    CP_K: int
-    DYNAMIC: bool
-    PRODUCERS_CONSUME: bool
-    UPCAST: bool
-    THREADS: int
-    FENCE: bool
-    EPOCH: int
-    num_warps: int
-    num_stages: int
-
-
-def gemm_args(cfg: AgGemmConfig, W: int, *, a: Any, b: Any, c: Any, K: int, N_r: int, R: int, rows: int,
-              dummy: Any, src: Any = None, deltas: Any = None, row_lo: int = 0, rank: int = 0, shift: int = 0,
-              push: dict[str, Any] | None = None, ws: Any = None, counts: Any = None) -> GemmArgs:  # fmt: skip
-    """The tile GEMM's arguments; `push` (inbox, flags, counters, epoch) only in push mode."""
-    tiles = cdiv(rows, cfg.BLOCK_M) * cdiv(N_r, cfg.BLOCK_N) * cfg.SPLIT_K
-    p = push or {}
-    comm = p.get("comm_sms", 0)
-    dynamic = comm > 0
-    consumers = p.get("consumers", tiles)
-    return GemmArgs(
-        a_ptr=a, src_ptr=a if src is None else src, deltas_ptr=dummy if deltas is None else deltas, b_ptr=b, c_ptr=c,
-        inbox_ptr=p.get("inbox", dummy), inbox_deltas_ptr=p.get("inbox_deltas", dummy), flags_ptr=p.get("flags", dummy),
-        flag_ptrs_ptr=p.get("flag_ptrs", dummy), tickets_ptr=p.get("tickets", dummy), ws_ptr=c if ws is None else ws,
-        counts_ptr=dummy if counts is None else counts, done_ptr=p.get("done", dummy), fence_ptr=p.get("fence", dummy),
-        state_ptr=p.get("state", dummy), N=N_r, K=K, R=R, slot=p.get("slot", 0), half_stride=p.get("half_stride", 0),
-        row_lo=row_lo, rows=rows, rank=rank, n_chunks=p.get("n_chunks", 1), shift=shift, num_consumers=consumers,
-        pid_base=p.get("pid_base", 0), ticket_takers=p.get("ticket_takers", 1), num_programs=p.get("num_programs", 1),
-        stride_bk=b.stride(0), stride_bn=b.stride(1), stride_cm=c.stride(0), stride_cn=c.stride(1), WORLD=W,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, SPLIT_K=cfg.SPLIT_K,
-        COMM_SMS=comm, CHUNK_M=max(cfg.chunk_m, 1), WAIT=dynamic, OWN=p.get("own", False), CP_M=CP_M, CP_K=CP_K,
-        DYNAMIC=dynamic, PRODUCERS_CONSUME=p.get("producers_consume", False), UPCAST=interpreted(),
-        THREADS=32 * cfg.num_warps, FENCE=dynamic and not interpreted(), EPOCH=p.get("epoch", 0),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
-
-
-@dataclass
-class PushArgs:
-    """`allgather_push_kernel`'s arguments, by name."""
-
-    src_ptr: Any
-    inbox_ptr: Any
-    inbox_deltas_ptr: Any
-    own_ptr: Any
-    flag_ptrs_ptr: Any
-    flags_ptr: Any
-    done_ptr: Any
-    fence_ptr: Any
-    state_ptr: Any
-    gathered_ptr: Any
-    K: int
-    R: int
-    slot: int
-    half_stride: int
-    rank: int
-    n_chunks: int
-    num_programs: int
-    WORLD: int
-    PROGRAMS: int
-    CHUNK_M: int
-    OWN: bool
-    CP_M: int
-    CP_K: int
-    THREADS: int
-    FENCE: bool
-    EPOCH: int
-    PUSH: bool
-    RECEIVE: bool
-    WAIT_ALL: bool
-    num_warps: int
-
-
-def push_args(cfg: AgGemmConfig, W: int, *, src: Any, inbox_base: Any, inbox_deltas: Any, own: Any, flag_ptrs: Any,
-              flags_local: Any, done: Any, fence: Any, state: Any, gathered: Any, K: int, R: int, slot: int,
-              half_stride: int, rank: int, n_chunks: int, chunk_m: int, epoch: int, push: bool, receive: bool,
-              wait_all: bool, own_rows: bool) -> PushArgs:  # fmt: skip
-    return PushArgs(
-        src_ptr=src, inbox_ptr=inbox_base, inbox_deltas_ptr=inbox_deltas, own_ptr=own, flag_ptrs_ptr=flag_ptrs,
-        flags_ptr=flags_local, done_ptr=done, fence_ptr=fence, state_ptr=state, gathered_ptr=gathered, K=K, R=R,
-        slot=slot, half_stride=half_stride, rank=rank, n_chunks=n_chunks, num_programs=cfg.comm_sms, WORLD=W,
-        PROGRAMS=cfg.comm_sms, CHUNK_M=chunk_m, OWN=own_rows, CP_M=CP_M, CP_K=CP_K, THREADS=32 * cfg.num_warps,
-        FENCE=not interpreted(), EPOCH=epoch, PUSH=push, RECEIVE=receive, WAIT_ALL=wait_all, num_warps=cfg.num_warps,
-    )  # fmt: skip
+#: How push_cublas (SMs pushing, gathered order) gives cuBLAS rows at a fixed address: "enter" (a one-half
+#: inbox; the push launch opens the call with the entry handshake) or "receive" (the epoch's inbox half,
+#: then a copy into a fixed buffer inside the push launch). A measurement switch for the benchmark.
+GATHERED_SM = "enter"
 
 
 def _launch(kernel: Any, grid: int, args: Any, *, slots: tuple[str, ...] = ()) -> Launch:
@@ -430,9 +245,10 @@ class PushPlan:
         return out
 
 
-class PushGatheredPlan:
-    """push_cublas, SMs pushing, gathered order: push into the epoch's inbox half, receive every peer's rows
-    into one fixed [M, K] buffer inside the same kernel, then one cuBLAS GEMM over all M rows (B read once)."""
+class PushReceivePlan:
+    """push_cublas, SMs pushing, gathered order, the "receive" way (`GATHERED_SM`): push into the epoch's
+    inbox half, copy every peer's rows into one fixed [M, K] buffer inside the same kernel, then one cuBLAS
+    GEMM over all M rows (B read once). No handshake, one local copy of the peers' rows."""
 
     def __init__(self, s: Shape, cfg: AgGemmConfig, want_gathered: bool) -> None:
         world = s.world
@@ -483,7 +299,9 @@ class PushOpenedPlan:
         self.own_rows = want_gathered or self.gathered_order
         n_local = len(world.local_ranks)
         st, en = self.state, self.state.entered
-        steps = [(True, True)] if world.concurrent else [(True, False), (False, True)]
+        # SMs pushing all rows for one GEMM, ranks at once: the push launch opens the call itself
+        self.folded = cfg.push_by == "sm" and self.gathered_order and world.concurrent
+        steps = [] if self.folded else [(True, True)] if world.concurrent else [(True, False), (False, True)]
         self.open = [[_launch(open_call_kernel, 1, dict(state_ptr=st.counters[i], entered_ptrs_ptr=st.entered_ptrs[i],
                                                         entered_ptr=en.tensors[i], rank=r, WORLD=s.W, SIGNAL=sig,
                                                         WAIT=wait, num_warps=1))
@@ -501,8 +319,9 @@ class PushOpenedPlan:
                                  flag_ptrs=self.flags.ptrs(i), flags_local=self.flags.local(i), done=done[i],
                                  fence=fence[i], state=st.counters[i], gathered=self.box.base(i), K=s.K, R=s.R,
                                  slot=self.box.slot, half_stride=0, rank=r, n_chunks=self.n_chunks,
-                                 chunk_m=self.chunk_m, epoch=2, push=True, receive=False, wait_all=self.fold_wait,
-                                 own_rows=self.own_rows)  # fmt: skip
+                                 chunk_m=self.chunk_m, epoch=1 if self.folded else 2, push=True, receive=False,
+                                 wait_all=self.fold_wait, own_rows=self.own_rows,
+                                 enter=(st.entered_ptrs[i], en.tensors[i]) if self.folded else None)  # fmt: skip
                 self.push_launch[i] = _launch(allgather_push_kernel, cfg.comm_sms, args, slots=("src_ptr",))
             else:
                 dests = [self.box.dest(i, (r + j) % s.W, r, s.R, s.K) for j in range(1, s.W)]
@@ -551,7 +370,8 @@ class PushOpenedPlan:
             for launch in phase:
                 launch()
         for i in range(len(a)):
-            self.open[-1][i]()
+            if self.open:
+                self.open[-1][i]()
             with contextlib.nullcontext() if self.gathered_order else world.side_stream(i):
                 self._push(i, a[i])
         gathered = []
@@ -605,6 +425,6 @@ def build_plan(s: Shape, cfg: AgGemmConfig, owner: Any, owner_offset: int, want_
         return CePlan(s, cfg, owner, owner_offset, want_gathered)
     if cfg.mode == "push":
         return PushPlan(s, cfg, want_gathered)
-    if cfg.push_by == "sm" and cfg.gemm_order == "gathered":
-        return PushGatheredPlan(s, cfg, want_gathered)
+    if cfg.push_by == "sm" and cfg.gemm_order == "gathered" and GATHERED_SM == "receive":
+        return PushReceivePlan(s, cfg, want_gathered)
     return PushOpenedPlan(s, cfg, want_gathered)

@@ -217,6 +217,8 @@ def allgather_push_kernel(
     fence_ptr,
     state_ptr,
     gathered_ptr,
+    entered_ptrs_ptr,
+    entered_ptr,
     K,
     R,
     slot,
@@ -236,15 +238,27 @@ def allgather_push_kernel(
     PUSH: tl.constexpr,
     RECEIVE: tl.constexpr,
     WAIT_ALL: tl.constexpr,
+    ENTER: tl.constexpr,
 ):
     # PUSH: this rank's rows to every peer (and OWN: to `own_ptr`), a flag per chunk. RECEIVE: then copy
     # every peer's rows from this call's inbox half into `gathered`. WAIT_ALL: program 0 waits for every
     # peer's chunks, so the next kernel on the stream reads them. `half_stride` > 0: inboxes alternate
-    # halves by epoch parity. Pushing waits on nothing, and the grid (<= num_sms / 4) is resident, so
-    # every wait ends: deadlock-free. A sequential world launches PUSH for every rank, then RECEIVE.
+    # halves by epoch parity. ENTER (a one-half inbox a library GEMM reads): this launch opens the call as
+    # `open_call_kernel` does, program 0 telling every peer it entered, every program waiting until each
+    # peer entered before writing into it. Pushing waits on nothing else, and the grid (<= num_sms / 4)
+    # is resident, so every wait ends: deadlock-free. A sequential world launches PUSH for every rank,
+    # then RECEIVE (and opens its calls with `open_call_kernel`, one launch per phase).
     pid = tl.program_id(0)
     epoch = call_epoch(state_ptr, EPOCH)
     half = (epoch % 2) * half_stride
+    if ENTER:
+        if pid == 0:
+            for j in range(1, WORLD):
+                peer = (rank + j) % WORLD
+                entered = tl.load(entered_ptrs_ptr + peer).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(entered + rank, epoch, sem="release", scope="sys")
+        for j in range(1, WORLD):
+            wait_flag(entered_ptr + (rank + j) % WORLD, epoch)
     if PUSH:
         push_rows(
             src_ptr, inbox_ptr + half, inbox_deltas_ptr, own_ptr, flag_ptrs_ptr, done_ptr, fence_ptr, pid, K, R, slot,

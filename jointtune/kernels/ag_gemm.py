@@ -36,7 +36,9 @@ import torch
 import triton
 
 from jointtune.errors import ShapeError
-from jointtune.kernels._ag_gemm_plans import AgGemmConfig, Shape, build_plan, gemm_args, push_args
+from jointtune.kernels import _ag_gemm_plans as _plans
+from jointtune.kernels._ag_gemm_args import AgGemmConfig, Shape, gemm_args, push_args
+from jointtune.kernels._ag_gemm_plans import build_plan
 from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels._plan import config_key, resolve_config
 from jointtune.kernels._symm import slot_elems
@@ -238,6 +240,7 @@ class AgGemmFamily(Family):
     space = "ag_gemm"
     dims = ("M", "N", "K")
     source_modules = (
+        "jointtune.kernels._ag_gemm_args",
         "jointtune.kernels._ag_gemm_plans",
         "jointtune.kernels._ag_gemm_kernel",
         "jointtune.kernels._signals",
@@ -305,12 +308,14 @@ def standin_launches(cfg: AgGemmConfig, *, M: int, N: int, K: int, world_size: i
         if cfg.push_by != "sm":
             return []
         gathered = cfg.gemm_order == "gathered"
+        receive = gathered and _plans.GATHERED_SM == "receive"
+        folded = gathered and not receive  # as a plan on a world whose ranks run at once
         chunk = triton.next_power_of_2(R) if gathered else cfg.chunk_m
         args = push_args(cfg, W, src=t, inbox_base=t, inbox_deltas=i64, own=t, flag_ptrs=i64, flags_local=i64,
                          done=i32, fence=i32, state=i64, gathered=t, K=K, R=R, slot=slot,
-                         half_stride=W * slot if gathered else 0, rank=0, n_chunks=-(-R // chunk), chunk_m=chunk,
-                         epoch=1 if gathered else 2, push=True, receive=gathered, wait_all=False,
-                         own_rows=gathered)  # fmt: skip
+                         half_stride=W * slot if receive else 0, rank=0, n_chunks=-(-R // chunk), chunk_m=chunk,
+                         epoch=1 if gathered else 2, push=True, receive=receive, wait_all=folded,
+                         own_rows=gathered, enter=(i64, i64) if folded else None)  # fmt: skip
         return [_split(allgather_push_kernel, args)]
     if cfg.mode not in ("pull", "push") and not (cfg.mode == "ce" and cfg.ce_consumer == "triton"):
         return []
