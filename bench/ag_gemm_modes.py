@@ -360,16 +360,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--skip-compile", action="store_true")
     ap.add_argument("--modes", default="", help="comma-separated modes of ours to time (default: all)")
-    ap.add_argument(
-        "--gathered-sm",
-        default="enter",
-        choices=("enter", "receive"),
-        help="how push_cublas (SMs, gathered order) hands cuBLAS its rows (see _ag_gemm_plans)",
-    )
     args = ap.parse_args()
-    from jointtune.kernels import _ag_gemm_plans
-
-    _ag_gemm_plans.GATHERED_SM = args.gathered_sm
     world = init_cuda_world()
     bench = Bench(args.iters, args.warmup, world)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or (
@@ -390,7 +381,7 @@ def main() -> None:
                      "nccl": ".".join(map(str, torch.cuda.nccl.version())), "python": platform.python_version()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "torchrun --nproc-per-node=2 bench/ag_gemm_modes.py " + " ".join(sys.argv[1:]),
-        "dtype": "bfloat16", "calls_per_graph": CALLS, "gathered_sm": args.gathered_sm, "shapes": [],
+        "dtype": "bfloat16", "calls_per_graph": CALLS, "shapes": [],
     }  # fmt: skip
 
     def save() -> None:

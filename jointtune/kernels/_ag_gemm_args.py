@@ -168,7 +168,6 @@ class PushArgs:
     done_ptr: Any
     fence_ptr: Any
     state_ptr: Any
-    gathered_ptr: Any
     entered_ptrs_ptr: Any
     entered_ptr: Any
     K: int
@@ -187,24 +186,22 @@ class PushArgs:
     THREADS: int
     FENCE: bool
     EPOCH: int
-    PUSH: bool
-    RECEIVE: bool
     WAIT_ALL: bool
     ENTER: bool
     num_warps: int
 
 
 def push_args(cfg: AgGemmConfig, W: int, *, src: Any, inbox_base: Any, inbox_deltas: Any, own: Any, flag_ptrs: Any,
-              flags_local: Any, done: Any, fence: Any, state: Any, gathered: Any, K: int, R: int, slot: int,
-              half_stride: int, rank: int, n_chunks: int, chunk_m: int, epoch: int, push: bool, receive: bool,
-              wait_all: bool, own_rows: bool, enter: tuple[Any, Any] | None = None) -> PushArgs:  # fmt: skip
+              flags_local: Any, done: Any, fence: Any, state: Any, K: int, R: int, slot: int, half_stride: int,
+              rank: int, n_chunks: int, chunk_m: int, epoch: int, wait_all: bool, own_rows: bool,
+              enter: tuple[Any, Any] | None = None) -> PushArgs:  # fmt: skip
     """`allgather_push_kernel`'s arguments; `enter` = (every rank's entry flags, this rank's) to open the call."""
     entered_ptrs, entered = enter if enter is not None else (state, state)
     return PushArgs(
         src_ptr=src, inbox_ptr=inbox_base, inbox_deltas_ptr=inbox_deltas, own_ptr=own, flag_ptrs_ptr=flag_ptrs,
-        flags_ptr=flags_local, done_ptr=done, fence_ptr=fence, state_ptr=state, gathered_ptr=gathered,
+        flags_ptr=flags_local, done_ptr=done, fence_ptr=fence, state_ptr=state,
         entered_ptrs_ptr=entered_ptrs, entered_ptr=entered, K=K, R=R, slot=slot, half_stride=half_stride, rank=rank,
         n_chunks=n_chunks, num_programs=cfg.comm_sms, WORLD=W, PROGRAMS=cfg.comm_sms, CHUNK_M=chunk_m, OWN=own_rows,
-        CP_M=CP_M, CP_K=CP_K, THREADS=32 * cfg.num_warps, FENCE=not interpreted(), EPOCH=epoch, PUSH=push,
-        RECEIVE=receive, WAIT_ALL=wait_all, ENTER=enter is not None, num_warps=cfg.num_warps,
+        CP_M=CP_M, CP_K=CP_K, THREADS=32 * cfg.num_warps, FENCE=not interpreted(), EPOCH=epoch,
+        WAIT_ALL=wait_all, ENTER=enter is not None, num_warps=cfg.num_warps,
     )  # fmt: skip

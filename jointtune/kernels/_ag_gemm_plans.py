@@ -7,12 +7,12 @@ call binds the caller's A, B and C and issues them. How each mode keeps a captur
 - pull, ce: A sits in one symmetric buffer (the caller's, or a staging slot) between two barriers:
   peers read it only between them, so the next call may overwrite it. No cross-call state.
 - push: Triton all the way; inbox halves alternate by the device epoch (`_signals`), flags carry it.
-- push_cublas, SMs pushing, gathered order: the push kernel pushes into the epoch's inbox half, waits
-  for every peer's chunks and copies them into one fixed [M, K] buffer that cuBLAS reads at the same
-  address every call. No barrier, no handshake.
-- push_cublas otherwise (copy-engine pushes, or cuBLAS reading chunks of the inbox as they arrive):
-  transfers at fixed addresses into a one-half inbox, so the call opens with the entry handshake
-  (`open_call_kernel`): a rank writes into a peer only after the peer entered the same call.
+- push_cublas: cuBLAS reads the inbox (and the copy engine writes it) at fixed addresses, so the inbox
+  has one half and the call opens with the entry handshake: a rank writes into a peer only after the
+  peer entered the same call, i.e. finished reading the last one. With SMs pushing all rows for one GEMM
+  the push launch opens the call itself; otherwise a one-program kernel does (`open_call_kernel`).
+  (Measured on 2x H200: as fast as alternating inbox halves and copying the peers' rows into a fixed
+  buffer inside the push launch, the way without a handshake; that way was removed as the longer one.)
 
 On a world whose ranks launch one after another (simulated ranks), every rank's pushes are issued
 before any rank's waits.
@@ -38,11 +38,6 @@ from jointtune.kernels._signals import (
 )
 from jointtune.kernels._symm import Inbox, call_state, cdiv, flags, inbox, offset, slot_elems
 from jointtune.kernels.world import World
-
-#: How push_cublas (SMs pushing, gathered order) gives cuBLAS rows at a fixed address: "enter" (a one-half
-#: inbox; the push launch opens the call with the entry handshake) or "receive" (the epoch's inbox half,
-#: then a copy into a fixed buffer inside the push launch). A measurement switch for the benchmark.
-GATHERED_SM = "enter"
 
 
 def _launch(kernel: Any, grid: int, args: Any, *, slots: tuple[str, ...] = ()) -> Launch:
@@ -245,44 +240,6 @@ class PushPlan:
         return out
 
 
-class PushReceivePlan:
-    """push_cublas, SMs pushing, gathered order, the "receive" way (`GATHERED_SM`): push into the epoch's
-    inbox half, copy every peer's rows into one fixed [M, K] buffer inside the same kernel, then one cuBLAS
-    GEMM over all M rows (B read once). No handshake, one local copy of the peers' rows."""
-
-    def __init__(self, s: Shape, cfg: AgGemmConfig, want_gathered: bool) -> None:
-        world = s.world
-        self.world, self.want_gathered = world, want_gathered
-        box = inbox(world, "ag_gemm", s.R, s.K, s.dtype, halves=2)
-        chunk_m = triton.next_power_of_2(s.R)
-        fl = flags(world, "ag_gemm", 1)
-        state = call_state(world)
-        rows = world.scratch("ag_gemm.rows", s.M * s.K, s.dtype)
-        done = world.scratch("ag_gemm.push_done", 1, torch.int32)
-        fence = world.scratch("ag_gemm.fence", cfg.comm_sms * 32 * cfg.num_warps, torch.int32)
-        self.gathered = [rows[i][: s.M * s.K].view(s.M, s.K) for i in range(len(world.local_ranks))]
-        # one kernel per rank where ranks run at once; else every rank's push, then every rank's receive
-        steps = [(True, True, 1)] if world.concurrent else [(True, False, 1), (False, True, 2)]
-        self.phases: list[list[Launch]] = [[] for _ in steps]
-        for i, r in enumerate(world.local_ranks):
-            for n, (push, receive, epoch) in enumerate(steps):
-                args = push_args(cfg, s.W, src=self.gathered[i], inbox_base=box.base(i), inbox_deltas=box.deltas[i],
-                                 own=self.gathered[i][r * s.R :], flag_ptrs=fl.ptrs(i), flags_local=fl.local(i),
-                                 done=done[i], fence=fence[i], state=state.counters[i], gathered=self.gathered[i],
-                                 K=s.K, R=s.R, slot=box.slot, half_stride=box.half_stride, rank=r, n_chunks=1,
-                                 chunk_m=chunk_m, epoch=epoch, push=push, receive=receive, wait_all=False,
-                                 own_rows=push)  # fmt: skip
-                self.phases[n].append(_launch(allgather_push_kernel, cfg.comm_sms, args, slots=("src_ptr",)))
-
-    def __call__(self, a: list[torch.Tensor], b: list[torch.Tensor], c: list[torch.Tensor]) -> list[torch.Tensor]:
-        for phase in self.phases:
-            for launch, ai in zip(phase, a):
-                launch(ai)
-        for g, bi, ci in zip(self.gathered, b, c):
-            torch.mm(g, bi, out=ci)
-        return [g.clone() for g in self.gathered] if self.want_gathered else []
-
-
 class PushOpenedPlan:
     """push_cublas with transfers at fixed addresses (copy-engine pushes, or cuBLAS reading chunks of the
     inbox as they land): a one-half inbox, and the call opens with the entry handshake."""
@@ -300,7 +257,8 @@ class PushOpenedPlan:
         n_local = len(world.local_ranks)
         st, en = self.state, self.state.entered
         # SMs pushing all rows for one GEMM, ranks at once: the push launch opens the call itself
-        self.folded = cfg.push_by == "sm" and self.gathered_order and world.concurrent
+        self.folded = (cfg.push_by == "sm" and self.gathered_order and world.concurrent and n_local == 1
+                       and self.box.slot == s.R * s.K)  # fmt: skip
         steps = [] if self.folded else [(True, True)] if world.concurrent else [(True, False), (False, True)]
         self.open = [[_launch(open_call_kernel, 1, dict(state_ptr=st.counters[i], entered_ptrs_ptr=st.entered_ptrs[i],
                                                         entered_ptr=en.tensors[i], rank=r, WORLD=s.W, SIGNAL=sig,
@@ -317,9 +275,9 @@ class PushOpenedPlan:
                 args = push_args(cfg, s.W, src=self.box.base(i), inbox_base=self.box.base(i),
                                  inbox_deltas=self.box.deltas[i], own=self.box.rows(i, r, s.R, s.K),
                                  flag_ptrs=self.flags.ptrs(i), flags_local=self.flags.local(i), done=done[i],
-                                 fence=fence[i], state=st.counters[i], gathered=self.box.base(i), K=s.K, R=s.R,
+                                 fence=fence[i], state=st.counters[i], K=s.K, R=s.R,
                                  slot=self.box.slot, half_stride=0, rank=r, n_chunks=self.n_chunks,
-                                 chunk_m=self.chunk_m, epoch=1 if self.folded else 2, push=True, receive=False,
+                                 chunk_m=self.chunk_m, epoch=1 if self.folded else 2,
                                  wait_all=self.fold_wait, own_rows=self.own_rows,
                                  enter=(st.entered_ptrs[i], en.tensors[i]) if self.folded else None)  # fmt: skip
                 self.push_launch[i] = _launch(allgather_push_kernel, cfg.comm_sms, args, slots=("src_ptr",))
@@ -334,6 +292,9 @@ class PushOpenedPlan:
                                    state_ptr=st.counters[i], rank=r, n_chunks=self.n_chunks, chunk=ch, WORLD=s.W,
                                    WAIT_ALL=self.fold_wait, num_warps=1)  # fmt: skip
                     self.releases[i].append(_launch(release_chunk_kernel, 1, release))
+        # the inbox as cuBLAS reads it: each rank's rows, and all of them as one [M, K] view when contiguous
+        self.rows = [[self.box.rows(i, p, s.R, s.K) for p in range(s.W)] for i in range(n_local)]
+        self.every = [self.box.all_rows(i, s.W, s.R, s.K) for i in range(n_local)]
         # waits before cuBLAS reads a peer's chunk (all of them at once in the gathered order)
         self.waits: list[list[tuple[Launch, int, int, int]]] = []
         for i, r in enumerate(world.local_ranks):
@@ -365,13 +326,16 @@ class PushOpenedPlan:
             release()
 
     def __call__(self, a: list[torch.Tensor], b: list[torch.Tensor], c: list[torch.Tensor]) -> list[torch.Tensor]:
-        world, s, box = self.world, self.s, self.box
+        world, s = self.world, self.s
+        if self.folded:  # the hot path at decode sizes: one launch, one GEMM (a rank per process)
+            self.push_launch[0](a[0])
+            torch.mm(self.every[0], b[0], out=c[0])
+            return [torch.cat(self.rows[0])] if self.want_gathered else []
         for phase in self.open[:-1]:  # sequential worlds: every rank opens before any waits
             for launch in phase:
                 launch()
         for i in range(len(a)):
-            if self.open:
-                self.open[-1][i]()
+            self.open[-1][i]()
             with contextlib.nullcontext() if self.gathered_order else world.side_stream(i):
                 self._push(i, a[i])
         gathered = []
@@ -379,21 +343,20 @@ class PushOpenedPlan:
             if self.gathered_order:
                 for wait, *_ in self.waits[i]:
                     wait()
-                every = box.all_rows(i, s.W, s.R, s.K)
-                if every is not None:  # ranks' rows are contiguous: one GEMM, B read once
-                    torch.mm(every, b[i], out=c[i])
+                if self.every[i] is not None:  # ranks' rows are contiguous: one GEMM, B read once
+                    torch.mm(self.every[i], b[i], out=c[i])
                 else:
                     for p in range(s.W):
-                        torch.mm(box.rows(i, p, s.R, s.K), b[i], out=c[i][p * s.R : (p + 1) * s.R])
+                        torch.mm(self.rows[i][p], b[i], out=c[i][p * s.R : (p + 1) * s.R])
             else:
                 torch.mm(a[i], b[i], out=c[i][r * s.R : (r + 1) * s.R])
                 for wait, p, lo, hi in self.waits[i]:
                     wait()
-                    rows = box.rows(i, p, s.R, s.K)
+                    rows = self.rows[i][p]
                     torch.mm(rows if hi - lo == s.R else rows[lo:hi], b[i], out=c[i][p * s.R + lo : p * s.R + hi])
                 world.wait_side_stream()  # the side stream read A: the caller may overwrite it after us
             if self.want_gathered:
-                gathered.append(torch.cat([box.rows(i, p, s.R, s.K) for p in range(s.W)]))
+                gathered.append(torch.cat(self.rows[i]))
         return gathered
 
 
@@ -425,6 +388,4 @@ def build_plan(s: Shape, cfg: AgGemmConfig, owner: Any, owner_offset: int, want_
         return CePlan(s, cfg, owner, owner_offset, want_gathered)
     if cfg.mode == "push":
         return PushPlan(s, cfg, want_gathered)
-    if cfg.push_by == "sm" and cfg.gemm_order == "gathered" and GATHERED_SM == "receive":
-        return PushReceivePlan(s, cfg, want_gathered)
     return PushOpenedPlan(s, cfg, want_gathered)

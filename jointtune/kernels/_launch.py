@@ -119,11 +119,16 @@ class _Compiled:
         self.device = device
 
 
+def _hooked(hook: Any) -> bool:
+    """A launch hook is set (None or an empty HookChain, as Triton 3.5+ keeps them, means none)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def _fast_path(kernel: Any) -> _Compiled | None:
     try:
         from triton import knobs
 
-        if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+        if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
             return None  # profilers hook launches: keep Triton's path so they see ours
         kernel._init_handles()
         return _Compiled(kernel, torch.cuda.current_device())

@@ -62,8 +62,11 @@ def release_flag(flag_ptrs_ptr, rank, index, epoch, WORLD: tl.constexpr):
 
 @triton.jit
 def wait_flag(flag_ptr, epoch):
-    while tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys") < epoch:
+    # Poll with plain volatile loads (no read-modify-write for the writer's atomic to queue behind), then
+    # acquire once: what the writer released before the flag is visible to this program after it.
+    while tl.load(flag_ptr, volatile=True) < epoch:
         pass
+    tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
 
 
 @triton.jit
@@ -136,50 +139,6 @@ def push_rows(
                 release_flag(flag_ptrs_ptr, rank, rank * n_chunks + c, epoch, WORLD)
 
 
-@triton.jit
-def receive_rows(
-    inbox_ptr,
-    gathered_ptr,
-    flags_ptr,
-    fence_ptr,
-    pid,
-    K,
-    R,
-    slot,
-    rank,
-    epoch,
-    n_chunks,
-    WORLD: tl.constexpr,
-    PROGRAMS: tl.constexpr,
-    CHUNK_M: tl.constexpr,
-    CP_M: tl.constexpr,
-    CP_K: tl.constexpr,
-    THREADS: tl.constexpr,
-    FENCE: tl.constexpr,
-):
-    # Every peer's rows from this call's inbox half into `gathered` [WORLD * R, K], each chunk once its
-    # flag says it arrived. The inbox half alternates by call (the kernel picks it); `gathered` stays put,
-    # so a library GEMM (cuBLAS) can read it at one address in every call and every graph replay.
-    k_pieces = tl.cdiv(K, CP_K)
-    pieces = tl.cdiv(CHUNK_M, CP_M) * k_pieces
-    for j in range(1, WORLD):
-        p = (rank + j) % WORLD
-        for c in range(0, n_chunks):
-            g = (j - 1) * n_chunks + c
-            first = (pid - (g * pieces) % PROGRAMS + PROGRAMS) % PROGRAMS
-            if first < pieces:
-                wait_flag(flags_ptr + p * n_chunks + c, epoch)
-                tl.debug_barrier()
-                thread_fence(fence_ptr, pid, THREADS, FENCE)
-                for q in range(first, pieces, PROGRAMS):
-                    rows = c * CHUNK_M + (q // k_pieces) * CP_M + tl.arange(0, CP_M)
-                    ks = (q % k_pieces) * CP_K + tl.arange(0, CP_K)
-                    mask = (rows[:, None] < tl.minimum(c * CHUNK_M + CHUNK_M, R)) & (ks[None, :] < K)
-                    offs = rows[:, None].to(tl.int64) * K + ks[None, :]
-                    x = tl.load(inbox_ptr + p.to(tl.int64) * slot + offs, mask=mask)
-                    tl.store(gathered_ptr + p.to(tl.int64) * R * K + offs, x, mask=mask)
-
-
 # ---- kernels ------------------------------------------------------------------------------------
 
 
@@ -216,7 +175,6 @@ def allgather_push_kernel(
     done_ptr,
     fence_ptr,
     state_ptr,
-    gathered_ptr,
     entered_ptrs_ptr,
     entered_ptr,
     K,
@@ -235,19 +193,16 @@ def allgather_push_kernel(
     THREADS: tl.constexpr,
     FENCE: tl.constexpr,
     EPOCH: tl.constexpr,
-    PUSH: tl.constexpr,
-    RECEIVE: tl.constexpr,
     WAIT_ALL: tl.constexpr,
     ENTER: tl.constexpr,
 ):
-    # PUSH: this rank's rows to every peer (and OWN: to `own_ptr`), a flag per chunk. RECEIVE: then copy
-    # every peer's rows from this call's inbox half into `gathered`. WAIT_ALL: program 0 waits for every
-    # peer's chunks, so the next kernel on the stream reads them. `half_stride` > 0: inboxes alternate
-    # halves by epoch parity. ENTER (a one-half inbox a library GEMM reads): this launch opens the call as
-    # `open_call_kernel` does, program 0 telling every peer it entered, every program waiting until each
-    # peer entered before writing into it. Pushing waits on nothing else, and the grid (<= num_sms / 4)
-    # is resident, so every wait ends: deadlock-free. A sequential world launches PUSH for every rank,
-    # then RECEIVE (and opens its calls with `open_call_kernel`, one launch per phase).
+    # This rank's rows go to every peer (and OWN: to `own_ptr`), a flag per chunk. WAIT_ALL: program 0
+    # then waits for every peer's chunks, so the next kernel on the stream reads them. `half_stride` > 0:
+    # inboxes alternate halves by epoch parity. ENTER (a one-half inbox a library GEMM reads): this launch
+    # opens the call as `open_call_kernel` does, program 0 telling every peer it entered, every program
+    # waiting until each peer entered before writing into it. Pushing waits on nothing else, and the grid
+    # (<= num_sms / 4) is resident, so every wait ends: deadlock-free. A world whose ranks launch one after
+    # another opens its calls with `open_call_kernel` and waits with `wait_chunks_kernel` instead.
     pid = tl.program_id(0)
     epoch = call_epoch(state_ptr, EPOCH)
     half = (epoch % 2) * half_stride
@@ -259,16 +214,10 @@ def allgather_push_kernel(
                 tl.atomic_xchg(entered + rank, epoch, sem="release", scope="sys")
         for j in range(1, WORLD):
             wait_flag(entered_ptr + (rank + j) % WORLD, epoch)
-    if PUSH:
-        push_rows(
-            src_ptr, inbox_ptr + half, inbox_deltas_ptr, own_ptr, flag_ptrs_ptr, done_ptr, fence_ptr, pid, K, R, slot,
-            rank, epoch, n_chunks, WORLD, PROGRAMS, CHUNK_M, OWN, CP_M, CP_K, THREADS, FENCE,
-        )  # fmt: skip
-    if RECEIVE:
-        receive_rows(
-            inbox_ptr + half, gathered_ptr, flags_ptr, fence_ptr, pid, K, R, slot, rank, epoch, n_chunks, WORLD,
-            PROGRAMS, CHUNK_M, CP_M, CP_K, THREADS, FENCE,
-        )  # fmt: skip
+    push_rows(
+        src_ptr, inbox_ptr + half, inbox_deltas_ptr, own_ptr, flag_ptrs_ptr, done_ptr, fence_ptr, pid, K, R, slot,
+        rank, epoch, n_chunks, WORLD, PROGRAMS, CHUNK_M, OWN, CP_M, CP_K, THREADS, FENCE,
+    )  # fmt: skip
     if WAIT_ALL:  # noqa: SIM102 (constexpr: without it no wait code at all)
         if pid == 0:
             wait_chunks(flags_ptr, epoch, rank, n_chunks, 0, WORLD - 1, 0, n_chunks - 1)
@@ -300,7 +249,6 @@ __all__ = [
     "close_call",
     "open_call_kernel",
     "push_rows",
-    "receive_rows",
     "release_chunk_kernel",
     "release_flag",
     "thread_fence",

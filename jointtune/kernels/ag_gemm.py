@@ -36,7 +36,6 @@ import torch
 import triton
 
 from jointtune.errors import ShapeError
-from jointtune.kernels import _ag_gemm_plans as _plans
 from jointtune.kernels._ag_gemm_args import AgGemmConfig, Shape, gemm_args, push_args
 from jointtune.kernels._ag_gemm_plans import build_plan
 from jointtune.kernels._family import Family, StandinLaunch, register_family
@@ -307,15 +306,12 @@ def standin_launches(cfg: AgGemmConfig, *, M: int, N: int, K: int, world_size: i
     if cfg.mode == "push_cublas":
         if cfg.push_by != "sm":
             return []
-        gathered = cfg.gemm_order == "gathered"
-        receive = gathered and _plans.GATHERED_SM == "receive"
-        folded = gathered and not receive  # as a plan on a world whose ranks run at once
+        gathered = cfg.gemm_order == "gathered"  # then a plan on a world whose ranks run at once folds the open
         chunk = triton.next_power_of_2(R) if gathered else cfg.chunk_m
         args = push_args(cfg, W, src=t, inbox_base=t, inbox_deltas=i64, own=t, flag_ptrs=i64, flags_local=i64,
-                         done=i32, fence=i32, state=i64, gathered=t, K=K, R=R, slot=slot,
-                         half_stride=W * slot if receive else 0, rank=0, n_chunks=-(-R // chunk), chunk_m=chunk,
-                         epoch=1 if gathered else 2, push=True, receive=receive, wait_all=folded,
-                         own_rows=gathered, enter=(i64, i64) if folded else None)  # fmt: skip
+                         done=i32, fence=i32, state=i64, K=K, R=R, slot=slot, half_stride=0, rank=0,
+                         n_chunks=-(-R // chunk), chunk_m=chunk, epoch=1 if gathered else 2, wait_all=gathered,
+                         own_rows=gathered, enter=(i64, i64) if gathered else None)  # fmt: skip
         return [_split(allgather_push_kernel, args)]
     if cfg.mode not in ("pull", "push") and not (cfg.mode == "ce" and cfg.ce_consumer == "triton"):
         return []

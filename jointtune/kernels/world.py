@@ -287,13 +287,14 @@ class CudaWorld(World):
         self.group = group or dist.group.WORLD
         self.world_size = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
+        self._local_ranks = (self.rank,)
         self.device = torch.device("cuda", torch.cuda.current_device())
         self._side = torch.cuda.Stream(device=self.device)
         self._group_name = self.group.group_name
 
     @property
     def local_ranks(self) -> tuple[int, ...]:
-        return (self.rank,)
+        return self._local_ranks
 
     def _allocate(self, name: str, numel: int, dtype: torch.dtype, *, zero: bool) -> SymmetricBuffer:
         import torch.distributed._symmetric_memory as symm_mem

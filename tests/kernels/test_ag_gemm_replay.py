@@ -140,22 +140,3 @@ def test_capture_refuses_a_host_read():
     t = torch.ones(2)
     with pytest.raises(CaptureError, match="host read"), capture():
         (t + 1).sum().item()
-
-
-@pytest.mark.parametrize("W", [2, 4])
-def test_the_receive_way_of_the_gathered_push_replays_too(W, monkeypatch):
-    """push_cublas (SMs, gathered) has two ways to hand cuBLAS rows at a fixed address; the benchmark
-    compares them (`GATHERED_SM`). The "receive" way alternates inbox halves on the device and copies."""
-    from jointtune.kernels import _ag_gemm_plans
-
-    monkeypatch.setattr(_ag_gemm_plans, "GATHERED_SM", "receive")
-    world = create_world("local", world_size=W)
-    site, other = Call(world, 32, 64, 32, seed=8), Call(world, 32, 64, 32, seed=9)
-    name = "push_cublas_sm_gathered"
-    graph = _captured(site, CONFIGS[name])
-    assert any(type(p).__name__ == "PushReceivePlan" for p in world.plans.values())
-    for _ in range(3):
-        _replay(graph, site, name)
-        other.fresh()
-        other(CONFIGS[name])
-        assert other.error() < TOL

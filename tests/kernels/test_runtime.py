@@ -97,7 +97,7 @@ def test_a_first_call_during_capture_is_refused_before_anything_is_queued(monkey
     a = [torch.randn(16, 32).bfloat16() for _ in range(2)]
     b = [torch.randn(32, 16).bfloat16() for _ in range(2)]
     monkeypatch.setattr(_runtime, "capturing", lambda device: True)
-    with pytest.raises(KernelError, match="during CUDA graph capture.*call it once before capturing"):
+    with pytest.raises(KernelError, match=r"during CUDA graph capture.*call it once before capturing"):
         ag_gemm(a, b, world=world, config=cfg)
     assert not world.plans
     monkeypatch.setattr(_runtime, "capturing", lambda device: False)
@@ -110,3 +110,22 @@ def test_only_the_runtime_reads_triton_interpret():
     kernels = Path(_runtime.__file__).parent
     readers = [p.name for p in kernels.glob("*.py") if "TRITON_INTERPRET" in p.read_text() and p.name != "_runtime.py"]
     assert readers == [] or readers == ["__init__.py"], readers
+
+
+def test_a_registered_launch_hook_keeps_tritons_own_path():
+    """Profilers hook Triton's launches; with a hook set a launch is never sent past them."""
+    from triton import knobs
+
+    from jointtune.kernels._launch import _hooked
+
+    chain = knobs.runtime.launch_enter_hook
+    assert not _hooked(chain) and not _hooked(None)  # Triton keeps an empty chain when nothing is hooked
+
+    def hook(metadata):
+        return None
+
+    chain.add(hook)
+    try:
+        assert _hooked(chain)
+    finally:
+        chain.remove(hook)

@@ -69,7 +69,7 @@ def test_bad_world_or_config_text_names_the_field():
     a, b = _inputs(2)
     with pytest.raises(KernelError, match="world: 'nowhere' is not a live world"):
         torch.ops.jointtune.ag_gemm(a, b, "nowhere", config_json(CONFIG))
-    with pytest.raises(ShapeError, match="config: .* is not JSON"):
+    with pytest.raises(ShapeError, match=r"config: .* is not JSON"):
         torch.ops.jointtune.ag_gemm(a, b, world.name, "{mode: push}")
     assert world_named(world.name) is world
     world.close()
