@@ -14,7 +14,7 @@ nvidia-smi -L
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
 run() { timeout "$1" torchrun --nproc-per-node=2 "${@:2}"; echo "exit $? after: ${*:2}"; }
 phase=${1:-small}
-case "$phase" in all) phases="small large" ;; *) phases=$phase ;; esac
+case "$phase" in all) phases="small large" ;; final) phases="small-timings large" ;; *) phases=$phase ;; esac
 for phase in $phases; do
 case "$phase" in
   small)
@@ -22,14 +22,29 @@ case "$phase" in
     run 120 bench/ag_gemm_host.py --shape 128x8192x8192 --out "$OUT/ag_gemm_host.json"
     run 300 bench/ag_gemm_modes.py --stress "${STRESS:-600}" --out "$OUT/ag_gemm_modes_small.json" --shapes $small
     ;;
+  small-timings)  # the small shapes again, no stress or compile check
+    small=64x8192x8192,128x8192x8192,256x8192x8192,64x6144x4096,128x6144x4096,256x6144x4096,1024x8192x8192
+    run 200 bench/ag_gemm_modes.py --stress 0 --skip-compile --out "$OUT/ag_gemm_modes_small.json" --shapes $small
+    ;;
   large)
     run 300 bench/ag_gemm_modes.py --stress 0 --skip-compile --out "$OUT/ag_gemm_modes_large.json" \
       --shapes 8192x4096x12288,8192x8192x28672,8192x3584x14336
-    big=8192x4096x12288,8192x8192x28672,8192x3584x14336
-    # GPU time of the previous kernels and of these, one script (the previous one's), back to back
-    (cd .device/before && PYTHONPATH=$PWD run 150 bench/ag_gemm_bench.py --shapes $big --families push_cublas \
-       --out "$OUT/before.json")
-    run 150 bench/ag_gemm_bench.py --shapes $big --families push_cublas --out "$OUT/after.json"
+    # GPU time of the previous kernels and of these, one script (the previous one's), back to back; one
+    # process per shape, as that script needs (its second shape's first collective hangs otherwise)
+    for s in 8192x4096x12288 8192x8192x28672 8192x3584x14336; do
+      (cd .device/before && PYTHONPATH=$PWD run 100 bench/ag_gemm_bench.py --shapes $s --families push_cublas \
+         --spin-up-s 1 --out "$OUT/before_$s.json")
+      run 100 bench/ag_gemm_bench.py --shapes $s --families push_cublas --spin-up-s 1 --out "$OUT/after_$s.json"
+    done
+    python3 - "$OUT" <<'PY'
+import glob, json, os, sys
+out = sys.argv[1]
+merged = {}
+for path in sorted(glob.glob(f"{out}/before_*.json") + glob.glob(f"{out}/after_*.json")):
+    merged[os.path.basename(path)[:-5]] = json.load(open(path))
+    os.remove(path)
+json.dump(merged, open(f"{out}/ag_gemm_before_after.json", "w"), indent=1)
+PY
     ;;
 esac
 done

@@ -185,6 +185,16 @@ def measure(rig: Rig, fn, bench: Bench, *, eager_calls: int, replays: int, graph
     return entry
 
 
+def measure_only(rig: Rig, fn, bench: Bench, eager_calls: int, replays: int) -> dict:
+    """gpu / eager / graph timings of a part of a call (no output to check): the ideal bound's terms."""
+    world = rig.world
+    entry = dict(bench.time(fn))
+    entry["eager_ms"] = max_over_ranks([statistics.median(eager_ms(fn, world, eager_calls) for _ in range(3))])[0]
+    graph = capture(fn)
+    entry["graph_ms"] = max_over_ranks([min(graph_ms(graph, world, replays) for _ in range(3))])[0]
+    return entry
+
+
 def bench_shape(M: int, N: int, K: int, world, bench: Bench, group_name: str, modes: str = "") -> dict:
     t0 = time.time()
     rig = Rig(world, M, N, K)
@@ -215,7 +225,15 @@ def bench_shape(M: int, N: int, K: int, world, bench: Bench, group_name: str, mo
         _, (c,) = torch.ops.symm_mem.fused_all_gather_matmul(rig.a, [rig.b], 0, group_name)
         rig.out.copy_(c)
 
-    run("torch_fused", torch_fused, entry["anchors"])
+    # torch's op hangs under graph capture from the large shapes on (seen with torch 2.11): time it eagerly there
+    run("torch_fused", torch_fused, entry["anchors"], graphable=rig.R < 2048)
+    dist.all_gather_into_tensor(gathered, rig.a)
+    entry["anchors"]["cublas_alone"] = measure_only(
+        rig, lambda: torch.mm(gathered, rig.b, out=rig.out), bench, eager_calls, replays
+    )
+    entry["anchors"]["nccl_all_gather_alone"] = measure_only(
+        rig, lambda: dist.all_gather_into_tensor(gathered, rig.a), bench, eager_calls, replays
+    )
     for mode, cands in candidates(M, world.world_size).items():
         if modes and mode not in modes.split(","):
             continue
