@@ -73,8 +73,20 @@ def main() -> None:
     a.copy_(torch.randn(R, K, device="cuda").div_(K**0.25))
     b = torch.randn(K, N_r, device="cuda").div_(K**0.25).bfloat16()
     c = torch.empty(M, N_r, device="cuda", dtype=torch.bfloat16)
+    import datetime
+    import platform
+
+    import triton
+
     result = {
         "device": f"{W}x {torch.cuda.get_device_name()}",
+        "versions": {
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            "python": platform.python_version(),
+        },
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "torchrun --nproc-per-node=2 bench/ag_gemm_host.py " + " ".join(sys.argv[1:]),
         "shape": [M, N, K],
         "calls": {},
