@@ -225,6 +225,7 @@ class RankExecutor:
                 world,
                 warmup=job.settings.warmup,
                 iters=job.settings.iters,
+                timing=job.settings.timing,
             )
             stats = [*percentiles(samples), samples.host_us]
             reason, detail = None, ""

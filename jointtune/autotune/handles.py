@@ -94,7 +94,7 @@ class StudyHandle:
         family = get_family(job.kernel)
         space = study_space(family, job.settings)
         problem = space.make_problem(dict(job.shape), dtype=job.dtype, world_size=job.world_size)
-        key = TuningKey.of(family.name, family.version, problem, hardware_id)
+        key = TuningKey.of(family.name, family.version, problem, hardware_id, job.settings.timing)
         name = key.study_name(space_version=space.version, exhaustive=job.settings.strategy == "exhaustive")
         study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
         handle = cls(job, study, family, space, key, limits)

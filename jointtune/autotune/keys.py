@@ -39,10 +39,12 @@ class TuningKey:
     dtype: str
     world_size: int
     hardware_id: str
+    #: the timing policy results were measured under (`settings.TIMINGS`)
+    timing: str = "gpu"
 
     @classmethod
-    def of(cls, kernel: str, kernel_version: str, problem: Problem, hardware_id: str) -> TuningKey:
-        return cls(kernel, kernel_version, problem.shape, problem.dtype, problem.world_size, hardware_id)
+    def of(cls, kernel: str, kernel_version: str, problem: Problem, hardware_id: str, timing: str = "gpu") -> TuningKey:
+        return cls(kernel, kernel_version, problem.shape, problem.dtype, problem.world_size, hardware_id, timing)
 
     @property
     def problem(self) -> Problem:
@@ -53,12 +55,14 @@ class TuningKey:
         return dict(self.shape)
 
     def study_name(self, *, space_version: str, exhaustive: bool = False) -> str:
-        """One study per key and space version; exhaustive runs (ground truth) get their own."""
+        """One study per key, timing policy and space version; exhaustive runs (ground truth) get their
+        own. GPU-timed studies keep the names they had before policies existed, so they resume."""
         name = (
             f"{STUDY_PREFIX}{self.kernel}@{self.kernel_version}:{shape_text(self.shape_dict)}:"
             f"{self.dtype}:w{self.world_size}:{self.hardware_id}:s{space_version}"
         )
-        return name + (":exhaustive" if exhaustive else "")
+        timing = "" if self.timing == "gpu" else f":t{self.timing}"
+        return name + timing + (":exhaustive" if exhaustive else "")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,12 +72,13 @@ class TuningKey:
             "dtype": self.dtype,
             "world_size": self.world_size,
             "hardware_id": self.hardware_id,
+            "timing": self.timing,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TuningKey:
         problem = Problem.of(data["shape"], dtype=data["dtype"], world_size=data["world_size"])
-        return cls.of(data["kernel"], data["kernel_version"], problem, data["hardware_id"])
+        return cls.of(data["kernel"], data["kernel_version"], problem, data["hardware_id"], data.get("timing", "gpu"))
 
 
 def triton_version() -> str:

@@ -31,7 +31,7 @@ def study_name_for(job: Job, hardware_id: str) -> str:
 
     family = get_family(job.kernel)
     space = study_space(family, job.settings)
-    key = TuningKey.of(family.name, family.version, job.problem, hardware_id)
+    key = TuningKey.of(family.name, family.version, job.problem, hardware_id, job.settings.timing)
     return key.study_name(space_version=space.version, exhaustive=job.settings.strategy == "exhaustive")
 
 

@@ -21,6 +21,9 @@ from jointtune.search_spaces._problem import Problem
 
 #: "tpe": multivariate grouped TPE; "random": the control; "exhaustive": every valid config once.
 STRATEGIES = ("tpe", "random", "exhaustive")
+#: How a trial is timed (see `timing`): GPU time behind a hold; wall time of calls issued back to back,
+#: host included; replays of a captured CUDA graph. A record carries the policy it was measured under.
+TIMINGS = ("gpu", "eager", "graph")
 
 
 @dataclass(frozen=True)
@@ -51,11 +54,15 @@ class TuneSettings:
     #: params narrowed to some of their choices ({name: values}; see `Space.restrict`): a study of
     #: the sub-space, e.g. a joint space small enough to measure exhaustively
     restrict: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    #: how trials (and the baseline) are timed: one of TIMINGS; each policy is a study of its own
+    timing: str = "gpu"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "restrict", _restriction(self.restrict))
         if self.strategy not in STRATEGIES:
             raise TuningError(f"strategy: {self.strategy!r} is not allowed; allowed: {', '.join(STRATEGIES)}")
+        if self.timing not in TIMINGS:
+            raise TuningError(f"timing: {self.timing!r} is not allowed; allowed: {', '.join(TIMINGS)}")
         positive = ("trials", "iters", "max_invalid_streak", "max_duplicate_streak")
         for name in positive:
             value = getattr(self, name)
@@ -139,7 +146,8 @@ class Job:
     @property
     def label(self) -> str:
         dims = ",".join(f"{k}={v}" for k, v in self.shape)
-        return f"{self.kernel} {dims} {self.dtype} w{self.world_size}"
+        timing = "" if self.settings.timing == "gpu" else f" ({self.settings.timing})"
+        return f"{self.kernel} {dims} {self.dtype} w{self.world_size}{timing}"
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,9 +1,18 @@
-"""Timing one config: identical warm-up and timed iteration counts on every rank.
+"""Timing one config under a policy: identical warm-up and timed iteration counts on every rank.
 
-On CUDA each timed run sits between two device events, after an L2 flush (a write over a buffer
-larger than any L2), so a config can't win by finding its operands still cached; all timed runs are
-queued behind a device-side hold first, so the events time the GPU, not the host's launch pace. On the local
-world (CPU interpreter) the wall clock brackets `run` plus `world.synchronize()`.
+Three policies (`settings.TIMINGS`), because users meet an op three ways and the ranking of configs
+differs between them (a config with many launches wins on the GPU and loses when called eagerly):
+
+- gpu: each timed run sits between two device events, after an L2 flush (a write over a buffer larger
+  than any L2), so a config can't win by finding its operands still cached; all timed runs are queued
+  behind a device-side hold first, so the events time the GPU, not the host's launch pace;
+- eager: wall time per call of `EAGER_CALLS` calls issued back to back (host included), the device
+  synchronised before and after each block;
+- graph: replays of a CUDA graph holding `GRAPH_CALLS` calls of the config, each replay between two
+  device events after a hold (the host queues every replay first). Needs a GPU world.
+
+On the local world (CPU interpreter) a call is synchronous: gpu and eager are the wall clock around
+`run` plus `world.synchronize()`, and graph is refused (there are no graphs to capture).
 
 Repeat counts are fixed by the caller and never adapted per rank: a rank that ran more iterations
 than its peers would wait forever in a push/pull kernel whose peers have stopped launching.
@@ -20,8 +29,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from jointtune.errors import TuningError
+
 if TYPE_CHECKING:
     from jointtune.kernels.world import World
+
+#: calls per timed block of the eager policy, and per captured graph of the graph policy
+EAGER_CALLS = 8
+GRAPH_CALLS = 4
 
 #: Bytes written before every timed CUDA run; larger than the L2 of any current GPU (H200: 50 MB).
 L2_FLUSH_BYTES = 256 * 1024 * 1024
@@ -50,14 +65,21 @@ class Samples(list):
     host_us: float = 0.0
 
 
-def measure(run: Callable[[], Any], world: World, *, warmup: int, iters: int) -> Samples:
-    """Microseconds of `iters` timed runs of `run`, after `warmup` untimed ones (on CUDA, two more
-    untimed runs: one sizes the hold before the timed runs, one absorbs the ranks' skew after it)."""
+def measure(run: Callable[[], Any], world: World, *, warmup: int, iters: int, timing: str = "gpu") -> Samples:
+    """Microseconds per call of `iters` timed samples of `run` under `timing`, after `warmup` untimed runs
+    (on CUDA, a few more untimed: one sizes the hold, one absorbs the ranks' skew after it)."""
+    if timing not in ("gpu", "eager", "graph"):
+        raise TuningError(f"timing: {timing!r} is not allowed; allowed: gpu, eager, graph")
+    if timing == "graph" and world.device.type != "cuda":
+        raise TuningError(
+            f"timing: 'graph' needs CUDA graphs, and this world runs on {world.device.type} (the CPU interpreter); "
+            "use gpu or eager here"
+        )
     for _ in range(warmup):
         run()
     world.synchronize()
     if world.device.type == "cuda":
-        return _measure_cuda(run, world, iters)
+        return {"gpu": _measure_cuda, "eager": _measure_eager, "graph": _measure_graph}[timing](run, world, iters)
     samples = Samples()
     for _ in range(iters):
         start = time.perf_counter()
@@ -101,6 +123,52 @@ def _measure_cuda(run: Callable[[], Any], world: World, iters: int) -> Samples:
     world.synchronize()
     samples = Samples(start.elapsed_time(end) * 1e3 for start, end in zip(starts[1:], ends[1:]))
     samples.host_us = host_us
+    return samples
+
+
+def _measure_eager(run: Callable[[], Any], world: World, iters: int) -> Samples:
+    """Wall µs per call of EAGER_CALLS calls back to back; one untimed block first absorbs the ranks' skew."""
+    host_us = _host_launch_us(run, world)
+    samples = Samples()
+    for i in range(iters + 1):
+        world.synchronize()
+        start = time.perf_counter()
+        for _ in range(EAGER_CALLS):
+            run()
+        world.synchronize()
+        if i:
+            samples.append((time.perf_counter() - start) * 1e6 / EAGER_CALLS)
+    samples.host_us = host_us
+    return samples
+
+
+def _measure_graph(run: Callable[[], Any], world: World, iters: int) -> Samples:
+    """µs per call of replays of a graph holding GRAPH_CALLS calls, each replay timed by device events
+    behind a hold (the host queues every replay first); the first replay absorbs the ranks' skew."""
+    import torch
+
+    host_us = _host_launch_us(run, world)
+    graph = torch.cuda.CUDAGraph()
+    world.synchronize()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            run()
+    graph.replay()
+    world.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    replay_us = _host_launch_us(graph.replay, world)
+    gate_us = min(_MAX_GATE_US, 500.0 + 3.0 * (iters + 1) * (replay_us + 20.0))
+    with torch.cuda.device(world.device):
+        torch.cuda._sleep(int(gate_us * _cycles_per_us(world.device)))
+    for start, end in zip(starts, ends):
+        start.record()
+        graph.replay()
+        end.record()
+    world.synchronize()
+    samples = Samples(start.elapsed_time(end) * 1e3 / GRAPH_CALLS for start, end in zip(starts[1:], ends[1:]))
+    samples.host_us = host_us
+    del graph
     return samples
 
 
