@@ -5,7 +5,8 @@ process registers the same spaces and families.
 
 - `jt_sleep`: latency is a sleep whose length depends on the config (best: tile=4, chunk=2, every
   config 20% apart) and scales with the shape's M; some tile/chunk pairs are invalid. Has a
-  `precompile` hook.
+  `precompile` hook. The tuner's clock measures exactly that length (`SimulatedClock`), so what a
+  test sees never depends on how busy the machine is.
 - `jt_faulty`: like jt_sleep with a `variant` knob; with tile=1 a variant fails in one way each:
   raise (a compile error from the precompile hook), hang, kill (SIGKILL of its own process),
   wrong (returns wrong numbers). Best: tile=4.
@@ -18,12 +19,14 @@ from __future__ import annotations
 import math
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from jointtune.autotune import timing
 from jointtune.errors import KernelError
 from jointtune.kernels._family import Family, register_family
 from jointtune.search_spaces import Constraint, Space, categorical, choice, pow2, register_space, when
@@ -104,6 +107,47 @@ SLEEP_LADDER = sorted(
 )
 
 
+class SimulatedClock:
+    """The tuner's clock (`jointtune.autotune.timing.time`) in every process that imports this module.
+
+    A timed run of a simulated family lasts exactly its simulated latency on this clock: the run still
+    sleeps (watchdogs, kills and time budgets see real time pass), but the clock's next reading is the
+    previous one plus the simulated time, so a loaded machine's late wake-ups and slow Python never
+    reorder configs 20% apart. Between simulated runs the clock follows real time (other families,
+    e.g. jt_matmul, are timed as they run), offset so that it never goes backwards.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._skew = 0.0  # this clock minus time.perf_counter()
+        self._last = 0.0
+        self._next: float | None = None
+
+    def perf_counter(self) -> float:
+        with self._lock:
+            real = time.perf_counter()
+            if self._next is not None:
+                now, self._next = self._next, None
+                self._skew = now - real
+            else:
+                now = real + self._skew
+            self._last = now
+            return now
+
+    def simulate(self, seconds: float) -> None:
+        """Sleep `seconds`; the clock's next reading is exactly `seconds` after its last one."""
+        time.sleep(seconds)
+        with self._lock:
+            self._next = self._last + seconds
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the `time` module's
+        return getattr(time, name)
+
+
+CLOCK = SimulatedClock()
+timing.time = CLOCK  # type: ignore[assignment]
+
+
 def sleep_cost_ms(config: Mapping[str, Any]) -> float:
     """Simulated latency (ms) of a config at M=64: best tile=4, chunk=2 (1 ms); baseline slowest."""
     if config["mode"] == "baseline":
@@ -133,7 +177,7 @@ class SleepFamily(_Doubling):
     space = "jt_sleep"
 
     def run(self, inputs: Any, config: Mapping[str, Any], world: Any) -> Any:
-        time.sleep(sleep_cost_ms(config) * inputs["scale"] / 1e3)
+        CLOCK.simulate(sleep_cost_ms(config) * inputs["scale"] / 1e3)
         return [x * 2 for x in inputs["xs"]]
 
     def precompile(self, config: Mapping[str, Any], problem: Any) -> None:
@@ -152,7 +196,7 @@ class FaultyFamily(_Doubling):
                 time.sleep(0.05)
         if variant == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(sleep_cost_ms({**config, "chunk": 2}) * inputs["scale"] / 1e3)
+        CLOCK.simulate(sleep_cost_ms({**config, "chunk": 2}) * inputs["scale"] / 1e3)
         factor = 3 if variant == "wrong" else 2
         return [x * factor for x in inputs["xs"]]
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from jointtune.autotune.studies import (
@@ -35,6 +36,7 @@ profiles:
         world_size: 2
         trials: 13    # every valid config of jt_sleep: both runs must end on the true best
 """
+SCALE = 320 / 64  # jt_sleep's latencies scale with M
 JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]
 
 
@@ -111,11 +113,15 @@ def test_a_killed_sweep_resumes_and_ends_like_an_uninterrupted_one(families, tmp
     # a claimed trial's config then ran once (a kill mid-proposal may also catch an invalid one)
     claimed = {t.number for t in failed if ATTR_DEADLINE in t.user_attrs}
     assert claimed <= {t.user_attrs.get(ATTR_RETRY_OF) for t in after}
-    # same seeded start and the same best as the run nobody killed (later TPE suggestions follow the
-    # measured latencies, which a loaded machine may reorder, so they are not compared one by one; the
-    # budget covers the whole space, so neither run can stop short of the best)
+    # same seeded start, the same measurements and the same best as the run nobody killed. Latencies
+    # are jt_sleep's simulated ones to the nanosecond (jt_families.SimulatedClock), however loaded the
+    # machine; the killed run's later suggestions differ (its history holds the interrupted trials),
+    # and the budget covers the whole space, so both runs measure every config and end on the true best
     clean_trials = _counted(clean)
     assert [canonical_json(trial_config(t)) for t in clean_trials][:3] == keys[:3]
+    for trial in (*after, *clean_trials):
+        assert trial.value == pytest.approx(families.sleep_cost_ms(trial_config(trial)) * SCALE * 1e3, rel=1e-6)
+    assert {canonical_json(trial_config(t)) for t in clean_trials} == set(keys)
     best = min((t for t in after if t.value is not None), key=lambda t: t.value)
     clean_best = min((t for t in clean_trials if t.value is not None), key=lambda t: t.value)
-    assert trial_config(best) == trial_config(clean_best)
+    assert trial_config(best) == trial_config(clean_best) == {"mode": "fast", "tile": 4, "chunk": 2}
