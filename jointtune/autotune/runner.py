@@ -123,8 +123,14 @@ def run_jobs(
     sweep: str | None = None,
     profile: str | None = None,
     title: str = "tuning",
+    on_start: Callable[[Sequence[JobResult], int], object] | None = None,
 ) -> list[JobResult]:
-    """Tune `jobs` on this node with live progress; returns every job's final standing."""
+    """Tune `jobs` on this node with live progress; returns every job's final standing.
+
+    `on_start(results, groups)` sees where the jobs stood before anything ran (a re-run finds some
+    already tuned) and how many groups will share them, before any group starts. When every job
+    is done already, no group is started at all.
+    """
     from jointtune.autotune.hardware import detect
     from jointtune.autotune.progress import ProgressView
     from jointtune.autotune.studies import open_storage
@@ -144,7 +150,14 @@ def run_jobs(
     )
     console = console or Console()
     read = lambda: collect(storage, jobs, hardware_id=hardware_id)
-    with ProgressView(console, read, title=title) as view:
+    before = read()
+    parallel = len(phases[0].specs) if phases else 1
+    if on_start is not None:
+        on_start(before, parallel)
+    if all(r.done_reason is not None for r in before):
+        return list(before)
+    already = [r.study_name for r in before if r.done_reason is not None]
+    with ProgressView(console, read, title=title, parallel=parallel, already=already) as view:
         run_phases(phases, on_tick=view.refresh)
         view.refresh()
     return list(read())

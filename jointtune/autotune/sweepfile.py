@@ -20,8 +20,9 @@ profiles:
 Tuning fields: trials, time_budget, patience, strategy (tpe | random | exhaustive), seed, warmup,
 iters, warm_start, n_startup, lookahead, max_invalid_streak, max_duplicate_streak,
 restrict ({param: [values]}: search only that sub-space), watchdog: {compile_s, factor, slack_s,
-first_trial_s}. A job's fields override its profile's `tuning`, which overrides the file's. Every error names its field:
-"sweep.yaml: profiles.cpu.jobs[0].trials: Input should be greater than or equal to 1 (got 0)".
+first_trial_s}. A job's fields override its profile's `tuning`, which overrides the file's. Every error names its line
+and field: "sweep.yaml: line 9: profiles.cpu.jobs[0].trials: Input should be greater than or equal to 1 (got 0)";
+broken YAML says where it broke: "sweep.yaml:4:12: not valid YAML: mapping values are not allowed here".
 
 Example:
     >>> sweep = load_sweep_file("examples/sweep.yaml")           # doctest: +SKIP
@@ -31,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -133,27 +135,44 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def _pydantic_problems(exc: ValidationError) -> list[str]:
-    problems = []
+#: where a field is in the file: its line (1-based) for a loc such as ("profiles", "cpu", "jobs", 0)
+LineOf = Callable[[tuple[Any, ...]], "int | None"]
+
+
+class _Problems:
+    """Problems found in a sweep, each named by its field and, when known, its line in the file."""
+
+    def __init__(self, line_of: LineOf | None) -> None:
+        self.line_of = line_of
+        self.items: list[str] = []
+
+    def add(self, loc: tuple[Any, ...], text: str) -> None:
+        line = self.line_of(loc) if self.line_of is not None else None
+        item = f"line {line}: {text}" if line is not None else text
+        if item not in self.items:
+            self.items.append(item)
+
+
+def _pydantic_problems(exc: ValidationError, problems: _Problems) -> None:
     for err in exc.errors():
         # unions report one error per member; the member name in the loc only adds noise
         loc = tuple(p for p in err["loc"] if p not in ("str", "int", "list[int]", "dict[str,int]"))
         got = f" (got {err['input']!r})" if not isinstance(err.get("input"), (dict, list)) else ""
-        problems.append(f"{_loc(loc)}: {err['msg']}{got}")
-    return list(dict.fromkeys(problems))
+        problems.add(loc, f"{_loc(loc)}: {err['msg']}{got}")
 
 
-def _jobs(where: str, model: JobModel, base: TuneSettings, problems: list[str]) -> list[Job]:
+def _jobs(loc: tuple[Any, ...], model: JobModel, base: TuneSettings, problems: _Problems) -> list[Job]:
     from jointtune.autotune.handles import study_space
     from jointtune.autotune.search import check_exhaustive
     from jointtune.kernels._family import get_family
 
+    where = _loc(loc)
     try:
         family = get_family(model.kernel)
         settings = base.replace(**model.settings_changes())
         space = study_space(family, settings)
     except JointtuneError as exc:
-        problems.append(f"{where}: {exc}")
+        problems.add(loc, f"{where}: {exc}")
         return []
     sizes = model.world_size if isinstance(model.world_size, list) else [model.world_size]
     jobs = []
@@ -164,51 +183,94 @@ def _jobs(where: str, model: JobModel, base: TuneSettings, problems: list[str]) 
                     problem = space.make_problem(shape, dtype=dtype, world_size=w)
                     check_exhaustive(space, problem, settings)
                 except JointtuneError as exc:
-                    problems.append(f"{where}.shapes[{i}] ({shape}, {dtype}, world_size {w}): {exc}")
+                    problems.add((*loc, "shapes", i), f"{where}.shapes[{i}] ({shape}, {dtype}, world_size {w}): {exc}")
                     continue
                 jobs.append(Job.of(family.name, problem, settings))
     return jobs
 
 
-def parse_sweep(data: Any, *, source: str = "sweep", default_name: str = "sweep") -> SweepFile:
-    """Validate sweep data (parsed YAML); SweepFileError lists every problem with its field."""
+def parse_sweep(
+    data: Any, *, source: str = "sweep", default_name: str = "sweep", line_of: LineOf | None = None
+) -> SweepFile:
+    """Validate sweep data (parsed YAML); SweepFileError lists every problem with its field (and
+    its line, given `line_of`)."""
+    problems = _Problems(line_of)
     try:
         model = SweepModel.model_validate(data)
     except ValidationError as exc:
-        raise SweepFileError(f"{source}: " + "; ".join(_pydantic_problems(exc))) from None
+        _pydantic_problems(exc, problems)
+        raise SweepFileError(f"{source}: " + "; ".join(problems.items)) from None
     for i, module in enumerate(model.imports):
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise SweepFileError(f"{source}: imports[{i}]: {module!r} can't be imported ({exc})") from None
-    problems: list[str] = []
+            problems.add(("imports", i), f"imports[{i}]: {module!r} can't be imported ({exc})")
+            raise SweepFileError(f"{source}: " + "; ".join(problems.items)) from None
     try:
         base = TuneSettings().replace(**model.tuning.settings_changes())
     except JointtuneError as exc:
-        raise SweepFileError(f"{source}: tuning: {exc}") from None
+        problems.add(("tuning",), f"tuning: {exc}")
+        raise SweepFileError(f"{source}: " + "; ".join(problems.items)) from None
     profiles: dict[str, tuple[Job, ...]] = {}
     for name, profile in model.profiles.items():
         try:
             settings = base.replace(**profile.tuning.settings_changes())
         except JointtuneError as exc:
-            problems.append(f"profiles.{name}.tuning: {exc}")
+            problems.add(("profiles", name, "tuning"), f"profiles.{name}.tuning: {exc}")
             continue
         jobs: list[Job] = []
         for j, job in enumerate(profile.jobs):
-            jobs.extend(_jobs(f"profiles.{name}.jobs[{j}]", job, settings, problems))
+            jobs.extend(_jobs(("profiles", name, "jobs", j), job, settings, problems))
         profiles[name] = tuple(dict.fromkeys(jobs))
-    if problems:
-        raise SweepFileError(f"{source}: " + "; ".join(problems))
+    if problems.items:
+        raise SweepFileError(f"{source}: " + "; ".join(problems.items))
     return SweepFile(model.name or default_name, tuple(model.imports), profiles)
 
 
+def _line_finder(root: yaml.Node | None) -> LineOf:
+    """Where a field is in the file: the line of the deepest node (or key) its loc reaches."""
+
+    def line_of(loc: tuple[Any, ...]) -> int | None:
+        node, line = root, None
+        for part in loc:
+            if node is None:
+                break
+            line = node.start_mark.line + 1
+            if isinstance(node, yaml.MappingNode):
+                pair = next(((k, v) for k, v in node.value if str(getattr(k, "value", "")) == str(part)), None)
+                node = pair[1] if pair else None
+                line = pair[0].start_mark.line + 1 if pair else line
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+                node = node.value[part]
+            else:
+                node = None
+        return node.start_mark.line + 1 if node is not None else line
+
+    return line_of
+
+
 def load_sweep_file(path: str | Path) -> SweepFile:
-    """Read and validate a sweep YAML file."""
+    """Read and validate a sweep YAML file; errors name the file, the line and the field."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except OSError as exc:
         raise SweepFileError(f"sweep file: {str(path)!r} can't be read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise SweepFileError(
+            f"sweep file: {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+        root = yaml.compose(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        context = exc.context
+        if context and exc.context_mark is not None and exc.context_mark is not mark:
+            context += f" (from line {exc.context_mark.line + 1})"
+        what = ": ".join(p for p in (context, exc.problem) if p)
+        raise SweepFileError(f"{where}: not valid YAML: {what}") from None
     except yaml.YAMLError as exc:
-        raise SweepFileError(f"{path}: not valid YAML ({exc})") from None
-    return parse_sweep(data, source=str(path), default_name=path.stem)
+        raise SweepFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    return parse_sweep(data, source=str(path), default_name=path.stem, line_of=_line_finder(root))

@@ -1,7 +1,8 @@
 """`jointtune ...`: one typer app; each command group lives in its own module of this package.
 
-A module joins the app by defining `register(app)`; discovery keeps command groups independent
-of each other. Errors we raise on purpose become one line on stderr and exit code 2.
+A module joins the app by defining `register(app)` (modules named `_*` are helpers, not commands);
+discovery keeps command groups independent of each other. Errors we raise on purpose and usage
+errors (a missing or malformed option) become one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ _register_commands()
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning our errors into one clear line."""
     try:
-        code = app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False, prog_name="jointtune")
     except JointtuneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -50,9 +51,14 @@ def main(argv: list[str] | None = None) -> None:
         print("aborted", file=sys.stderr)
         raise SystemExit(1) from None
     except Exception as exc:
-        # usage errors (click's, or the copy typer vendors) know how to print themselves
+        # usage errors (click's, or the copy typer vendors): one line too, naming the option
         if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
-            exc.show()
+            if type(exc).__name__ == "NoArgsIsHelpError" or not callable(getattr(exc, "format_message", None)):
+                exc.show()  # a bare `jointtune db`: the help is the answer
+                raise SystemExit(exc.exit_code) from None
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            print(f"error: {' '.join(exc.format_message().split())}{hint}", file=sys.stderr)
             raise SystemExit(exc.exit_code) from None
         raise
     if isinstance(code, int) and code:

@@ -6,8 +6,10 @@
   --nproc-per-node=<GPUs>` this process is one rank of the node's group, otherwise it launches
   its own groups. Groups on many nodes share the sweep's studies through the storage.
 
-All three print a live progress table, then the tuned table, and exit 1 when a shape could not
-be tuned at all (every trial failed); bad input exits 2 with one line naming the field.
+All three check every path and option first (bad input: one line naming the field, exit 2, before
+any work), print a header (what runs, the profile, the database, shapes already tuned), live
+progress, then the tuned table and a summary with the next commands (`_summary`); they exit 1 when
+a shape could not be tuned at all (every trial failed).
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from rich.console import Console
 from jointtune.errors import TuningError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from jointtune.autotune.coordinator import GroupOptions
     from jointtune.autotune.results import JobResult
+    from jointtune.autotune.settings import Job
 
 _DB_HELP = "database URL of the store and the Optuna studies (default: $JOINTTUNE_DB_URL or the per-user SQLite file)"
 
@@ -77,27 +82,61 @@ def _console() -> Console:
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
-def _finish(results: list[JobResult], report: Path | None, console: Console) -> None:
-    from jointtune.autotune.progress import summary_table
-    from jointtune.autotune.results import job_label
+GroupsOption = Annotated[
+    int | None, typer.Option(min=1, help="tuning groups on this node (default: all GPUs; one on the CPU)")
+]
+ReportOption = Annotated[
+    Path | None,
+    typer.Option(help="directory for tuning-curve PNGs and results.json (made and checked before tuning starts)"),
+]
+ProfileOption = Annotated[str, typer.Option(help="auto (gpu when CUDA is visible), gpu or cpu")]
 
-    console.print(summary_table(results))
-    if report is not None:
-        from jointtune.autotune.report import write_report
 
-        paths = write_report(results, report)
-        console.print(f"report: {len(paths)} files in {report}", highlight=False)
-    failed = [job_label(r.job) for r in results if r.failed_entirely]
-    if failed:
-        console.print(f"[red]no config could be measured for: {', '.join(failed)}[/red]")
-        raise SystemExit(1)  # typer.Exit is swallowed by main()'s standalone_mode=False
+def _tune_and_summarise(
+    jobs: Sequence[Job],
+    *,
+    what: str,
+    url: str,
+    imports: Sequence[str],
+    groups: int | None,
+    options: GroupOptions,
+    report: Path | None,
+    report_hint: str | None,
+    profile: str | None = None,
+    sweep_name: str | None = None,
+) -> None:
+    """Header, live progress, tuned table and closing summary around one `run_jobs`."""
+    import time
+
+    from jointtune.autotune.hardware import detect
+    from jointtune.autotune.runner import run_jobs
+    from jointtune.cli._summary import print_header, print_summary
+
+    console = _console()
+    hardware_id = detect().hardware_id
+    already: list[str] = []
+
+    def on_start(results: Sequence[JobResult], parallel: int) -> None:
+        already.extend(r.study_name for r in results if r.done_reason is not None)
+        print_header(console, what=what, profile=profile, url=url, hardware_id=hardware_id, results=results,
+                     groups=parallel)  # fmt: skip
+
+    start = time.monotonic()
+    results = run_jobs(
+        jobs, url=url, imports=imports, groups=groups, console=console, options=options, sweep=sweep_name,
+        profile=profile if sweep_name else None, title=what, on_start=on_start,
+    )  # fmt: skip
+    print_summary(
+        console, results, url=url, elapsed_s=time.monotonic() - start, already=already, report=report,
+        report_hint=report_hint, hardware_id=hardware_id,
+    )  # fmt: skip
 
 
 def tune(
     kernel: Annotated[str, typer.Option("--kernel", help="kernel family, e.g. ag_gemm")],
     shape: Annotated[str, typer.Option("--shape", help="e.g. 8192x4096x12288 or M=8192,N=4096,K=12288")],
     dtype: Annotated[str, typer.Option(help="bf16, fp16 or fp32")] = "bf16",
-    world_size: Annotated[int, typer.Option("--world-size", help="ranks of the kernel")] = 2,
+    world_size: Annotated[int, typer.Option("--world-size", min=1, help="ranks of the kernel")] = 2,
     trials: Annotated[int, typer.Option(help="trial budget (configs measured)")] = 64,
     time_budget: Annotated[float | None, typer.Option("--time-budget", help="seconds of trial time")] = None,
     patience: Annotated[int | None, typer.Option(help="stop after this many trials without improvement")] = None,
@@ -106,8 +145,8 @@ def tune(
     warmup: Annotated[int | None, typer.Option(help="untimed runs per trial")] = None,
     iters: Annotated[int | None, typer.Option(help="timed runs per trial")] = None,
     db: Annotated[str | None, typer.Option("--db", help=_DB_HELP)] = None,
-    groups: Annotated[int | None, typer.Option(help="tuning groups on this node (default: all GPUs)")] = None,
-    report: Annotated[Path | None, typer.Option(help="directory for tuning-curve PNGs and results.json")] = None,
+    groups: GroupsOption = None,
+    report: ReportOption = None,
     restrict: Annotated[
         list[str] | None,
         typer.Option("--restrict", help="search a sub-space: NAME=V1,V2 (repeatable), e.g. BLOCK_K=64 mode=ce,push"),
@@ -119,13 +158,13 @@ def tune(
     """Tune one kernel for one shape on this node."""
     from jointtune.autotune.handles import study_space
     from jointtune.autotune.results import job_label
-    from jointtune.autotune.runner import prepare_interpreter, run_jobs
+    from jointtune.autotune.runner import prepare_interpreter
     from jointtune.autotune.search import check_exhaustive
     from jointtune.autotune.settings import Job, TuneSettings
+    from jointtune.cli._checks import prepare_report_dir
+    from jointtune.db import open_store, resolve_db_url
     from jointtune.kernels import get_family
 
-    prepare_interpreter()
-    _import_all(imports or [])
     changes = {"warmup": warmup, "iters": iters}
     settings = TuneSettings(
         trials=trials,
@@ -135,76 +174,83 @@ def tune(
         seed=seed,
         restrict=parse_restrictions(restrict or []),
     ).replace(**{k: v for k, v in changes.items() if v is not None})
+    options = _options(None, None)
+    url = resolve_db_url(db)
+    prepare_interpreter()
+    _import_all(imports or [])
     family = get_family(kernel)
     space = study_space(family, settings)
     problem = space.make_problem(shape, dtype=dtype, world_size=world_size)
     check_exhaustive(space, problem, settings)
     job = Job.of(family.name, problem, settings)
-    console = _console()
-    title = f"tune {job_label(job)}"
-    options = _options(None, None)
-    results = run_jobs(
-        [job], url=db, imports=imports or [], groups=groups, console=console, options=options, title=title
-    )
-    _finish(results, report, console)
+    report = prepare_report_dir(report)
+    open_store(url)  # reachable and migrated, before any work
+    _tune_and_summarise(
+        [job], what=f"jointtune tune {job_label(job)}", url=url, imports=imports or [], groups=groups,
+        options=options, report=report, report_hint="(the same command) --report DIR",
+    )  # fmt: skip
 
 
 def sweep(
     file: Annotated[Path, typer.Argument(help="sweep YAML file (see examples/sweep.yaml)")],
     db: Annotated[str | None, typer.Option("--db", help=_DB_HELP)] = None,
-    profile: Annotated[str, typer.Option(help="auto (gpu when CUDA is visible), gpu or cpu")] = "auto",
-    groups: Annotated[int | None, typer.Option(help="tuning groups on this node (default: all GPUs)")] = None,
-    report: Annotated[Path | None, typer.Option(help="directory for tuning-curve PNGs and results.json")] = None,
+    profile: ProfileOption = "auto",
+    groups: GroupsOption = None,
+    report: ReportOption = None,
     register_only: Annotated[bool, typer.Option("--register-only", help="only register it for workers")] = False,
 ) -> None:
     """Tune every job of a sweep file's profile on this node (and register it for workers)."""
     from jointtune.autotune.registry import register_sweep
-    from jointtune.autotune.runner import prepare_interpreter, run_jobs
+    from jointtune.autotune.runner import prepare_interpreter
     from jointtune.autotune.studies import open_storage
     from jointtune.autotune.sweepfile import load_sweep_file
+    from jointtune.cli._checks import check_profile, prepare_report_dir
     from jointtune.db import open_store, resolve_db_url
+    from jointtune.db._url import redact_url
 
-    on_gpu = prepare_interpreter()
-    spec = load_sweep_file(file)
-    chosen = ("gpu" if on_gpu else "cpu") if profile == "auto" else profile
-    jobs = spec.jobs(chosen)
     url = resolve_db_url(db)
+    options = _options(None, None)
+    on_gpu = prepare_interpreter()
+    chosen = check_profile(profile, on_gpu=on_gpu)
+    spec = load_sweep_file(file)
+    jobs = spec.jobs(chosen)
+    report = prepare_report_dir(report)
     open_store(url)
     register_sweep(open_storage(url), spec.name, spec.profiles, imports=spec.imports)
-    console = _console()
     if register_only:
-        console.print(f"registered sweep {spec.name!r}: {sum(map(len, spec.profiles.values()))} jobs", highlight=False)
+        count = sum(map(len, spec.profiles.values()))
+        _console().print(f"registered sweep {spec.name!r}: {count} jobs", markup=False, highlight=False)
         return
-    title = f"sweep {spec.name} ({chosen}, {len(jobs)} shapes)"
-    options = _options(None, None)
-    results = run_jobs(
-        jobs, url=url, imports=spec.imports, groups=groups, console=console, options=options, title=title
-    )
-    _finish(results, report, console)
+    again = f"jointtune sweep {file}" + ("" if db is None else f" --db {redact_url(url)}") + " --report DIR"
+    _tune_and_summarise(
+        jobs, what=f"jointtune sweep {spec.name}", url=url, imports=spec.imports, groups=groups, options=options,
+        report=report, report_hint=again, profile=chosen,
+    )  # fmt: skip
 
 
 def worker(
     storage: Annotated[str, typer.Option("--storage", help="database URL the sweep is registered in")],
     sweep_name: Annotated[str, typer.Option("--sweep", help="name of a registered sweep")],
-    profile: Annotated[str, typer.Option(help="auto (gpu when CUDA is visible), gpu or cpu")] = "auto",
-    groups: Annotated[int | None, typer.Option(help="groups to launch (without torchrun)")] = None,
+    profile: ProfileOption = "auto",
+    groups: Annotated[int | None, typer.Option(min=1, help="groups to launch (without torchrun)")] = None,
     heartbeat: Annotated[int | None, typer.Option(help="seconds between trial heartbeats")] = None,
     grace: Annotated[int | None, typer.Option(help="seconds without a heartbeat before a trial is stale")] = None,
 ) -> None:
     """Work on a registered sweep until none of its studies has work left."""
     from jointtune.autotune.registry import load_sweep
-    from jointtune.autotune.runner import prepare_interpreter, run_jobs
+    from jointtune.autotune.runner import prepare_interpreter
     from jointtune.autotune.studies import open_storage
+    from jointtune.cli._checks import check_profile
     from jointtune.db import open_store, resolve_db_url
 
-    on_gpu = prepare_interpreter()
     url = resolve_db_url(storage)
+    options = _options(heartbeat, grace)
+    on_gpu = prepare_interpreter()
+    chosen = check_profile(profile, on_gpu=on_gpu)
     open_store(url)
     registered = load_sweep(open_storage(url), sweep_name)
-    chosen = ("gpu" if on_gpu else "cpu") if profile == "auto" else profile
     jobs = registered.jobs(chosen)
     _import_all(list(registered.imports))
-    options = _options(heartbeat, grace)
     if "TORCHELASTIC_RUN_ID" in os.environ:
         import logging
 
@@ -226,13 +272,10 @@ def worker(
             options=options,
         )
         raise SystemExit(run_rank(spec))
-    console = _console()
-    title = f"worker {sweep_name} ({chosen})"
-    results = run_jobs(
-        jobs, url=url, imports=registered.imports, groups=groups, console=console, options=options,
-        sweep=sweep_name, profile=chosen, title=title,
+    _tune_and_summarise(
+        jobs, what=f"jointtune worker {sweep_name}", url=url, imports=registered.imports, groups=groups,
+        options=options, report=None, report_hint=None, profile=chosen, sweep_name=sweep_name,
     )  # fmt: skip
-    _finish(results, None, console)
 
 
 def register(app: typer.Typer) -> None:
