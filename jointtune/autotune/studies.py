@@ -222,3 +222,38 @@ class StudyState:
         if self.exhaustive:
             return self.waiting
         return max(0, settings.trials - len(self.counted) - self.running)
+
+
+def counted_trials(url: str, names: Sequence[str]) -> dict[str, int]:
+    """Trials counted so far by each named study that exists on `url` (what sweeps show as trials).
+
+    A record's own `trials` is its study's size when the record's config was found: later trials
+    that found nothing better don't rewrite it. Read-only: Optuna's tables are never created here
+    (a store filled from bundles has none), and studies that are gone are simply left out.
+    """
+    import sqlalchemy as sa
+
+    from jointtune.db import open_store
+
+    store = open_store(url)
+    engine = sa.create_engine(url, **store.optuna_engine_kwargs())
+    try:
+        if not sa.inspect(engine).has_table("studies"):
+            return {}
+    finally:
+        engine.dispose()
+    with quiet_optuna():
+        storage = optuna.storages.RDBStorage(
+            url, engine_kwargs=store.optuna_engine_kwargs(), skip_table_creation=True, skip_compatibility_check=True
+        )
+    wanted = set(names)
+    out = {}
+    try:
+        for summary in storage.get_all_studies():
+            if summary.study_name in wanted:
+                trials = storage.get_all_trials(summary._study_id, deepcopy=False)
+                out[summary.study_name] = len(StudyState.of(trials, attrs=summary.user_attrs).counted)
+    finally:
+        storage.remove_session()
+        storage.engine.dispose()
+    return out

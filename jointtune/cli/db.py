@@ -66,7 +66,7 @@ def list_command(
     limit: Annotated[int, typer.Option(help="rows to show")] = 50,
     offset: Annotated[int, typer.Option(help="rows to skip")] = 0,
 ) -> None:
-    """Show stored records as a table (best config per key)."""
+    """Show stored records as a table (best config per key, with its study's trial count)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -76,6 +76,13 @@ def list_command(
     with Store(db) as store:
         records = store.list_records(**filters, limit=limit, offset=offset)
         total = store.count_records(**filters)
+        url = store.url
+    studies = [r.study_name for r in records if r.study_name]
+    trials = {}
+    if studies:
+        from jointtune.autotune.studies import counted_trials
+
+        trials = counted_trials(url, studies)
     table = Table(title=f"{store.display_url}: {len(records)} of {total} records", title_justify="left")
     for name in ("id", "kernel", "version", "shape", "dtype", "ws", "hardware", "p50 µs", "speedup", "trials"):
         table.add_column(name, justify="right" if name in {"id", "ws", "p50 µs", "speedup", "trials"} else "left")
@@ -84,18 +91,32 @@ def list_command(
             str(rec.id),
             rec.kernel,
             rec.kernel_version[:12],
-            rec.shape_key,
+            shape_text(rec.kernel, rec.shape),
             rec.dtype,
             str(rec.world_size),
             rec.hardware_id,
             f"{rec.latency_p50_us:.1f}",
             "-" if rec.speedup is None else f"{rec.speedup:.2f}x",
-            str(rec.trials),
+            str(trials.get(rec.study_name or "", rec.trials)),
         )
     console = Console()
     if not console.is_terminal:  # piped: don't squeeze the table into 80 columns
         console = Console(width=200)
     console.print(table)
+
+
+def shape_text(kernel: str, shape: dict[str, int]) -> str:
+    """Dims in the order of the kernel's space (M, N, K for the GEMM families), as everywhere else;
+    known dims first, then the rest by name, when the space is not registered in this process."""
+    from jointtune.errors import UnknownNameError
+    from jointtune.search_spaces import get_space
+
+    try:
+        order = [d for d in get_space(kernel).dims if d in shape]
+    except UnknownNameError:
+        order = [d for d in ("M", "N", "K") if d in shape]
+    order += sorted(d for d in shape if d not in order)
+    return ",".join(f"{d}={shape[d]}" for d in order)
 
 
 def register(app: typer.Typer) -> None:
