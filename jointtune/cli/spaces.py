@@ -94,9 +94,23 @@ def _print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2))
 
 
+def kernels_by_space() -> dict[str, list[str]]:
+    """Space name -> the kernel families that run it, from the family registry (a space without
+    one can be counted and validated, not yet tuned or run). Loading the registry imports the
+    built-in kernel modules (Triton), so only `list` and `show` ask it."""
+    from jointtune.kernels import family_names, get_family
+
+    out: dict[str, list[str]] = {}
+    for name in family_names():
+        space = get_family(name).space
+        out.setdefault(space if isinstance(space, str) else space.name, []).append(name)
+    return out
+
+
 @spaces_app.command("list")
 def list_spaces(as_json: AsJson = False) -> None:
-    """Every registered space with its version, dims and number of params."""
+    """Every registered space with its version, dims, number of params and its kernel, if it has one."""
+    kernels = kernels_by_space()
     rows = [
         {
             "name": s.name,
@@ -104,13 +118,17 @@ def list_spaces(as_json: AsJson = False) -> None:
             "revision": s.revision,
             "dims": list(s.dims),
             "params": len(s.params),
+            "kernels": kernels.get(s.name, []),
         }
         for s in map(get_space, space_names())
     ]
     if as_json:
         _print_json(rows)
         return
-    table = Table("space", "version", "revision", "dims", "params", "constraints", title="search spaces")
+    table = Table(
+        "space", "version", "revision", "dims", "params", "constraints", "kernel", title="search spaces",
+        caption="kernel: the family that runs the space; without one a space can be counted and validated, not tuned",
+    )  # fmt: skip
     for row in rows:
         n_rules = len(get_space(row["name"]).constraints)
         table.add_row(
@@ -120,13 +138,17 @@ def list_spaces(as_json: AsJson = False) -> None:
             "x".join(row["dims"]),
             str(row["params"]),
             str(n_rules),
+            ", ".join(row["kernels"]) or "none yet",
         )
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # piped: wide enough for one line per row
+        console = Console(width=max(console.width, 132))
+    console.print(table)
 
 
 @spaces_app.command("show")
 def show(name: Annotated[str, typer.Argument(help="Space name.")], as_json: AsJson = False) -> None:
-    """A space's params (choices and conditions) and constraints."""
+    """A space's params (choices and conditions), constraints, and which kernel runs it."""
     space = get_space(name)
     if as_json:
         _print_json(space.to_json())
@@ -135,6 +157,11 @@ def show(name: Annotated[str, typer.Argument(help="Space name.")], as_json: AsJs
     console.print(
         f"[bold]{space.name}[/bold]  version {space.version}  revision {space.revision}  dims {'x'.join(space.dims)}"
     )
+    kernels = kernels_by_space().get(space.name, [])
+    if kernels:
+        console.print(f"kernel: {', '.join(kernels)} (tune it with `jointtune tune --kernel {kernels[0]} ...`)")
+    else:
+        console.print("kernel: none yet; the space can be counted and validated, not tuned or run", markup=False)
     if space.doc:
         console.print(space.doc)
     params = Table("param", "choices", "exists when", "meaning", title="params")

@@ -42,12 +42,36 @@ def test_list_and_show(invoke) -> None:
         "revision": 3,
         "dims": ["M", "N", "K"],
         "params": 14,
+        "kernels": ["ag_gemm"],
+    }
+    # which spaces have a kernel comes from the family registry: a family registered now shows at once
+    assert {r["name"]: r["kernels"] for r in rows if r["name"] in builtin} == {
+        "ag_gemm": ["ag_gemm"],
+        "flash_decode": [],
+        "gemm_rs": [],
     }
     table = invoke("list")
-    assert get_space("gemm_rs").version in table and "flash_decode" in table
+    assert get_space("gemm_rs").version in table and "flash_decode" in table and "none yet" in table
     assert json.loads(invoke("show", "flash_decode", "--json")) == get_space("flash_decode").to_json()
     shown = invoke("show", "ag_gemm")
     assert "comm_sms" in shown and "shared_memory" in shown and 'mode == "push"' in shown
+    assert "kernel: ag_gemm (tune it with `jointtune tune --kernel ag_gemm ...`)" in shown
+    assert "kernel: none yet; the space can be counted and validated, not tuned or run" in invoke("show", "gemm_rs")
+
+
+def test_a_new_family_gives_its_space_a_kernel(invoke) -> None:
+    from jointtune.kernels import get_family, register_family, unregister_family
+
+    class GemmRsStandIn(type(get_family("ag_gemm"))):
+        name = "gemm_rs_standin"
+        space = "gemm_rs"
+
+    register_family(GemmRsStandIn())
+    try:
+        rows = {r["name"]: r["kernels"] for r in json.loads(invoke("list", "--json"))}
+        assert rows["gemm_rs"] == ["gemm_rs_standin"]
+    finally:
+        unregister_family("gemm_rs_standin")
 
 
 def test_count_one_problem_matches_the_api(invoke) -> None:
