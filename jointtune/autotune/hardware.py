@@ -375,9 +375,25 @@ def _interconnect(gpus_per_node: int, visible: int) -> tuple[str, int, str]:
 def _interpreting() -> bool:
     if os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on", "y"):
         return True
+    if not gpu_device_present():
+        return True
     import torch
 
     return not torch.cuda.is_available()
+
+
+#: device files a visible NVIDIA (or AMD, or WSL) GPU always brings into a machine or container
+_GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/gpus", "/dev/kfd", "/dev/dxg")
+
+
+def gpu_device_present() -> bool:
+    """False when no process here can see a GPU: no GPU device files, or CUDA_VISIBLE_DEVICES hides
+    them all. Torch would say the same, but importing it takes seconds (`jointtune hw` on a CPU
+    machine needs none of it); True means "ask torch"."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return any(os.path.exists(path) for path in _GPU_DEVICE_FILES)
 
 
 def _cpu_model() -> str | None:

@@ -383,3 +383,15 @@ def test_cli_hw_table_shows_the_id_and_roles() -> None:
     rows = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") == 4}
     assert set(rows) == {f.name for f in dataclasses.fields(HardwareFingerprint)}
     assert all(("key" in rows[f]) == (f in KEY_FIELDS) for f in rows)
+
+
+@pytest.mark.skipif(hardware.gpu_device_present(), reason="this machine shows GPU device files")
+def test_hw_on_a_cpu_machine_does_not_import_torch() -> None:
+    """`jointtune hw` answered in ~0.4 s instead of ~2 s: torch's import was most of it."""
+    code = "import sys; from jointtune.cli import main; main(['hw', '--json']); print('torch' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    *fingerprint, imported = done.stdout.strip().splitlines()
+    assert json.loads("\n".join(fingerprint))["name"] == "cpu-interpreter"
+    assert imported == "False"
