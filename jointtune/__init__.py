@@ -1,8 +1,84 @@
 """jointtune: one search space for the compute tiles and the communication knobs of fused
-multi-GPU kernels, tuned on all ranks at once, stored and served per kernel, shape and hardware."""
+multi-GPU kernels, tuned on all ranks at once, stored and served per kernel, shape and hardware.
+
+The names people use come from here, as `triton.autotune` users expect:
+
+    from jointtune import joint_autotune, ag_gemm, create_world
+
+They are imported on first use (module `__getattr__`), so `import jointtune` and the `jointtune`
+command stay fast: nothing here imports torch, Triton or Optuna until a name that needs it is
+asked for. A kernel op asked for on a machine without a GPU chooses Triton's CPU interpreter
+first (it must be chosen before the first kernel is defined), so the same script runs on a GPU
+node and on a laptop. To export a name, add it to `_EXPORTS` and `__all__`, and to the
+`TYPE_CHECKING` block for type checkers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import TYPE_CHECKING, Any
 
 from jointtune.errors import JointtuneError
 
+if TYPE_CHECKING:
+    from jointtune.autotune.decorator import JointAutotuned, NoConfigError, joint_autotune
+    from jointtune.autotune.settings import TuneSettings
+    from jointtune.kernels.ag_gemm import ag_gemm
+    from jointtune.kernels.world import World, create_world
+
 __version__ = "0.1.0"
 
-__all__ = ["JointtuneError", "__version__"]
+#: public name -> (module that defines it, whether it is a kernel op or world: chooses the interpreter first)
+_EXPORTS: dict[str, tuple[str, bool]] = {
+    "joint_autotune": ("jointtune.autotune.decorator", False),
+    "JointAutotuned": ("jointtune.autotune.decorator", False),
+    "NoConfigError": ("jointtune.autotune.decorator", False),
+    "TuneSettings": ("jointtune.autotune.settings", False),
+    # the kernel families' ops, and the world they run in
+    "ag_gemm": ("jointtune.kernels.ag_gemm", True),
+    "create_world": ("jointtune.kernels.world", True),
+    "World": ("jointtune.kernels.world", True),
+}
+
+__all__ = [
+    "JointAutotuned",
+    "JointtuneError",
+    "NoConfigError",
+    "TuneSettings",
+    "World",
+    "__version__",
+    "ag_gemm",
+    "create_world",
+    "joint_autotune",
+]
+
+
+def _choose_interpreter() -> None:
+    """TRITON_INTERPRET=1 where no GPU can run kernels, unless the user chose already."""
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    from jointtune.autotune.hardware import gpu_device_present
+
+    if gpu_device_present():
+        import torch
+
+        if torch.cuda.is_available():
+            return
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def __getattr__(name: str) -> Any:
+    entry = _EXPORTS.get(name)
+    if entry is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, is_kernel = entry
+    if is_kernel:
+        _choose_interpreter()
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

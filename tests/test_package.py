@@ -1,0 +1,55 @@
+"""The package root: the public names users import, imported lazily so `import jointtune` and the
+`jointtune` command stay fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import jointtune
+
+
+def _python(code: str, **env: str) -> str:
+    clean = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_import_jointtune_loads_no_torch_triton_or_optuna() -> None:
+    loaded = json.loads(_python("import sys, json, jointtune; print(json.dumps(sorted(sys.modules)))"))
+    assert not {"torch", "triton", "optuna", "sqlalchemy"} & set(loaded)
+
+
+def test_public_names_come_from_the_root_as_triton_autotune_users_expect() -> None:
+    from jointtune.autotune.decorator import joint_autotune
+    from jointtune.kernels.ag_gemm import ag_gemm
+    from jointtune.kernels.world import create_world
+
+    assert jointtune.joint_autotune is joint_autotune
+    assert jointtune.ag_gemm is ag_gemm and jointtune.create_world is create_world
+    assert set(jointtune.__all__) <= set(dir(jointtune))
+    assert all(getattr(jointtune, name) is not None for name in jointtune.__all__)
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        jointtune.nope  # noqa: B018
+
+
+@pytest.mark.skipif(
+    __import__("jointtune.autotune.hardware", fromlist=["x"]).gpu_device_present(), reason="this machine has a GPU"
+)
+def test_a_kernel_op_from_the_root_chooses_the_interpreter_without_a_gpu() -> None:
+    out = _python("import os; from jointtune import ag_gemm; print(os.environ.get('TRITON_INTERPRET'))")
+    assert out.strip() == "1"
+    # a choice the user made is kept
+    assert (
+        _python(
+            "import os; from jointtune import ag_gemm; print(os.environ['TRITON_INTERPRET'])", TRITON_INTERPRET="0"
+        ).strip()
+        == "0"
+    )
