@@ -113,7 +113,13 @@ def test_layered_tuning_settings_and_the_example_file(families):
     assert example.name == "readme-ag-gemm"
     cpu, gpu = example.jobs("cpu"), example.jobs("gpu")
     assert all(j.kernel == "ag_gemm" and j.world_size == 2 for j in (*cpu, *gpu))
-    assert max(j.problem.dims["M"] for j in cpu) <= 128 and min(j.problem.dims["M"] for j in gpu) >= 128
+    assert min(j.problem.dims["M"] for j in gpu) >= 128
+    bf16 = [j for j in cpu if j.dtype == "bfloat16"]
+    assert len(bf16) == 6 and max(j.problem.dims["M"] for j in bf16) <= 128
+    # the CPU's fused-mode showcase: every config of a small sub-space of large tiles, fp16
+    (fp16,) = [j for j in cpu if j.dtype == "float16"]
+    assert fp16.problem.dims == {"M": 512, "N": 512, "K": 512} and fp16.settings.strategy == "exhaustive"
+    assert dict(fp16.settings.restrict)["mode"] == ("ce", "pull")
 
 
 def test_tune_at_world_size_4_simulates_four_ranks(families, tmp_path, subprocess_env):
