@@ -17,6 +17,22 @@ try:
 except ImportError:  # pragma: no cover - torch is a hard dependency
     pass
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_default_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The default store (and $JOINTTUNE_DB_URL) of the person running the tests stays out of them:
+    `make sweep` then `make test` must not see the sweep's records, nor a test write into them.
+    Set in os.environ, so every subprocess a test starts inherits it."""
+    saved = {name: os.environ.get(name) for name in ("XDG_DATA_HOME", "JOINTTUNE_DB_URL")}
+    os.environ["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("xdg-data"))
+    os.environ.pop("JOINTTUNE_DB_URL", None)
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 PG_ADMIN_URL = os.environ.get("JOINTTUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
