@@ -23,6 +23,7 @@ GPU_TRITON := $(VENV)/gpu-triton/.installed
 # (About 640 MB; without a package index the compile check for it is skipped, or fails where
 # JOINTTUNE_REQUIRE_GPU_TRITON=1 is set.)
 $(GPU_TRITON): $(STAMP)
+	@echo "make test: installing the GPU image's Triton 3.6.0 (about 640 MB) into $(VENV)/gpu-triton, once"
 	@if $(BIN)/pip install -q --no-deps --target $(VENV)/gpu-triton "triton==3.6.0"; then touch $(GPU_TRITON); \
 	 else echo "triton 3.6.0 could not be installed: its sm_90 compile check will be skipped"; fi
 
@@ -32,8 +33,10 @@ sweep: $(STAMP)
 	$(BIN)/jointtune sweep $(SWEEP)
 
 # The dashboard's browser test needs Debian's chromium; install it when it's missing (as root).
+# README.md, "Set-up", says what this installs and how to skip it.
 test: $(STAMP) $(GPU_TRITON)
-	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+	@command -v chromium >/dev/null 2>&1 || { echo "make test: installing Debian's chromium with apt-get (as root)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "chromium could not be installed: the dashboard's browser test will be skipped"
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
