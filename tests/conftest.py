@@ -17,6 +17,7 @@ try:
 except ImportError:  # pragma: no cover - torch is a hard dependency
     pass
 
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_default_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The default store (and $JOINTTUNE_DB_URL) of the person running the tests stays out of them:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -106,8 +107,6 @@ def _tune_and_summarise(
     sweep_name: str | None = None,
 ) -> None:
     """Header, live progress, tuned table and closing summary around one `run_jobs`."""
-    import time
-
     from jointtune.autotune.hardware import detect
     from jointtune.autotune.runner import run_jobs
     from jointtune.cli._summary import print_header, print_summary
