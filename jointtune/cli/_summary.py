@@ -25,7 +25,13 @@ if TYPE_CHECKING:
     from jointtune.autotune.results import JobResult
 
 DASHBOARD = "http://127.0.0.1:8000/dashboard"
-CPU_NAME = "cpu-interpreter"
+#: why a study is done, as a sentence ends ("3 used their trial budget")
+_DONE = {
+    "trials": "used their trial budget",
+    "time": "used their time budget",
+    "patience": "stopped by patience",
+    "exhausted": "measured every config",
+}
 
 
 def plural(count: int, word: str) -> str:
@@ -54,6 +60,7 @@ def print_header(
     profile: str | None = None,
 ) -> None:
     """What is about to run and where; which shapes a re-run finds already tuned."""
+    from jointtune.autotune.hardware import CPU_NAME
     from jointtune.db._url import redact_url
 
     parts = [what, *([f"profile {profile}"] if profile else []), plural(len(results), "shape")]
@@ -76,7 +83,7 @@ def _reasons(results: Sequence[JobResult]) -> str:
     counts: dict[str, int] = {}
     for r in results:
         counts[r.done_reason or "?"] = counts.get(r.done_reason or "?", 0) + 1
-    return ", ".join(f"{n} stopped by {reason}" for reason, n in counts.items())
+    return ", ".join(f"{n} {_DONE.get(reason, 'stopped: ' + reason)}" for reason, n in counts.items())
 
 
 def next_commands(url: str, *, default_url: str, report_hint: str | None) -> list[tuple[str, str]]:
@@ -116,6 +123,7 @@ def print_summary(
     Exits 1 when a shape could not be tuned at all (every trial failed).
     """
     from jointtune.autotune.eta import fmt_duration
+    from jointtune.autotune.hardware import CPU_NAME
     from jointtune.autotune.progress import summary_table
     from jointtune.autotune.results import job_label
     from jointtune.db import resolve_db_url

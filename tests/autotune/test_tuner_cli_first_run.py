@@ -128,7 +128,7 @@ def test_a_sweep_log_shows_progress_and_says_what_next_and_a_rerun_knows_what_is
         ["sweep", str(sweep), "--db", url, "--profile", "cpu", "--report", str(tmp_path / "rep")], subprocess_env
     )
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "nothing to tune: every shape is already tuned in this database (1 stopped by trials)" in again.stdout
+    assert "nothing to tune: every shape is already tuned in this database (1 used their trial budget)" in again.stdout
     assert "0 shapes tuned now (0 trials), 1 already tuned" in again.stdout
     assert f"report:  2 files in {tmp_path / 'rep'}/" in again.stdout and "--report DIR" not in again.stdout
     (row,) = json.loads((tmp_path / "rep" / "results.json").read_text())
@@ -138,7 +138,7 @@ def test_a_sweep_log_shows_progress_and_says_what_next_and_a_rerun_knows_what_is
     sweep = _sweep_file(tmp_path, "'320', '640'")
     more = _sweep(["sweep", str(sweep), "--db", url, "--profile", "cpu"], subprocess_env)
     assert more.returncode == 0, more.stdout + more.stderr
-    assert "already tuned: 1 of 2 shapes (1 stopped by trials); the others run now" in more.stdout
+    assert "already tuned: 1 of 2 shapes (1 used their trial budget); the others run now" in more.stdout
     assert "jt_sleep M=320 float32 w2: " not in more.stdout  # no progress lines for it
     assert "1 shape tuned now (6 trials), 1 already tuned" in more.stdout
 
