@@ -19,9 +19,11 @@ profiles:
 ```
 Tuning fields: trials, time_budget, patience, strategy (tpe | random | exhaustive), seed, warmup,
 iters, warm_start, n_startup, lookahead, max_invalid_streak, max_duplicate_streak,
-restrict ({param: [values]}: search only that sub-space), watchdog: {compile_s, factor, slack_s,
-first_trial_s}. A job's fields override its profile's `tuning`, which overrides the file's. Every error names its line
-and field: "sweep.yaml: line 9: profiles.cpu.jobs[0].trials: Input should be greater than or equal to 1 (got 0)";
+restrict ({param: [values]}: search only that sub-space), timing (gpu | eager | graph, or a list:
+each policy is tuned as a job of its own; graph needs the gpu profile), watchdog: {compile_s, factor,
+slack_s, first_trial_s}. A job's fields override its profile's `tuning`, which overrides the file's.
+Every error names its line and field:
+"sweep.yaml: line 9: profiles.cpu.jobs[0].trials: Input should be greater than or equal to 1 (got 0)";
 broken YAML says where it broke: "sweep.yaml:4:12: not valid YAML: mapping values are not allowed here".
 
 Example:
@@ -59,6 +61,9 @@ class WatchdogModel(_Strict):
     first_trial_s: float | None = Field(None, gt=0)
 
 
+Timing = Literal["gpu", "eager", "graph"]
+
+
 class TuningModel(_Strict):
     trials: int | None = Field(None, ge=1)
     time_budget: float | None = Field(None, gt=0)
@@ -73,12 +78,19 @@ class TuningModel(_Strict):
     max_invalid_streak: int | None = Field(None, ge=1)
     max_duplicate_streak: int | None = Field(None, ge=1)
     restrict: dict[str, list[int | str | bool] | int | str | bool] | None = None
+    timing: Timing | list[Timing] | None = None
     watchdog: WatchdogModel | None = None
 
+    def timings(self) -> list[str] | None:
+        """The timing policies this block asks for (None: inherited)."""
+        if self.timing is None:
+            return None
+        return list(dict.fromkeys([self.timing] if isinstance(self.timing, str) else self.timing))
+
     def settings_changes(self) -> dict[str, Any]:
-        """The fields this block sets, as TuneSettings field names."""
+        """The fields this block sets, as TuneSettings field names (timing apart: it may be a list)."""
         names = {"time_budget": "time_budget_s"}
-        own = set(TuningModel.model_fields) - {"watchdog"}
+        own = set(TuningModel.model_fields) - {"watchdog", "timing"}
         out = {names.get(k, k): v for k, v in self.model_dump(exclude_none=True, include=own).items()}
         if self.watchdog is not None:
             dog = {
@@ -154,14 +166,21 @@ class _Problems:
 
 
 def _pydantic_problems(exc: ValidationError, problems: _Problems) -> None:
+    seen: set[tuple[Any, ...]] = set()
     for err in exc.errors():
-        # unions report one error per member; the member name in the loc only adds noise
-        loc = tuple(p for p in err["loc"] if p not in ("str", "int", "list[int]", "dict[str,int]"))
+        # unions report one error per member; the member name in the loc only adds noise, and the
+        # first member's message says what is allowed
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and (p in ("str", "int") or "[" in p)))
+        if loc in seen:
+            continue
+        seen.add(loc)
         got = f" (got {err['input']!r})" if not isinstance(err.get("input"), (dict, list)) else ""
         problems.add(loc, f"{_loc(loc)}: {err['msg']}{got}")
 
 
-def _jobs(loc: tuple[Any, ...], model: JobModel, base: TuneSettings, problems: _Problems) -> list[Job]:
+def _jobs(
+    loc: tuple[Any, ...], model: JobModel, base: TuneSettings, problems: _Problems, timings: list[str]
+) -> list[Job]:
     from jointtune.autotune.handles import study_space
     from jointtune.autotune.search import check_exhaustive
     from jointtune.kernels._family import get_family
@@ -185,7 +204,7 @@ def _jobs(loc: tuple[Any, ...], model: JobModel, base: TuneSettings, problems: _
                 except JointtuneError as exc:
                     problems.add((*loc, "shapes", i), f"{where}.shapes[{i}] ({shape}, {dtype}, world_size {w}): {exc}")
                     continue
-                jobs.append(Job.of(family.name, problem, settings))
+                jobs.extend(Job.of(family.name, problem, settings.replace(timing=t)) for t in timings)
     return jobs
 
 
@@ -220,7 +239,15 @@ def parse_sweep(
             continue
         jobs: list[Job] = []
         for j, job in enumerate(profile.jobs):
-            jobs.extend(_jobs(("profiles", name, "jobs", j), job, settings, problems))
+            loc = ("profiles", name, "jobs", j)
+            timings = job.timings() or profile.tuning.timings() or model.tuning.timings() or [settings.timing]
+            if name == "cpu" and "graph" in timings:
+                where = loc if job.timing is not None else ("profiles", name) if profile.tuning.timing else ("tuning",)
+                problems.add((*where, "timing") if where != ("tuning",) else ("tuning", "timing"),
+                             f"{_loc(loc)}.timing: 'graph' is not allowed in the cpu profile (no CUDA graphs in "
+                             "the interpreter); allowed there: gpu, eager")  # fmt: skip
+                continue
+            jobs.extend(_jobs(loc, job, settings, problems, timings))
         profiles[name] = tuple(dict.fromkeys(jobs))
     if problems.items:
         raise SweepFileError(f"{source}: " + "; ".join(problems.items))

@@ -140,6 +140,13 @@ def tune(
     time_budget: Annotated[float | None, typer.Option("--time-budget", help="seconds of trial time")] = None,
     patience: Annotated[int | None, typer.Option(help="stop after this many trials without improvement")] = None,
     strategy: Annotated[str, typer.Option(help="tpe, random or exhaustive")] = "tpe",
+    timing: Annotated[
+        str,
+        typer.Option(
+            help="how trials are timed: gpu (GPU time behind a hold), eager (wall time of calls back to back, "
+            "host included) or graph (replays of a captured CUDA graph; needs a GPU)"
+        ),
+    ] = "gpu",
     seed: Annotated[int, typer.Option(help="sampler seed")] = 0,
     warmup: Annotated[int | None, typer.Option(help="untimed runs per trial")] = None,
     iters: Annotated[int | None, typer.Option(help="timed runs per trial")] = None,
@@ -172,10 +179,12 @@ def tune(
         strategy=strategy,
         seed=seed,
         restrict=parse_restrictions(restrict or []),
+        timing=timing,
     ).replace(**{k: v for k, v in changes.items() if v is not None})
     options = _options(None, None)
     url = resolve_db_url(db)
-    prepare_interpreter()
+    if not prepare_interpreter() and timing == "graph":
+        raise TuningError("--timing: 'graph' needs CUDA graphs, and no GPU is visible here; allowed here: gpu, eager")
     _import_all(imports or [])
     family = get_family(kernel)
     space = study_space(family, settings)
