@@ -57,14 +57,14 @@ def dims_signature(shape: dict[str, int]) -> str:
 
 
 def ensure_kernel(dialect: str, name: str, version: str) -> Any:
-    stmt = _insert(dialect, KernelRow).values(name=name, version=version, created_at=now())
-    return stmt.on_conflict_do_nothing(index_elements=["name", "version"])
+    return ensure_kernels(dialect, [(name, version)])
 
 
-def ensure_hardware(dialect: str, hardware_id: str) -> Any:
-    """A placeholder profile so a record's hardware exists; `upsert_hardware` fills it in later."""
+def ensure_hardware(dialect: str, hardware_id: str, name: str | None = None) -> Any:
+    """A placeholder profile so a record's hardware exists (an existing one, fingerprint and all, stays);
+    `upsert_hardware` fills it in later."""
     stmt = _insert(dialect, HardwareRow).values(
-        hardware_id=hardware_id, name=hardware_id, fingerprint={}, created_at=now()
+        hardware_id=hardware_id, name=name or hardware_id, fingerprint={}, created_at=now()
     )
     return stmt.on_conflict_do_nothing(index_elements=["hardware_id"])
 
@@ -79,12 +79,10 @@ def upsert_hardware(dialect: str, hardware_id: str, name: str, fingerprint: dict
     )
 
 
-def upsert_record(dialect: str, record: NewRecord) -> Any:
-    """Insert, or replace the stored record only if the new p50 is strictly lower; RETURNING id
-    yields a row exactly when the new record was stored (ties keep the existing one)."""
-    stamp = now()
+def record_values(record: NewRecord, stamp: datetime) -> dict[str, Any]:
+    """The row of a validated record, stamped `stamp` (created_at only matters on insert)."""
     speedup = record.baseline_us / record.latency_p50_us if record.baseline_us is not None else None
-    values = {
+    return {
         "kernel": record.kernel,
         "kernel_version": record.kernel_version,
         "space_version": record.space_version,
@@ -108,13 +106,30 @@ def upsert_record(dialect: str, record: NewRecord) -> Any:
         "created_at": stamp,
         "updated_at": stamp,
     }
-    stmt = _insert(dialect, RecordRow).values(**values)
+
+
+def upsert_records(dialect: str, rows: list[dict[str, Any]]) -> Any:
+    """Insert, or replace a stored record only if the new p50 is strictly lower; RETURNING id yields
+    a row exactly for each record that was stored (ties keep the existing one). One statement for
+    many rows (an import): their keys must differ, as PostgreSQL updates a row once per statement."""
+    stmt = _insert(dialect, RecordRow).values(rows)
     stmt = stmt.on_conflict_do_update(
         index_elements=list(RECORD_KEY),
         set_={name: stmt.excluded[name] for name in _REPLACED},
         where=stmt.excluded.latency_p50_us < stmt.table.c.latency_p50_us,
     )
     return stmt.returning(stmt.table.c.id)
+
+
+def upsert_record(dialect: str, record: NewRecord) -> Any:
+    """`upsert_records` for one record."""
+    return upsert_records(dialect, [record_values(record, now())])
+
+
+def ensure_kernels(dialect: str, pairs: list[tuple[str, str]]) -> Any:
+    stamp = now()
+    stmt = _insert(dialect, KernelRow).values([{"name": n, "version": v, "created_at": stamp} for n, v in pairs])
+    return stmt.on_conflict_do_nothing(index_elements=["name", "version"])
 
 
 def _float(value: float | None) -> float | None:

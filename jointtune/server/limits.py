@@ -1,13 +1,22 @@
-"""Request body limit: refuse bodies over `limit` bytes with 413 before any route parses them.
+"""Limits on what one request may cost: the request body's size, and exports at once.
 
-The body is read here (up to the limit) and replayed to the app, so a client that lies in
-Content-Length or streams chunks gets the same answer as one that declares a huge body.
+Body: bodies over `limit` bytes are refused with 413 before any route parses them. The body is read
+here (up to the limit) and replayed to the app, so a client that lies in Content-Length or streams
+chunks gets the same answer as one that declares a huge body.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+from collections.abc import Iterator
 from typing import Any
+
+from fastapi import HTTPException
+
+#: what a 429 asks the client to wait, in seconds
+RETRY_AFTER_S = 1
 
 
 class BodyLimitMiddleware:
@@ -59,3 +68,29 @@ class BodyLimitMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": payload})
+
+
+class ExportGate:
+    """At most `slots` export pages built at once per worker; more is 429 with Retry-After.
+
+    An export page is the one request whose work grows with the store; refusing extra ones at once
+    (rather than queueing them on the thread pool) keeps lookups served while several clients pull
+    full exports, and tells those clients when to come back.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self._free = threading.BoundedSemaphore(slots)
+
+    @contextlib.contextmanager
+    def enter(self) -> Iterator[None]:
+        if not self._free.acquire(blocking=False):
+            raise HTTPException(
+                429,
+                f"exports: {self.slots} page(s) are being built already; retry after {RETRY_AFTER_S} s",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        try:
+            yield
+        finally:
+            self._free.release()

@@ -9,16 +9,22 @@ from fastapi.responses import JSONResponse
 
 from jointtune.errors import StoreError
 from jointtune.server.deps import get_store
+from jointtune.server.routing import ServiceRoute
+from jointtune.server.schemas import HealthOut, ReadyOut
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=ServiceRoute)
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=HealthOut)
 def healthz() -> dict[str, Any]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=ReadyOut,
+    responses={503: {"model": ReadyOut, "description": "The store can't be reached, or its schema is not at head"}},
+)
 def readyz(request: Request) -> Response:
     """503 while the store can't be opened or read, or its schema is not at head."""
     try:
