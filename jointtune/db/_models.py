@@ -117,3 +117,17 @@ class RecordRow(Base):
     tuner_version: Mapped[str] = mapped_column(sa.String(32))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+
+
+class QuarantineRow(Base):
+    """A row the store took before its schema (revision 0003) but could not serve back, kept as the
+    text the database held and why it was moved, so reads work again and nothing is lost."""
+
+    __tablename__ = "jt_quarantine"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    source_table: Mapped[str] = mapped_column(sa.String(64))
+    source_id: Mapped[int]
+    reason: Mapped[str] = mapped_column(sa.Text())
+    data: Mapped[str] = mapped_column(sa.Text())
+    quarantined_at: Mapped[datetime]
