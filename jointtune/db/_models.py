@@ -90,6 +90,8 @@ class RecordRow(Base):
             name="fk_jt_records_kernel_jt_kernels",
         ),
         sa.Index("ix_jt_records_lookup", "kernel", "hardware_id", "dtype", "world_size", "dims_signature"),
+        # SQLite would give a deleted record's id to the next one; an id must name one record, ever
+        {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -16,8 +16,11 @@ allows; this revision applies the same schema to what is already stored:
   the id and an empty fingerprint (the original quarantined); a profile or kernel whose own id is
   refused is quarantined once no record refers to it.
 
-Records the schema accepts are untouched. The schema is read from the package, so this revision
-applies the rules of the jointtune that runs it. Downgrading drops the quarantine table.
+On SQLite, `jt_records` is rebuilt with AUTOINCREMENT: SQLite gave the id of a deleted newest
+record to the next record published, so an id a client kept could name another record
+(PostgreSQL's sequence never reuses one). Records the schema accepts are untouched otherwise. The
+schema is read from the package, so this revision applies the rules of the jointtune that runs it.
+Downgrading drops the quarantine table.
 
 Revision ID: 0003
 Revises: 0002
@@ -57,6 +60,9 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name="pk_jt_quarantine"),
     )
     conn = op.get_bind()
+    if conn.dialect.name == "sqlite":
+        with op.batch_alter_table("jt_records", recreate="always", table_kwargs={"sqlite_autoincrement": True}):
+            pass
     tables = _tables(conn)
     _records(conn, tables)
     _hardware(conn, tables)
