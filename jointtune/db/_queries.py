@@ -13,6 +13,7 @@ is sqrt(3).
 from __future__ import annotations
 
 import functools
+import json
 import math
 from datetime import datetime, timezone
 from typing import Any
@@ -265,6 +266,30 @@ def nearest_params(shape: dict[str, int], limit: int) -> dict[str, Any]:
     params["dims_signature"] = dims_signature(shape)
     params["limit"] = limit
     return params
+
+
+#: a NewRecord's fields, in order; `shape` and `config` as the database's JSON text
+_EXPORTED = ("kernel", "kernel_version", "space_version", "shape", "dtype", "world_size", "hardware_id",
+             "triton_version", "config", "latency_p50_us", "latency_p10_us", "latency_p90_us", "baseline_us",
+             "trials", "study_name", "tuner_version")  # fmt: skip
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def export_json(*, hardware_id: str, kernel: str | None, after: int, limit: int) -> sa.Select:
+    c = _RECORDS.c
+    columns = [sa.cast(c[n], sa.Text).label(n) if n in ("shape", "config") else c[n] for n in _EXPORTED]
+    where = [c.hardware_id == hardware_id, c.id > after, *([c.kernel == kernel] if kernel is not None else [])]
+    return sa.select(c.id, *columns).where(*where).order_by(c.id).limit(limit)
+
+
+_SCALARS = tuple(name for name in _EXPORTED if name not in ("shape", "config"))
+
+
+def export_text(row: sa.Row[Any]) -> str:
+    """A row of `export_json` as the JSON object of its NewRecord fields: the scalars encoded in one
+    call, the database's own JSON text of shape and config spliced in front of them."""
+    scalars = _encode({name: getattr(row, name) for name in _SCALARS})
+    return '{"shape":' + row.shape + ',"config":' + row.config + "," + scalars[1:]
 
 
 def filters(**given: Any) -> list[sa.ColumnElement[bool]]:

@@ -52,7 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.tokens = TokenSet.load(settings.tokens, settings.tokens_file)
     app.state.metrics = Metrics()
-    app.state.export_gate = ExportGate(settings.export_concurrency)
+    app.state.export_gate = ExportGate(settings.export_concurrency, settings.export_share)
     for router in ROUTERS:
         app.include_router(router)
     app.state.routes = service_routes(ROUTERS)

@@ -22,13 +22,12 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from jointtune import __version__
-from jointtune.db import InvalidRecordError, NewRecord, Record, Store
+from jointtune.db import InvalidRecordError, NewRecord, Store
 from jointtune.db.schema import describe, problems_of
 from jointtune.server.schemas import SCHEMA_VERSION, BundleIn
 
 #: the most records one export page holds (its size is bounded separately)
 MAX_PAGE_RECORDS = 1000
-_STORED_ONLY = ("id", "shape_key", "config_hash", "speedup", "created_at", "updated_at")
 _CLI_PAGE = 1000
 
 
@@ -38,14 +37,6 @@ class BundleError(InvalidRecordError):
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def record_json(record: Record) -> dict[str, Any]:
-    """A stored record as bundles carry it: what was published, without the store's own fields."""
-    data = record.to_json()
-    for name in _STORED_ONLY:
-        data.pop(name)
-    return data
 
 
 def _envelope(store: Store, hardware_id: str) -> dict[str, Any] | None:
@@ -68,16 +59,16 @@ def export_page(
     envelope = _envelope(store, hardware_id)
     if envelope is None:
         return None
-    rows = store.export_page(hardware_id=hardware_id, kernel=kernel, after=after, limit=limit + 1)
+    rows = store.export_json(hardware_id=hardware_id, kernel=kernel, after=after, limit=limit + 1)
     more, parts, size, last = len(rows) > limit, [], 0, after
-    for record in rows[:limit]:
-        text = _dumps(record_json(record))
-        if parts and size + len(text.encode()) + 1 > max_bytes:
+    for record_id, text in rows[:limit]:
+        length = len(text.encode())
+        if parts and size + length + 1 > max_bytes:
             more = True
             break
         parts.append(text)
-        size += len(text.encode()) + 1
-        last = record.id
+        size += length + 1
+        last = record_id
     head = _dumps({**envelope, "next_after": last if more else None})
     return f'{head[:-1]},"records":[{",".join(parts)}]}}'.encode()
 
@@ -91,13 +82,13 @@ def write_bundle(store: Store, hardware_id: str, out: IO[str], *, kernel: str | 
     out.write(_dumps(envelope)[:-1] + ',"records":[')
     after, count = 0, 0
     while True:
-        page = store.export_page(hardware_id=hardware_id, kernel=kernel, after=after, limit=_CLI_PAGE)
-        for record in page:
-            out.write(("," if count else "") + "\n" + _dumps(record_json(record)))
+        page = store.export_json(hardware_id=hardware_id, kernel=kernel, after=after, limit=_CLI_PAGE)
+        for _, text in page:
+            out.write(("," if count else "") + "\n" + text)
             count += 1
         if len(page) < _CLI_PAGE:
             break
-        after = page[-1].id
+        after = page[-1][0]
     out.write("\n]}\n")
     return count
 

@@ -26,7 +26,8 @@ class Settings(BaseSettings):
     `tokens` is "role:token,role:token" (roles: read, write, admin; tokens of >= 8 characters);
     `tokens_file` holds one "role:token" per line. Both may be given; their tokens are merged.
     An export page is at most `export_page_bytes` (and so always fits in a request body: a page can
-    be posted back as it is), and each worker builds at most `export_concurrency` pages at once.
+    be posted back as it is); each worker builds at most `export_concurrency` pages at once and
+    spends at most `export_share` of its time on exports (`ExportGate`).
     """
 
     model_config = SettingsConfigDict(env_prefix="JOINTTUNE_", extra="ignore")
@@ -38,6 +39,7 @@ class Settings(BaseSettings):
     body_limit_bytes: int = Field(default=1024 * 1024, ge=ENVELOPE_BYTES + MAX_RECORD_BYTES, le=2**31 - 1)
     export_page_bytes: int = Field(default=512 * 1024, ge=MAX_RECORD_BYTES)
     export_concurrency: int = Field(default=1, ge=1, le=64)
+    export_share: float = Field(default=0.1, gt=0, le=1)
 
     @model_validator(mode="after")
     def _page_fits_a_body(self) -> Settings:

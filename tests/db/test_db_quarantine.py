@@ -98,4 +98,4 @@ def test_unservable_records_are_quarantined_and_the_rest_served(db_url: str) -> 
         # every read that used to fail on them works: lists, pages, exports, nearest lookups of the group
         assert store.count_records() == 4
         assert store.nearest(**KEY, shape={"K": 64, "M": 3, "N": 64}, limit=5)
-        assert len(store.export_page(hardware_id="h200x2-nvl", limit=100)) == 4
+        assert len(store.export_json(hardware_id="h200x2-nvl", limit=100)) == 4
