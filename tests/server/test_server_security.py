@@ -75,6 +75,8 @@ def test_read_token_required(sqlite_url: str) -> None:
             assert http.get("/healthz").status_code == 200
         with live.client(READ) as http:
             assert http.get("/v1/kernels").status_code == 200
+            doc = http.get("/openapi.json").json()  # the document says reads need a token now
+        assert doc["paths"]["/v1/configs"]["get"]["security"] == [{"bearer": []}]
 
 
 def test_tokens_parse_from_env_and_file(tmp_path, monkeypatch) -> None:
