@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from jointtune.errors import StoreError
 from jointtune.server.deps import get_store
@@ -37,7 +37,12 @@ def readyz(request: Request) -> Response:
     return JSONResponse({"status": "ready", "backend": store.backend, "revision": revision})
 
 
-@router.get("/metrics", include_in_schema=False)
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"}},
+)
 def metrics(request: Request) -> Response:
+    """Prometheus metrics: request latency per method, route and status, and lookups by result."""
     body, content_type = request.app.state.metrics.render()
     return Response(body, media_type=content_type)
