@@ -5,7 +5,8 @@ request models and parameters are these types, so its OpenAPI document states th
 client (checks a record before sending it) and bundles. The rules exist so that whatever the store
 accepts, it can always read back and serve, on SQLite and PostgreSQL alike:
 
-- strict types: no bool -> number, no "2" -> 2, no 2.0 -> 2 (JSON's `true` is not 1 µs);
+- strict types: no bool -> number, no "2" -> 2, no 2.5 -> 2 (JSON's `true` is not 1 µs; 2.0 is
+  JSON Schema's integer 2, so it is taken as 2);
 - finite numbers, latencies in [MIN_US, MAX_US] µs, dims in [1, MAX_DIM] (PostgreSQL's double
   precision takes them, where 10**309 broke every nearest lookup of its group);
 - names (kernel, kernel_version, space_version, hardware_id) of `NAME_CHARS`, so every stored id
@@ -14,6 +15,9 @@ accepts, it can always read back and serve, on SQLite and PostgreSQL alike:
 - dtypes from one vocabulary (`jointtune.dtypes`), aliases such as `bf16` stored under torch's name;
 - config and fingerprint: JSON objects at most MAX_JSON_DEPTH levels deep, MAX_JSON_ITEMS entries per
   level, MAX_JSON_BYTES in all, valid Unicode (no lone surrogates) and no NUL (PostgreSQL refuses it).
+
+Each type carries its JSON Schema (`WithJsonSchema`) beside its check, so the OpenAPI document states
+exactly what is accepted. Longer than our usual module because it is the one place every rule lives.
 
 Example:
     >>> RecordIn.model_validate({**fields, "dtype": "bf16"}).dtype                  # doctest: +SKIP
