@@ -155,10 +155,20 @@ class ConfigClient:
     def publish(self, record: dict[str, Any]) -> dict[str, Any]:
         """Publish a record (the service keeps the better one); returns {"record": ..., "changed": bool}.
 
-        Retries connection errors, timeouts and 5xx with exponential backoff; a 4xx is the record's or
-        the token's fault and raises ServiceError at once with the service's explanation.
+        The record is checked against the store's schema first: one the service would refuse raises
+        ServiceError naming the bad fields, without a request. Retries connection errors, timeouts and
+        5xx with exponential backoff; a 4xx is the record's or the token's fault and raises
+        ServiceError at once with the service's explanation.
         """
+        from pydantic import ValidationError
+
+        from jointtune.db.schema import RecordIn, describe
+
         body = {k: v for k, v in record.items() if k not in _STORED_ONLY}  # a Record's JSON publishes as-is
+        try:  # the store's own schema: a record it would refuse is not sent (nor retried)
+            RecordIn.model_validate(body)
+        except ValidationError as exc:
+            raise ServiceError(f"config service {self.base_url}: publish not sent: {describe(exc)}") from None
         last = ""
         for attempt in range(self.retries):
             if attempt:

@@ -11,16 +11,18 @@ TRITON_PRINT_AUTOTUNING are Triton's code. We only hook into the tuner's cache:
   time differently, a fused kernel must not run different configs), and the result is saved to
   the local store (and published by rank 0).
 
-Kernels are keyed as `triton:<module>.<name>`, versioned by a hash of their source; integer key
-arguments >= 1 become the shape's dims, the tensors' dtypes (and any other key value) the dtype
-text. In the interpreter (no CUDA) benchmarks use a wall-clock timer. Only API present in both
-Triton 3.6 and 3.9 is used.
+Kernels are keyed as `triton:<module>.<name>` (other characters than the store's name charset
+become `_`), versioned by a hash of their source; integer key arguments >= 1 become the shape's
+dims, the tensors' dtypes (and any other key value) the dtype text, hashed ("sha:...") when the
+store's dtype grammar doesn't take it as it is. In the interpreter (no CUDA) benchmarks use a
+wall-clock timer. Only API present in both Triton 3.6 and 3.9 is used.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
+import re
 import time
 from collections.abc import Mapping
 from functools import cached_property
@@ -30,9 +32,17 @@ from triton.runtime.autotuner import Autotuner
 
 from jointtune.autotune import agreement
 from jointtune.autotune.lookup import DEFAULT_STORE_TIMEOUT_S, Identity, Sources, make_client
+from jointtune.db.schema import is_dtype
 from jointtune.errors import TuningError
 
 TRITON_ON_MISS = ("benchmark", "nearest", "error")
+
+
+def store_name(text: str) -> str:
+    """`text` in the store's name charset (a nested kernel's `<locals>` -> `_locals_`), <= 128 chars."""
+    return re.sub(r"[^A-Za-z0-9_.:-]", "_", text)[:128]
+
+
 _MAX_DTYPE = 32
 
 
@@ -97,7 +107,7 @@ class JointAutotuner(Autotuner):
         super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **options)
         self.cache = _Cache(self)
         self.on_miss = on_miss
-        self.kernel = kernel or f"triton:{self.base_fn.__module__}.{self.base_fn.__qualname__}"[:128]
+        self.kernel = kernel or store_name(f"triton:{self.base_fn.__module__}.{self.base_fn.__qualname__}")
         self.kernel_version = hashlib.sha256(inspect.getsource(self.base_fn).encode()).hexdigest()[:12]
         self.space_version = hashlib.sha256("|".join(str(c) for c in self.configs).encode()).hexdigest()[:12]
         self.sources_by_key: dict[Any, str] = {}
@@ -207,7 +217,7 @@ class JointAutotuner(Autotuner):
         dtype = "+".join(dtypes) or "none"
         if extra:
             dtype += ";" + ",".join(extra)
-        if len(dtype) > _MAX_DTYPE:
+        if len(dtype) > _MAX_DTYPE or not is_dtype(dtype):  # the store keys records by dtypes of its grammar
             dtype = "sha:" + hashlib.sha256(dtype.encode()).hexdigest()[: _MAX_DTYPE - 4]
         ident = Identity(
             kernel=self.kernel,

@@ -1,12 +1,12 @@
 """`jointtune serve`, `jointtune export`, `jointtune import`: run the service, move bundles offline.
 
-Export and import use the same bundle format as `/v1/bundles`. Import validates the whole file
-before writing anything, so a bad bundle leaves the store untouched (one-line error, exit 2).
+Export and import use the same bundle format as `/v1/bundles`. Import validates every file before
+writing anything and then writes them in one transaction, so a bad bundle or an interrupted
+import leaves the store untouched (a bad file: one-line error naming it and the field, exit 2).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from pathlib import Path
@@ -73,41 +73,51 @@ def export_command(
     kernel: Annotated[str | None, typer.Option(help="only this kernel")] = None,
     db: DbOption = None,
 ) -> None:
-    """Write one hardware's profile and records to a bundle file (the format /v1/bundles serves)."""
+    """Write one hardware's profile and all its records to a bundle file (the format /v1/bundles serves),
+    streamed a page at a time; the file is replaced only once it is complete."""
     from jointtune.db import Store
-    from jointtune.server.bundle import export_bundle
+    from jointtune.server.bundle import write_bundle
 
+    partial = output.with_name(output.name + ".partial")
     with Store(db) as store:
-        bundle = export_bundle(store, hardware, kernel)
-        known = [h.hardware_id for h in store.list_hardware()] if bundle is None else []
-    if bundle is None:
+        try:
+            with partial.open("w", encoding="utf-8") as out:
+                count = write_bundle(store, hardware, out, kernel=kernel)
+            if count is not None:
+                partial.replace(output)
+        except OSError as exc:
+            raise BundleFileError(f"-o: {str(output)!r} can't be written ({exc.strerror})") from None
+        finally:
+            partial.unlink(missing_ok=True)
+        known = [h.hardware_id for h in store.list_hardware()] if count is None else []
+    if count is None:
         raise BundleFileError(f"--hardware: {hardware!r} is unknown in {store.display_url}; it has {known}")
-    try:
-        output.write_text(json.dumps(bundle, indent=1, sort_keys=True) + "\n")
-    except OSError as exc:
-        raise BundleFileError(f"-o: {str(output)!r} can't be written ({exc.strerror})") from None
-    typer.echo(f"{output}: {len(bundle['records'])} records for {hardware}")
+    typer.echo(f"{output}: {count} records for {hardware}")
 
 
 def import_command(
-    bundle: Annotated[Path, typer.Argument(help="bundle file (from `jointtune export` or /v1/bundles)")],
+    bundles: Annotated[
+        list[Path], typer.Argument(help="bundle files (from `jointtune export`, or pages of /v1/bundles)")
+    ],
     db: DbOption = None,
 ) -> None:
-    """Import a bundle file; each record is kept only if it beats the stored one for its key."""
+    """Import bundle files in one transaction: every file is checked first, then all records are
+    written or none; each record is kept only if it beats the stored one for its key."""
     from jointtune.db import Store
-    from jointtune.server.bundle import import_bundle, parse_bundle
+    from jointtune.server.bundle import import_bundles, parse_bundle
 
-    try:
-        data = json.loads(bundle.read_text())
-    except OSError as exc:
-        raise BundleFileError(f"bundle: {str(bundle)!r} can't be read ({exc.strerror})") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BundleFileError(f"bundle: {str(bundle)!r} is not JSON ({exc})") from None
-    parse_bundle(data)  # the whole file is checked before the store is even opened
+    parsed = []
+    for path in bundles:
+        try:
+            text = path.read_bytes()
+        except OSError as exc:
+            raise BundleFileError(f"bundle: {str(path)!r} can't be read ({exc.strerror})") from None
+        parsed.append(parse_bundle(text, source=str(path)))  # every file checked before the store is opened
     with Store(db) as store:
-        counts = import_bundle(store, data)
+        counts = import_bundles(store, parsed)
+    names = ", ".join(str(path) for path in bundles)
     typer.echo(
-        f"{bundle}: {counts['records']} records for {counts['hardware_id']}: "
+        f"{names}: {counts['records']} records for {counts['hardware_id']}: "
         f"{counts['changed']} stored, {counts['unchanged']} kept the existing better record"
     )
 

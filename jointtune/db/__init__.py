@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+from jointtune.db import schema
 from jointtune.db._migrate import MigrationResult, head_revision
 from jointtune.db._store import Store, open_store
 from jointtune.db._url import ENV_DB_URL, default_sqlite_path, redact_url, resolve_db_url
@@ -26,15 +27,19 @@ from jointtune.db._values import (
     config_hash,
     shape_key,
 )
+from jointtune.db.schema import HardwareIn, LookupKey, RecordIn
 
 __all__ = [
     "ENV_DB_URL",
+    "HardwareIn",
     "HardwareProfile",
     "InvalidRecordError",
     "KernelInfo",
+    "LookupKey",
     "MigrationResult",
     "NewRecord",
     "Record",
+    "RecordIn",
     "Store",
     "config_hash",
     "default_sqlite_path",
@@ -42,5 +47,6 @@ __all__ = [
     "open_store",
     "redact_url",
     "resolve_db_url",
+    "schema",
     "shape_key",
 ]

@@ -2,19 +2,17 @@
 
 A bad argument is the caller's bug or a client's bad request, not a database problem: it raises
 InvalidRecordError (a ValueError) naming every bad field, so the service can answer 422 with it.
+The rules are the store's schema (`_schema`), so a key that passes can name any stored record.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from jointtune.db._values import (
-    check_shape,
-    check_text,
-    check_world_size,
-    config_hash,
-    raise_problems,
-)
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from jointtune.db._values import InvalidRecordError, invalid
+from jointtune.db.schema import MAX_INT32, HardwareIn, LookupKey, Name64, Name128
 
 #: the most rows one list call returns
 MAX_PAGE = 10_000
@@ -22,17 +20,19 @@ MAX_PAGE = 10_000
 
 def check_key(
     kernel: Any, kernel_version: Any, shape: Any, dtype: Any, world_size: Any, hardware_id: Any, *, versioned: bool
-) -> None:
-    """A lookup key; `kernel_version` may be None only when not `versioned` (any version)."""
-    problems: list[str] = []
-    check_text("kernel", kernel, problems)
-    if versioned or kernel_version is not None:
-        check_text("kernel_version", kernel_version, problems)
-    check_shape(shape, problems)
-    check_text("dtype", dtype, problems)
-    check_world_size(world_size, problems)
-    check_text("hardware_id", hardware_id, problems)
-    raise_problems("query", problems)
+) -> LookupKey:
+    """A lookup key with canonical values (dtype aliases resolved); `kernel_version` may be None only
+    when not `versioned` (any version)."""
+    if versioned and kernel_version is None:
+        raise InvalidRecordError(
+            "query: kernel_version: None is not allowed; exact lookups need a version",
+            [{"loc": ["kernel_version"], "msg": "exact lookups need a version", "type": "missing"}],
+        )
+    fields = {"kernel": kernel, "kernel_version": kernel_version, "shape": shape, "dtype": dtype}
+    try:
+        return LookupKey.model_validate({**fields, "world_size": world_size, "hardware_id": hardware_id})
+    except ValidationError as exc:
+        raise invalid("query", exc) from None
 
 
 def check_page(limit: Any, offset: Any) -> None:
@@ -41,25 +41,32 @@ def check_page(limit: Any, offset: Any) -> None:
         problems.append(f"limit: {limit!r} is not allowed; it must be an integer in 1..{MAX_PAGE}")
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
         problems.append(f"offset: {offset!r} is not allowed; it must be an integer >= 0")
-    raise_problems("query", problems)
+    if problems:
+        raise InvalidRecordError("query: " + "; ".join(problems))
 
 
-def check_hardware(hardware_id: Any, name: Any, fingerprint: Any) -> None:
-    problems: list[str] = []
-    check_text("hardware_id", hardware_id, problems)
-    if not isinstance(name, str) or not name.strip() or len(name) > 256:
-        problems.append(f"name: {name!r} is not allowed; it must be a non-empty string of <= 256 chars")
+def check_hardware(hardware_id: Any, name: Any, fingerprint: Any) -> HardwareIn:
     try:
-        if not isinstance(fingerprint, dict):
-            raise TypeError
-        config_hash(fingerprint)  # serialisable as strict JSON
-    except (TypeError, ValueError):
-        problems.append(f"fingerprint: {fingerprint!r} is not allowed; it must be a JSON object")
-    raise_problems(f"hardware profile {hardware_id!r}", problems)
+        return HardwareIn.model_validate({"hardware_id": hardware_id, "name": name, "fingerprint": fingerprint})
+    except ValidationError as exc:
+        raise invalid(f"hardware profile {hardware_id!r:.80}", exc) from None
+
+
+class _Kernel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    kernel: Name128
+    kernel_version: Name64
 
 
 def check_kernel(name: Any, version: Any) -> None:
-    problems: list[str] = []
-    check_text("kernel", name, problems)
-    check_text("kernel_version", version, problems)
-    raise_problems("kernel", problems)
+    try:
+        _Kernel.model_validate({"kernel": name, "kernel_version": version})
+    except ValidationError as exc:
+        raise invalid("kernel", exc) from None
+
+
+def in_id_range(record_id: Any) -> bool:
+    """Whether `record_id` can name a record at all (1 .. 2**31 - 1, PostgreSQL's integer): ids
+    outside it are simply not there, without asking a database that would refuse the number."""
+    return isinstance(record_id, int) and not isinstance(record_id, bool) and 1 <= record_id <= MAX_INT32

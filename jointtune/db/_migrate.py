@@ -9,7 +9,7 @@ waited for through the busy timeout); the migration runs inside that same transa
 
 Example:
     >>> upgrade(make_engine(resolve_db_url()))                            # doctest: +SKIP
-    MigrationResult(before=None, after='0002')
+    MigrationResult(before=None, after='0003')
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 #: the newest revision in `migrations/versions`; a test checks it against Alembic's head. Kept as a
 #: constant so opening an up-to-date store never imports Alembic (a training job pays for imports).
-SCHEMA_HEAD = "0002"
+SCHEMA_HEAD = "0003"
 #: arbitrary constant naming our advisory lock (ASCII "jointtun"); any process migrating takes it
 PG_LOCK_KEY = int.from_bytes(b"jointtun", "big") & 0x7FFFFFFFFFFFFFFF
 

@@ -90,6 +90,8 @@ class RecordRow(Base):
             name="fk_jt_records_kernel_jt_kernels",
         ),
         sa.Index("ix_jt_records_lookup", "kernel", "hardware_id", "dtype", "world_size", "dims_signature"),
+        # SQLite would give a deleted record's id to the next one; an id must name one record, ever
+        {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -117,3 +119,17 @@ class RecordRow(Base):
     tuner_version: Mapped[str] = mapped_column(sa.String(32))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+
+
+class QuarantineRow(Base):
+    """A row the store took before its schema (revision 0003) but could not serve back, kept as the
+    text the database held and why it was moved, so reads work again and nothing is lost."""
+
+    __tablename__ = "jt_quarantine"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    source_table: Mapped[str] = mapped_column(sa.String(64))
+    source_id: Mapped[int]
+    reason: Mapped[str] = mapped_column(sa.Text())
+    data: Mapped[str] = mapped_column(sa.Text())
+    quarantined_at: Mapped[datetime]

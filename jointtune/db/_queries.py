@@ -13,6 +13,7 @@ is sqrt(3).
 from __future__ import annotations
 
 import functools
+import json
 import math
 from datetime import datetime, timezone
 from typing import Any
@@ -57,14 +58,14 @@ def dims_signature(shape: dict[str, int]) -> str:
 
 
 def ensure_kernel(dialect: str, name: str, version: str) -> Any:
-    stmt = _insert(dialect, KernelRow).values(name=name, version=version, created_at=now())
-    return stmt.on_conflict_do_nothing(index_elements=["name", "version"])
+    return ensure_kernels(dialect, [(name, version)])
 
 
-def ensure_hardware(dialect: str, hardware_id: str) -> Any:
-    """A placeholder profile so a record's hardware exists; `upsert_hardware` fills it in later."""
+def ensure_hardware(dialect: str, hardware_id: str, name: str | None = None) -> Any:
+    """A placeholder profile so a record's hardware exists (an existing one, fingerprint and all, stays);
+    `upsert_hardware` fills it in later."""
     stmt = _insert(dialect, HardwareRow).values(
-        hardware_id=hardware_id, name=hardware_id, fingerprint={}, created_at=now()
+        hardware_id=hardware_id, name=name or hardware_id, fingerprint={}, created_at=now()
     )
     return stmt.on_conflict_do_nothing(index_elements=["hardware_id"])
 
@@ -79,12 +80,10 @@ def upsert_hardware(dialect: str, hardware_id: str, name: str, fingerprint: dict
     )
 
 
-def upsert_record(dialect: str, record: NewRecord) -> Any:
-    """Insert, or replace the stored record only if the new p50 is strictly lower; RETURNING id
-    yields a row exactly when the new record was stored (ties keep the existing one)."""
-    stamp = now()
+def record_values(record: NewRecord, stamp: datetime) -> dict[str, Any]:
+    """The row of a validated record, stamped `stamp` (created_at only matters on insert)."""
     speedup = record.baseline_us / record.latency_p50_us if record.baseline_us is not None else None
-    values = {
+    return {
         "kernel": record.kernel,
         "kernel_version": record.kernel_version,
         "space_version": record.space_version,
@@ -108,13 +107,30 @@ def upsert_record(dialect: str, record: NewRecord) -> Any:
         "created_at": stamp,
         "updated_at": stamp,
     }
-    stmt = _insert(dialect, RecordRow).values(**values)
+
+
+def upsert_records(dialect: str, rows: list[dict[str, Any]]) -> Any:
+    """Insert, or replace a stored record only if the new p50 is strictly lower; RETURNING id yields
+    a row exactly for each record that was stored (ties keep the existing one). One statement for
+    many rows (an import): their keys must differ, as PostgreSQL updates a row once per statement."""
+    stmt = _insert(dialect, RecordRow).values(rows)
     stmt = stmt.on_conflict_do_update(
         index_elements=list(RECORD_KEY),
         set_={name: stmt.excluded[name] for name in _REPLACED},
         where=stmt.excluded.latency_p50_us < stmt.table.c.latency_p50_us,
     )
     return stmt.returning(stmt.table.c.id)
+
+
+def upsert_record(dialect: str, record: NewRecord) -> Any:
+    """`upsert_records` for one record."""
+    return upsert_records(dialect, [record_values(record, now())])
+
+
+def ensure_kernels(dialect: str, pairs: list[tuple[str, str]]) -> Any:
+    stamp = now()
+    stmt = _insert(dialect, KernelRow).values([{"name": n, "version": v, "created_at": stamp} for n, v in pairs])
+    return stmt.on_conflict_do_nothing(index_elements=["name", "version"])
 
 
 def _float(value: float | None) -> float | None:
@@ -250,6 +266,30 @@ def nearest_params(shape: dict[str, int], limit: int) -> dict[str, Any]:
     params["dims_signature"] = dims_signature(shape)
     params["limit"] = limit
     return params
+
+
+#: a NewRecord's fields, in order; `shape` and `config` as the database's JSON text
+_EXPORTED = ("kernel", "kernel_version", "space_version", "shape", "dtype", "world_size", "hardware_id",
+             "triton_version", "config", "latency_p50_us", "latency_p10_us", "latency_p90_us", "baseline_us",
+             "trials", "study_name", "tuner_version")  # fmt: skip
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def export_json(*, hardware_id: str, kernel: str | None, after: int, limit: int) -> sa.Select:
+    c = _RECORDS.c
+    columns = [sa.cast(c[n], sa.Text).label(n) if n in ("shape", "config") else c[n] for n in _EXPORTED]
+    where = [c.hardware_id == hardware_id, c.id > after, *([c.kernel == kernel] if kernel is not None else [])]
+    return sa.select(c.id, *columns).where(*where).order_by(c.id).limit(limit)
+
+
+_SCALARS = tuple(name for name in _EXPORTED if name not in ("shape", "config"))
+
+
+def export_text(row: sa.Row[Any]) -> str:
+    """A row of `export_json` as the JSON object of its NewRecord fields: the scalars encoded in one
+    call, the database's own JSON text of shape and config spliced in front of them."""
+    scalars = _encode({name: getattr(row, name) for name in _SCALARS})
+    return '{"shape":' + row.shape + ',"config":' + row.config + "," + scalars[1:]
 
 
 def filters(**given: Any) -> list[sa.ColumnElement[bool]]:

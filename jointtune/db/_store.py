@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from jointtune.db import _queries as q
-from jointtune.db._checks import check_hardware, check_kernel, check_key, check_page
+from jointtune.db._checks import check_hardware, check_kernel, check_key, check_page, in_id_range
 from jointtune.db._engine import (
     CONNECT_TIMEOUT_S,
     SQLITE_BUSY_TIMEOUT_S,
@@ -43,10 +43,15 @@ from jointtune.db._migrate import MigrationResult, current_revision, head_revisi
 from jointtune.db._models import HardwareRow, KernelRow, RecordRow
 from jointtune.db._url import backend_name, is_memory_sqlite, redact_url, resolve_db_url
 from jointtune.db._values import HardwareProfile, KernelInfo, NewRecord, Record
+from jointtune.dtypes import canonical_dtype
 from jointtune.errors import StoreError
 
 T = TypeVar("T")
 _RETRIES = 5
+#: rows per INSERT of an import (22 columns each: well under SQLite's 32766 parameters)
+_IMPORT_BATCH = 400
+#: rows an export formats between two offers of the GIL to other threads (~1 ms of work)
+_YIELD_EVERY = 100
 
 
 class Store:
@@ -135,7 +140,7 @@ class Store:
 
         Returns the record now stored for the key and whether it is the new one.
         """
-        record.validate()
+        record = record.validate()
         dialect = self.backend
 
         def run(session: Session) -> tuple[Record, bool]:
@@ -153,6 +158,67 @@ class Store:
             return q.to_record(row.one()), stored_id is not None
 
         return self._run("publishing a record", run, write=True)
+
+    def import_records(
+        self, records: Sequence[NewRecord], *, hardware: Sequence[dict[str, Any]] = ()
+    ) -> tuple[int, int]:
+        """Publish many records (and hardware profiles) in ONE transaction: all of them or none.
+
+        Every record and profile is validated before anything is written. Per key, the fastest of
+        the given records competes with the stored one, as `upsert_record` decides. A profile
+        ({hardware_id, name, fingerprint}) replaces the stored one when its fingerprint is not empty,
+        and is only created otherwise (an empty fingerprint never blanks a known one). Returns
+        (records given, records stored).
+        """
+        checked = [record.validate() for record in records]
+        profiles = [check_hardware(**profile) for profile in hardware]
+        best: dict[tuple[Any, ...], NewRecord] = {}
+        for record in checked:  # one row per key: a statement may update a row only once
+            key = (record.kernel, record.kernel_version, record.shape_key, record.dtype, record.world_size,
+                   record.hardware_id)  # fmt: skip
+            if key not in best or record.latency_p50_us < best[key].latency_p50_us:
+                best[key] = record
+        dialect = self.backend
+
+        def run(session: Session) -> int:
+            for profile in profiles:
+                if profile.fingerprint:
+                    session.execute(q.upsert_hardware(dialect, profile.hardware_id, profile.name, profile.fingerprint))
+                else:
+                    session.execute(q.ensure_hardware(dialect, profile.hardware_id, profile.name))
+            rows = list(best.values())
+            if not rows:
+                return 0
+            session.execute(q.ensure_kernels(dialect, sorted({(r.kernel, r.kernel_version) for r in rows})))
+            for hardware_id in sorted({r.hardware_id for r in rows}):
+                session.execute(q.ensure_hardware(dialect, hardware_id))
+            stamp, changed = q.now(), 0
+            for first in range(0, len(rows), _IMPORT_BATCH):
+                values = [q.record_values(r, stamp) for r in rows[first : first + _IMPORT_BATCH]]
+                changed += len(session.execute(q.upsert_records(dialect, values)).all())
+            return changed
+
+        return len(records), self._run("importing records", run, write=True)
+
+    def export_json(
+        self, *, hardware_id: str, kernel: str | None = None, after: int = 0, limit: int = 500
+    ) -> list[tuple[int, str]]:
+        """(id, JSON text of its NewRecord fields) of the records of one hardware (optionally one
+        kernel) with id > `after`, by id. Keyset pages stay correct while records are published (a
+        replaced record keeps its id) and cost the same at the end of a large store as at its start.
+
+        JSON text, not Records: an export page is the one read that grows with the store, and
+        splicing the database's own JSON of `shape` and `config` costs a fifth of loading them into
+        Python objects and dumping them again (measured by bench/export_vs_lookup.py's author)."""
+        check_page(limit, after)
+        stmt = q.export_json(hardware_id=hardware_id, kernel=kernel, after=after, limit=limit)
+        rows = self._run("exporting records", lambda s: s.execute(stmt).all(), write=False)
+        out = []
+        for index, row in enumerate(rows):
+            if index % _YIELD_EVERY == _YIELD_EVERY - 1:
+                time.sleep(0)  # hand the GIL to this process's other threads (a service's lookups)
+            out.append((row.id, q.export_text(row)))
+        return out
 
     def best(
         self, *, kernel: str, kernel_version: str, shape: dict[str, int], dtype: str, world_size: int, hardware_id: str
@@ -192,6 +258,8 @@ class Store:
         return self._lookup("finding the nearest shapes", run)
 
     def get_record(self, record_id: int) -> Record | None:
+        if not in_id_range(record_id):
+            return None
         stmt = sa.select(RecordRow).where(RecordRow.id == record_id)
         return self._run("reading a record", lambda s: _first(s.scalars(stmt).first()), write=False)
 
@@ -209,7 +277,11 @@ class Store:
         """Records matching every given filter, in a stable order (kernel, hardware, dtype, shape, id)."""
         check_page(limit, offset)
         where = q.filters(
-            kernel=kernel, kernel_version=kernel_version, hardware_id=hardware_id, dtype=dtype, world_size=world_size
+            kernel=kernel,
+            kernel_version=kernel_version,
+            hardware_id=hardware_id,
+            dtype=_dtype(dtype),
+            world_size=world_size,
         )
         stmt = (
             sa.select(RecordRow)
@@ -239,13 +311,19 @@ class Store:
         world_size: int | None = None,
     ) -> int:
         where = q.filters(
-            kernel=kernel, kernel_version=kernel_version, hardware_id=hardware_id, dtype=dtype, world_size=world_size
+            kernel=kernel,
+            kernel_version=kernel_version,
+            hardware_id=hardware_id,
+            dtype=_dtype(dtype),
+            world_size=world_size,
         )
         stmt = sa.select(sa.func.count()).select_from(RecordRow).where(*where)
         return self._run("counting records", lambda s: int(s.execute(stmt).scalar_one()), write=False)
 
     def delete_record(self, record_id: int) -> bool:
-        """Delete one record (its dims go with it); False when no record has this id."""
+        """Delete one record; False when no record has this id."""
+        if not in_id_range(record_id):
+            return False
         stmt = sa.delete(RecordRow.__table__).where(RecordRow.__table__.c.id == record_id)
         return self._run("deleting a record", lambda s: s.execute(stmt).rowcount > 0, write=True)
 
@@ -253,11 +331,11 @@ class Store:
 
     def upsert_hardware(self, *, hardware_id: str, name: str, fingerprint: dict[str, Any]) -> HardwareProfile:
         """Create or update a hardware profile (name and fingerprint are replaced)."""
-        check_hardware(hardware_id, name, fingerprint)
+        checked = check_hardware(hardware_id, name, fingerprint)
         dialect = self.backend
 
         def run(session: Session) -> HardwareProfile:
-            session.execute(q.upsert_hardware(dialect, hardware_id, name, fingerprint))
+            session.execute(q.upsert_hardware(dialect, hardware_id, checked.name, checked.fingerprint))
             row = session.scalars(sa.select(HardwareRow).where(HardwareRow.hardware_id == hardware_id)).one()
             return q.to_hardware(row)
 
@@ -367,12 +445,17 @@ def _checked_key(
     versioned: bool,
 ) -> dict[str, Any]:
     """A lookup key checked (bad input: one clear error) and bound for the prebuilt lookup statements."""
-    check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=versioned)
+    key = check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=versioned)
     return q.key_params(
-        kernel=kernel,
-        kernel_version=kernel_version,
-        shape=shape,
-        dtype=dtype,
-        world_size=world_size,
-        hardware_id=hardware_id,
+        kernel=key.kernel,
+        kernel_version=key.kernel_version,
+        shape=key.shape,
+        dtype=key.dtype,
+        world_size=key.world_size,
+        hardware_id=key.hardware_id,
     )
+
+
+def _dtype(dtype: str | None) -> str | None:
+    """A dtype filter under the name the store keeps (aliases such as 'bf16' resolved)."""
+    return None if dtype is None else canonical_dtype(dtype) or dtype

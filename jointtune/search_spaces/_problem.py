@@ -15,17 +15,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jointtune.dtypes import DTYPE_ALIASES
 from jointtune.errors import SpaceError
 
 #: dtype name -> element size in bytes. Names follow torch (`torch.bfloat16` -> "bfloat16").
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
-_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 
 
 def normalize_dtype(dtype: Any) -> str:
     """Accept 'bf16', 'bfloat16' or torch.bfloat16; return the canonical name."""
     name = str(dtype).removeprefix("torch.")
-    name = _DTYPE_ALIASES.get(name, name)
+    name = DTYPE_ALIASES.get(name, name)
     if name not in DTYPE_BYTES:
         raise SpaceError(f"dtype: {dtype!r} is not supported; allowed: {', '.join(DTYPE_BYTES)}")
     return name

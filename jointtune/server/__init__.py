@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from jointtune.server.app import app_from_env, create_app
 from jointtune.server.auth import ROLES, TokenConfigError, TokenSet
-from jointtune.server.bundle import SCHEMA_VERSION, BundleError, export_bundle, import_bundle, parse_bundle
+from jointtune.server.bundle import (
+    BundleError,
+    export_page,
+    import_bundle,
+    import_bundles,
+    parse_bundle,
+    write_bundle,
+)
+from jointtune.server.schemas import SCHEMA_VERSION
 from jointtune.server.settings import Settings
 
 __all__ = [
@@ -21,7 +29,9 @@ __all__ = [
     "TokenSet",
     "app_from_env",
     "create_app",
-    "export_bundle",
+    "export_page",
     "import_bundle",
+    "import_bundles",
     "parse_bundle",
+    "write_bundle",
 ]

@@ -2,7 +2,9 @@
 
 The service is stateless over the store: any number of workers or replicas can share one
 database. Errors never carry stack traces: bad input is 4xx naming the field, store outages are
-503, anything unexpected is a generic 500 (logged server-side).
+503, anything unexpected is a generic 500 (logged server-side). Every 4xx and 503 a route can
+answer is in the OpenAPI document with its body; `_openapi` adds the bearer-token security the
+routes' dependencies enforce.
 
 Example:
     >>> app = create_app(Settings(db_url="sqlite:///tuning.db", tokens="write:s3cret-token"))  # doctest: +SKIP
@@ -12,37 +14,50 @@ Example:
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
 from jointtune import __version__
 from jointtune.db import InvalidRecordError
+from jointtune.db.schema import NAME_CHARS, error_loc, printable
 from jointtune.errors import StoreError
 from jointtune.server.auth import TokenSet
-from jointtune.server.limits import BodyLimitMiddleware
+from jointtune.server.limits import BodyLimitMiddleware, ExportGate
 from jointtune.server.metrics import Metrics, MetricsMiddleware
 from jointtune.server.routes import ROUTERS
+from jointtune.server.routing import role_needed, service_routes
 from jointtune.server.settings import Settings
 
 log = logging.getLogger("jointtune.server")
+
+DESCRIPTION = f"""Best fused-kernel configs per (kernel, shape, dtype, world size, hardware).
+
+Names (kernel, kernel_version, space_version, hardware_id) use {NAME_CHARS}. Writes need a bearer
+token of role write (deletes: admin); reads need none unless the service requires read tokens.
+Errors: 422 lists every refused field (`detail`: [{{loc, msg, type}}]); every other error is
+`{{"detail": "..."}}`. A method a path does not take is 405 with `Allow` naming the path's methods.
+Request bodies are limited in size (413). Exports come a page at a time (`next_after`), each page
+fits a request body and imports as it is; a worker builds a limited number of pages at once (429).
+"""
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the store is opened (and migrated) on the first request that needs it."""
     settings = settings or Settings()
-    app = FastAPI(
-        title="jointtune config service",
-        version=__version__,
-        description="Best fused-kernel configs per (kernel, shape, dtype, world size, hardware).",
-    )
+    app = FastAPI(title="jointtune config service", version=__version__, description=DESCRIPTION)
     app.state.settings = settings
     app.state.tokens = TokenSet.load(settings.tokens, settings.tokens_file)
     app.state.metrics = Metrics()
+    app.state.export_gate = ExportGate(settings.export_concurrency, settings.export_share)
     for router in ROUTERS:
         app.include_router(router)
+    app.state.routes = service_routes(ROUTERS)
     _add_handlers(app)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_middleware(BodyLimitMiddleware, limit=settings.body_limit_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
@@ -53,19 +68,45 @@ def app_from_env() -> FastAPI:
     return create_app(Settings())
 
 
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document plus the bearer security each route enforces: writes always, reads only
+    when `read_token_required` (else a token is optional: `[{}, {bearer: []}]`)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    required: list[dict[str, list[str]]] = [{"bearer": []}]
+    read = required if app.state.settings.read_token_required else [{}, *required]
+    for route in app.state.routes:
+        if not route.include_in_schema:
+            continue
+        role = role_needed(route.dependant)
+        for method in route.methods if role is not None else ():
+            operation = schema["paths"][route.path_format].get(method.lower())
+            if operation is not None:
+                operation["security"] = read if role == "read" else required
+    app.openapi_schema = schema
+    return schema
+
+
+def _problem(loc: Any, msg: Any, kind: Any) -> dict[str, Any]:
+    # Valid Unicode, bounded: a refused key or value may itself be a lone surrogate or megabytes long.
+    return {"loc": error_loc(loc), "msg": printable(str(msg), 500), "type": printable(str(kind), 64)}
+
+
 def _add_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # pydantic's own errors name the field in `loc`; drop `input`/`ctx` (may echo huge or odd values)
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-            for e in exc.errors()
-        ]
+        errors = [_problem(e.get("loc", ()), e.get("msg", ""), e.get("type", "")) for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
 
     @app.exception_handler(InvalidRecordError)
     async def _invalid_record(request: Request, exc: InvalidRecordError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=422)
+        # the store's checks of what a route passed on: query parameters, or the body of a write
+        where = "query" if request.method in ("GET", "HEAD", "DELETE") else "body"
+        errors = [_problem([where, *p["loc"]], p["msg"], p["type"]) for p in exc.problems]
+        return JSONResponse({"detail": errors}, status_code=422)
 
     @app.exception_handler(StoreError)
     async def _store_down(request: Request, exc: StoreError) -> JSONResponse:

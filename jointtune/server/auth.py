@@ -89,8 +89,11 @@ def _bearer(request: Request) -> str | None:
     return token.strip()
 
 
-def _require(request: Request, needed: str) -> str | None:
-    """The caller's role; 401 without a valid token, 403 when its role is below `needed`."""
+def check_role(request: Request, needed: str) -> str | None:
+    """The caller's role; 401 without a valid token, 403 when its role is below `needed`.
+
+    Runs where the route starts (`ServiceRoute`), before its body is parsed; the dependencies below
+    run it again, which only costs a hash, and mark the route's role for the OpenAPI document."""
     tokens: TokenSet = request.app.state.tokens
     token = _bearer(request)
     if token is None:
@@ -112,15 +115,19 @@ def _require(request: Request, needed: str) -> str | None:
 # Coroutines on purpose: the check is a hash and a few comparisons, and FastAPI would hand a plain
 # function to its thread pool, a thread hop on every request (measured on the lookup route).
 async def require_read(request: Request) -> str | None:
-    return _require(request, "read")
+    return check_role(request, "read")
 
 
 async def require_write(request: Request) -> str | None:
-    return _require(request, "write")
+    return check_role(request, "write")
 
 
 async def require_admin(request: Request) -> str | None:
-    return _require(request, "admin")
+    return check_role(request, "admin")
+
+
+#: dependency -> the role it asks for (the route class and the OpenAPI document read it)
+ROLE_OF_DEPENDENCY = {require_read: "read", require_write: "write", require_admin: "admin"}
 
 
 ReadAuthDep = Annotated[str | None, Depends(require_read)]

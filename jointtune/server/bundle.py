@@ -1,112 +1,122 @@
 """The bundle format shared by the service and the offline CLI: one JSON document per hardware.
 
-`{"schema_version": 1, "hardware": {...}, "records": [...]}`. Import validates the whole document
-first (every record, every hardware_id) and writes nothing when any part is bad; then it upserts
-each record, keeping the better one per key, so importing twice changes nothing.
+`{"schema_version": 1, "hardware": {...}, "records": [...]}` (and, on a served page, `next_after`).
+The service exports a hardware's records a page at a time (`export_page`): pages are cut by record
+count and by size, so every page fits the service's request body limit and can be posted back as
+it is; `next_after` is the cursor of the next page (records are paged by id, so a page is the same
+however large the store is, and publishing meanwhile never shifts records between pages). The CLI
+streams all pages into one file (`write_bundle`).
+
+An import validates every bundle first and writes nothing when any part is bad; then it writes the
+hardware profiles and all records in one transaction (all or nothing, see `Store.import_records`),
+keeping the better record per key, so importing twice changes nothing.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import IO, Any
 
 from pydantic import ValidationError
 
 from jointtune import __version__
 from jointtune.db import InvalidRecordError, NewRecord, Store
-from jointtune.server.schemas import BundleIn
+from jointtune.db.schema import describe, problems_of
+from jointtune.server.schemas import SCHEMA_VERSION, BundleIn
 
-SCHEMA_VERSION = 1
-_PAGE = 1000
-_RECORD_ONLY = ("id", "shape_key", "config_hash", "speedup", "created_at", "updated_at")
+#: the most records one export page holds (its size is bounded separately)
+MAX_PAGE_RECORDS = 1000
+_CLI_PAGE = 1000
 
 
 class BundleError(InvalidRecordError):
     """A bundle that can't be imported; the message names the bad part and what is allowed."""
 
 
-def export_bundle(store: Store, hardware_id: str, kernel: str | None = None) -> dict[str, Any] | None:
-    """The bundle for one hardware (optionally one kernel), or None when the store knows nothing of it."""
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _envelope(store: Store, hardware_id: str) -> dict[str, Any] | None:
     profile = store.get_hardware(hardware_id)
-    records: list[dict[str, Any]] = []
-    offset = 0
-    while True:
-        page = store.list_records(hardware_id=hardware_id, kernel=kernel, limit=_PAGE, offset=offset)
-        for record in page:
-            data = record.to_json()
-            for name in _RECORD_ONLY:
-                data.pop(name)
-            records.append(data)
-        if len(page) < _PAGE:
-            break
-        offset += _PAGE
-    if profile is None and not records:
+    if profile is None:  # publishing creates a placeholder profile: no profile, no records
         return None
-    hardware = {"hardware_id": hardware_id, "name": hardware_id, "fingerprint": {}}
-    if profile is not None:
-        hardware = {"hardware_id": profile.hardware_id, "name": profile.name, "fingerprint": profile.fingerprint}
     return {
         "schema_version": SCHEMA_VERSION,
         "tuner_version": __version__,
         "exported_at": datetime.now(timezone.utc).isoformat(),
-        "hardware": hardware,
-        "records": records,
+        "hardware": {"hardware_id": profile.hardware_id, "name": profile.name, "fingerprint": profile.fingerprint},
     }
 
 
-def parse_bundle(data: Any) -> tuple[dict[str, Any], list[NewRecord]]:
-    """Check a whole bundle; return (hardware, records) or raise BundleError naming every problem."""
-    if not isinstance(data, dict):
-        raise BundleError(f"bundle: {type(data).__name__} is not allowed; it must be a JSON object")
-    version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise BundleError(f"schema_version: {version!r} is not allowed; this version reads {SCHEMA_VERSION}")
+def export_page(
+    store: Store, hardware_id: str, *, kernel: str | None = None, after: int = 0, limit: int = 500, max_bytes: int
+) -> bytes | None:
+    """One page of a hardware's bundle as JSON bytes (records with id > `after`, at most `limit` of
+    them and about `max_bytes` of records, never fewer than one), or None for an unknown hardware."""
+    envelope = _envelope(store, hardware_id)
+    if envelope is None:
+        return None
+    rows = store.export_json(hardware_id=hardware_id, kernel=kernel, after=after, limit=limit + 1)
+    more, parts, size, last = len(rows) > limit, [], 0, after
+    for record_id, text in rows[:limit]:
+        length = len(text.encode())
+        if parts and size + length + 1 > max_bytes:
+            more = True
+            break
+        parts.append(text)
+        size += length + 1
+        last = record_id
+    head = _dumps({**envelope, "next_after": last if more else None})
+    return f'{head[:-1]},"records":[{",".join(parts)}]}}'.encode()
+
+
+def write_bundle(store: Store, hardware_id: str, out: IO[str], *, kernel: str | None = None) -> int | None:
+    """Stream a hardware's whole bundle to `out` page by page (memory stays one page); returns the
+    number of records, or None (nothing written) for an unknown hardware."""
+    envelope = _envelope(store, hardware_id)
+    if envelope is None:
+        return None
+    out.write(_dumps(envelope)[:-1] + ',"records":[')
+    after, count = 0, 0
+    while True:
+        page = store.export_json(hardware_id=hardware_id, kernel=kernel, after=after, limit=_CLI_PAGE)
+        for _, text in page:
+            out.write(("," if count else "") + "\n" + text)
+            count += 1
+        if len(page) < _CLI_PAGE:
+            break
+        after = page[-1][0]
+    out.write("\n]}\n")
+    return count
+
+
+def parse_bundle(data: Any, *, source: str = "bundle") -> BundleIn:
+    """Check a whole bundle (JSON text or bytes, or already-parsed JSON); raise BundleError naming
+    every problem. JSON text is parsed strictly: no NaN or Infinity, no lone surrogates."""
     try:
-        bundle = BundleIn.model_validate(data)
+        if isinstance(data, (str, bytes, bytearray)):
+            return BundleIn.model_validate_json(data)
+        return BundleIn.model_validate(data)
     except ValidationError as exc:
-        problems = [_problem(err) for err in exc.errors()[:10]]
-        raise BundleError("bundle: " + "; ".join(problems)) from None
-    hardware = bundle.hardware.model_dump()
-    records: list[NewRecord] = []
-    problems: list[str] = []
-    for index, item in enumerate(bundle.records):
-        if item.hardware_id != bundle.hardware.hardware_id:
-            problems.append(
-                f"records[{index}].hardware_id: {item.hardware_id!r} is not allowed; "
-                f"it must be the bundle's {bundle.hardware.hardware_id!r}"
-            )
-            continue
-        try:
-            records.append(NewRecord(**item.model_dump()).validate())
-        except InvalidRecordError as exc:
-            problems.append(f"records[{index}]: {exc}")
-    if problems:
-        raise BundleError("bundle: " + "; ".join(problems[:10]))
-    return hardware, records
+        raise BundleError(f"{source}: {describe(exc)}", problems_of(exc)) from None
 
 
-def _problem(err: Any) -> str:
-    got = "" if err["type"] == "missing" else f" (got {err['input']!r:.80})"
-    return f"{_loc(err['loc'])}: {err['msg']}{got}"
-
-
-def _loc(parts: tuple[Any, ...]) -> str:
-    text = ""
-    for part in parts:
-        text += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return text.lstrip(".")
+def import_bundles(store: Store, bundles: Sequence[BundleIn]) -> dict[str, Any]:
+    """Write the bundles' hardware profiles and records in one transaction; returns the counts."""
+    records = [NewRecord.of(record) for bundle in bundles for record in bundle.records]
+    hardware = [bundle.hardware.model_dump() for bundle in bundles]
+    total, changed = store.import_records(records, hardware=hardware)
+    return {
+        "hardware_id": ",".join(dict.fromkeys(h["hardware_id"] for h in hardware)),
+        "records": total,
+        "changed": changed,
+        "unchanged": total - changed,
+    }
 
 
 def import_bundle(store: Store, data: Any) -> dict[str, Any]:
-    """Validate, then write the hardware profile and every record; returns the counts."""
-    hardware, records = parse_bundle(data)
-    existing = store.get_hardware(hardware["hardware_id"])
-    if existing is None or hardware["fingerprint"]:  # never blank a known fingerprint with a placeholder
-        store.upsert_hardware(**hardware)
-    changed = sum(1 for record in records if store.upsert_record(record)[1])
-    return {
-        "hardware_id": hardware["hardware_id"],
-        "records": len(records),
-        "changed": changed,
-        "unchanged": len(records) - changed,
-    }
+    """Validate one bundle, then write it (all or nothing); returns the counts."""
+    return import_bundles(store, [data if isinstance(data, BundleIn) else parse_bundle(data)])

@@ -1,7 +1,10 @@
 """Prometheus metrics, one registry per app (so tests can build many apps in one process).
 
-`jointtune_request_seconds{method,route}`: request latency by route template (never the raw path,
-which would make one series per shape). `jointtune_lookups_total{result}`: exact, nearest or miss.
+`jointtune_request_seconds{method,route,status}`: request latency by route template (never the raw
+path, which would make one series per shape). Every label has a bounded set of values, whatever
+clients send: methods outside HTTP's own (`METHODS`) count as "other", paths no route matches as
+"unmatched", and statuses are the few the service answers. `jointtune_lookups_total{result}`:
+exact, nearest or miss.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
+#: the methods labelled by name; any other method a client invents is labelled "other"
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"})
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -58,6 +63,5 @@ class MetricsMiddleware:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            self.metrics.requests.labels(scope["method"], template, str(status["code"])).observe(
-                time.perf_counter() - start
-            )
+            method = scope["method"] if scope["method"] in METHODS else "other"
+            self.metrics.requests.labels(method, template, str(status["code"])).observe(time.perf_counter() - start)

@@ -1,55 +1,43 @@
-"""Request and response bodies; pydantic checks types and names the bad field in every 422.
+"""Request and response bodies, and the error bodies every route documents.
 
-The store re-checks every record (`NewRecord.validate`), so these models only need to reject what
-JSON can't express safely (non-finite floats, unknown fields) and to document the API.
+Requests are the store's own schema (`jointtune.db.RecordIn`, `HardwareIn`): one definition of what
+a record may hold, so a body the service accepts is one the store accepts and can serve back.
+Responses are documented with the models here, and every status code a route can answer is listed
+with its body (`responses`), so the OpenAPI document says what the service does.
 """
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
-from jointtune import __version__
-from jointtune.db import Record
+from jointtune.db import HardwareIn, Record, RecordIn
+from jointtune.db.schema import Integral
 
-#: printable text only: PostgreSQL refuses NUL in text, and control characters only hide typos
-TEXT = r"^[^\x00-\x1f\x7f]+$"
-#: 1 ns: the smallest latency we accept, so that speedup = baseline / p50 stays finite
-MIN_US = 1e-3
+SCHEMA_VERSION = 1
 
 
-def no_nul(value: Any) -> Any:
-    """PostgreSQL's JSONB refuses NUL characters: reject them here as bad input, not a 503 later."""
-    if "\\u0000" in json.dumps(value):
-        raise ValueError("NUL characters (\\u0000) are not allowed in it")
-    return value
+class Problem(BaseModel):
+    """One reason a request was refused: where (`loc`, e.g. ["body", "shape", "M"]), what and its kind."""
+
+    loc: list[int | str]
+    msg: str
+    type: str
 
 
-class RecordIn(BaseModel):
-    """A tuning result to publish (the fields of `jointtune.db.NewRecord`)."""
+class Invalid(BaseModel):
+    """422: the request is well-formed HTTP but its parameters or body are not allowed."""
 
-    model_config = ConfigDict(extra="forbid")
-    _config_no_nul = field_validator("config")(no_nul)
+    detail: list[Problem]
 
-    kernel: str = Field(min_length=1, max_length=128, pattern=TEXT)
-    kernel_version: str = Field(min_length=1, max_length=64, pattern=TEXT)
-    space_version: str = Field(min_length=1, max_length=64, pattern=TEXT)
-    shape: dict[str, int] = Field(min_length=1, max_length=16)
-    dtype: str = Field(min_length=1, max_length=32, pattern=TEXT)
-    world_size: int = Field(ge=1, le=1_000_000)
-    hardware_id: str = Field(min_length=1, max_length=128, pattern=TEXT)
-    triton_version: str = Field(pattern=r"^\d+\.\d+$", max_length=16)
-    config: dict[str, Any]
-    latency_p50_us: float = Field(ge=MIN_US, le=1e12, allow_inf_nan=False)
-    latency_p10_us: float | None = Field(default=None, ge=MIN_US, le=1e12, allow_inf_nan=False)
-    latency_p90_us: float | None = Field(default=None, ge=MIN_US, le=1e12, allow_inf_nan=False)
-    baseline_us: float | None = Field(default=None, ge=MIN_US, le=1e12, allow_inf_nan=False)
-    trials: int = Field(default=0, ge=0, le=2**31 - 1)
-    study_name: str | None = Field(default=None, max_length=256, pattern=TEXT)
-    tuner_version: str = Field(default=__version__, min_length=1, max_length=32, pattern=TEXT)
+
+class Message(BaseModel):
+    """Every other error: one sentence that names what was wrong and what is allowed."""
+
+    detail: str
 
 
 class Latency3(BaseModel):
@@ -103,29 +91,80 @@ class KernelOut(BaseModel):
     created_at: datetime
 
 
-class HardwareIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    hardware_id: str = Field(min_length=1, max_length=128, pattern=TEXT)
-    name: str = Field(min_length=1, max_length=256, pattern=TEXT)
-    fingerprint: dict[str, Any] = Field(default_factory=dict)
-    _fingerprint_no_nul = field_validator("fingerprint")(no_nul)
-
-
-class HardwareOut(HardwareIn):
-    created_at: datetime | None = None
+class HardwareOut(BaseModel):
+    hardware_id: str
+    name: str
+    fingerprint: dict[str, Any]
+    created_at: datetime
 
 
 class BundleIn(BaseModel):
-    """One hardware profile and its records, as `GET /v1/bundles/{hardware_id}` exports them."""
+    """One hardware profile and its records: a page of `GET /v1/bundles/{hardware_id}` as it was
+    served, or a file of `jointtune export`. Every record must be of the bundle's hardware."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    schema_version: int
+    schema_version: Annotated[Literal[1], Integral]
     hardware: HardwareIn
-    records: list[RecordIn] = Field(max_length=100_000)
-    exported_at: datetime | None = None
-    tuner_version: str | None = None
+    records: list[RecordIn]
+    exported_at: str | None = Field(default=None, max_length=64)
+    tuner_version: str | None = Field(default=None, max_length=32)
+    next_after: Annotated[int, Field(ge=0), Integral] | None = Field(
+        default=None, description="ignored: a page's cursor"
+    )
+
+    @model_validator(mode="after")
+    def _one_hardware(self) -> BundleIn:
+        hardware_id = self.hardware.hardware_id
+        for index, record in enumerate(self.records):
+            if record.hardware_id != hardware_id:
+                raise PydanticCustomError(
+                    "bundle_hardware",
+                    f"records[{index}].hardware_id: {record.hardware_id!r} is not allowed; "
+                    f"it must be the bundle's {hardware_id!r}",
+                )
+        return self
+
+
+class BundleRecord(BaseModel):
+    """A record as bundles carry it: what was published, without the store's own fields."""
+
+    kernel: str
+    kernel_version: str
+    space_version: str
+    shape: dict[str, int]
+    dtype: str
+    world_size: int
+    hardware_id: str
+    triton_version: str
+    config: dict[str, Any]
+    latency_p50_us: float
+    latency_p10_us: float | None
+    latency_p90_us: float | None
+    baseline_us: float | None
+    trials: int
+    study_name: str | None
+    tuner_version: str
+
+
+class BundleHardware(BaseModel):
+    hardware_id: str
+    name: str
+    fingerprint: dict[str, Any]
+
+
+class BundleOut(BaseModel):
+    """A page of one hardware's records, itself a bundle `POST /v1/bundles` takes as it is.
+
+    Pages are cut by record count (`limit`) and by size, so each fits the service's request body
+    limit; `next_after` is the `after` of the next page, null on the last one."""
+
+    schema_version: Literal[1]
+    tuner_version: str
+    exported_at: str
+    hardware: BundleHardware
+    next_after: int | None
+    records: list[BundleRecord]
 
 
 class ImportOut(BaseModel):
@@ -133,3 +172,39 @@ class ImportOut(BaseModel):
     records: int
     changed: int
     unchanged: int
+
+
+class ReadyOut(BaseModel):
+    status: Literal["ready", "unavailable"]
+    backend: str | None = None
+    revision: str | None = None
+    detail: str | None = None
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+
+
+_AUTH_HEADER = {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}}
+_DESCRIPTIONS: dict[int, tuple[type[BaseModel], str, dict[str, Any] | None]] = {
+    401: (Message, "No bearer token where the route needs one, or a token that is not valid", _AUTH_HEADER),
+    403: (Message, "The token's role may not do this (writes need write, deletes admin)", None),
+    404: (Message, "Nothing stored matches; the message says what the store does have", None),
+    413: (Message, "The request body is larger than the service's limit (JOINTTUNE_BODY_LIMIT_BYTES)", None),
+    422: (Invalid, "Parameters or body not allowed: each item names the field and what is allowed", None),
+    429: (
+        Message,
+        "Too many exports at once (JOINTTUNE_EXPORT_CONCURRENCY per worker); retry after Retry-After seconds",
+        {"Retry-After": {"description": "seconds", "schema": {"type": "string"}}},
+    ),
+    503: (Message, "The tuning store can't be reached; try again later", None),
+}
+
+
+def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a route that can answer `codes` besides its success."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        model, description, headers = _DESCRIPTIONS[code]
+        out[code] = {"model": model, "description": description, **({"headers": headers} if headers else {})}
+    return out

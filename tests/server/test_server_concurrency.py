@@ -58,7 +58,7 @@ def test_lookups_while_records_are_deleted_and_republished(server: LiveServer) -
             while not stop.is_set():
                 for body in churn:
                     found = http.get(f"/v1/configs/{body['kernel']}", params={**LOOKUP, **body["shape"]}).json()
-                    http.delete(f"/v1/configs/{found['id']}")
+                    http.delete(f"/v1/records/{found['id']}")
                     http.post("/v1/configs", json=body)
                 rounds += 1
         return rounds
@@ -112,7 +112,7 @@ def test_every_worker_process_sees_writes_at_once(tmp_path: Path) -> None:
             assert published.status_code == 200
             assert statuses() == {200}
             rid = published.json()["record"]["id"]
-            assert http.delete(f"/v1/configs/{rid}", headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 204
+            assert http.delete(f"/v1/records/{rid}", headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 204
             assert statuses() == {404}
     finally:
         proc.terminate()

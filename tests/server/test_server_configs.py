@@ -79,10 +79,10 @@ def test_list_filter_paginate_delete_kernels_hardware(server: LiveServer) -> Non
         target = page["items"][0]["id"]
     assert kernels == {"ag_gemm", "gemm_rs"} and hardware == {"h200x2-nvl", "h100x8"}
     with server.client(WRITE) as http:
-        assert http.delete(f"/v1/configs/{target}").status_code == 403
+        assert http.delete(f"/v1/records/{target}").status_code == 403
     with server.client(ADMIN) as http:
-        assert http.delete(f"/v1/configs/{target}").status_code == 204
-        assert http.delete(f"/v1/configs/{target}").status_code == 404
+        assert http.delete(f"/v1/records/{target}").status_code == 204
+        assert http.delete(f"/v1/records/{target}").status_code == 404
         assert http.get("/v1/configs", params={"kernel": "ag_gemm"}).json()["total"] == 2
 
 

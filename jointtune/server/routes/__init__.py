@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from jointtune.server.routes import bundles, configs, dashboard, hardware, health, kernels
+from jointtune.server.routes import bundles, configs, dashboard, hardware, health, kernels, records
 
-ROUTERS = (configs.router, kernels.router, hardware.router, bundles.router, health.router, dashboard.router)
+ROUTERS = (
+    configs.router,
+    records.router,
+    kernels.router,
+    hardware.router,
+    bundles.router,
+    health.router,
+    dashboard.router,
+)
 
 __all__ = ["ROUTERS"]

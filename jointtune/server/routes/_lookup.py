@@ -15,9 +15,9 @@ from typing import Any
 from fastapi import HTTPException
 
 from jointtune.db import Record, Store
+from jointtune.db.schema import DIM_NAME_RE, MAX_DIM, MAX_DIMS, printable
 
-_DIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-_MAX_DIMS = 16
+_DIM_NAME = re.compile(DIM_NAME_RE)
 _SCAN = 1000
 
 
@@ -33,17 +33,18 @@ def parse_dims(params: Iterable[tuple[str, str]], known: set[str]) -> dict[str, 
         if name in known:
             continue
         if not _DIM_NAME.match(name):
-            errors.append(_error(name[:64], "not a known parameter and not a dim name (use an identifier like M)"))
+            errors.append(_error(printable(name, 64), "not a known parameter and not a dim name (use an identifier "
+                                 "of <= 32 characters like M)"))  # fmt: skip
         elif name in shape:
             errors.append(_error(name, "given more than once"))
-        elif not raw.isascii() or not raw.isdigit() or len(raw) > 18 or int(raw) < 1:
-            errors.append(_error(name, f"{raw[:32]!r} is not allowed; dims must be integers > 0"))
+        elif not raw.isascii() or not raw.isdigit() or len(raw) > 16 or not 1 <= int(raw) <= MAX_DIM:
+            errors.append(_error(name, f"{printable(raw, 32)!r} is not allowed; dims must be integers in 1..{MAX_DIM}"))
         else:
             shape[name] = int(raw)
     if not shape and not errors:
-        errors.append(_error("shape", "no dims given; pass the kernel's dims as query parameters, e.g. ?M=8192&N=4096"))
-    if len(shape) > _MAX_DIMS:
-        errors.append(_error("shape", f"{len(shape)} dims is not allowed; at most {_MAX_DIMS}"))
+        errors.append(_error("dims", "no dims given; pass the kernel's dims as query parameters, e.g. ?M=8192&N=4096"))
+    if len(shape) > MAX_DIMS:
+        errors.append(_error("dims", f"{len(shape)} dims is not allowed; at most {MAX_DIMS}"))
     if errors:
         raise HTTPException(422, errors)
     return shape

@@ -1,35 +1,48 @@
-"""`/v1/bundles`: export one hardware's records as a single JSON document, and import one."""
+"""`/v1/bundles`: export one hardware's records a page at a time, and import a bundle (all or nothing)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 
+from jointtune.db.schema import MAX_INT32, Name128
 from jointtune.server.auth import AuthDep, ReadAuthDep
-from jointtune.server.bundle import export_bundle, import_bundle
+from jointtune.server.bundle import MAX_PAGE_RECORDS, export_page, import_bundle
 from jointtune.server.deps import StoreDep
-from jointtune.server.schemas import TEXT, BundleIn, ImportOut
+from jointtune.server.routing import ServiceRoute
+from jointtune.server.schemas import BundleIn, BundleOut, ImportOut, responses
 
-router = APIRouter(prefix="/v1/bundles", tags=["bundles"])
+router = APIRouter(prefix="/v1/bundles", tags=["bundles"], route_class=ServiceRoute)
 
 
-@router.get("/{hardware_id}")
+@router.get("/{hardware_id}", response_model=BundleOut, responses=responses(401, 404, 422, 429, 503))
 def export(
+    request: Request,
     store: StoreDep,
     _role: ReadAuthDep,
-    hardware_id: Annotated[str, Path(min_length=1, max_length=128, pattern=TEXT)],
-    kernel: Annotated[str | None, Query(min_length=1, max_length=128, pattern=TEXT)] = None,
-) -> dict[str, Any]:
-    """The hardware profile and all its records (optionally of one kernel), ready for `POST /v1/bundles`."""
-    bundle = export_bundle(store, hardware_id, kernel)
-    if bundle is None:
+    hardware_id: Annotated[Name128, Path()],
+    kernel: Annotated[Name128 | None, Query()] = None,
+    after: Annotated[int, Query(ge=0, le=MAX_INT32, description="the `next_after` of the previous page")] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_RECORDS, description="records per page, at most")] = 500,
+) -> Response:
+    """One page of the hardware profile and its records (optionally of one kernel), ready for
+    `POST /v1/bundles` as it is. Pages hold at most `limit` records and JOINTTUNE_EXPORT_PAGE_BYTES
+    of them; fetch the next with `after=next_after` until `next_after` is null."""
+    settings = request.app.state.settings
+    with request.app.state.export_gate.enter():
+        page = export_page(
+            store, hardware_id, kernel=kernel, after=after, limit=limit, max_bytes=settings.export_page_bytes
+        )
+    if page is None:
         known = [h.hardware_id for h in store.list_hardware()]
-        raise HTTPException(404, f"hardware_id: {hardware_id[:128]!r} is unknown; the store has {known[:50]}")
-    return bundle
+        raise HTTPException(404, f"hardware_id: {hardware_id!r} is unknown; the store has {known[:50]}")
+    return Response(page, media_type="application/json")
 
 
-@router.post("", response_model=ImportOut)
+@router.post("", response_model=ImportOut, responses=responses(401, 403, 413, 422, 503))
 def import_(store: StoreDep, _role: AuthDep, body: BundleIn) -> dict[str, Any]:
-    """Import a bundle: validated as a whole first, then each record kept only if it beats the stored one."""
-    return import_bundle(store, body.model_dump(mode="json"))
+    """Import a bundle (an export page as served, or a `jointtune export` file within the body limit):
+    validated as a whole, then written in one transaction, each record kept only if it beats the
+    stored one for its key."""
+    return import_bundle(store, body)

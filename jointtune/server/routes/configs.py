@@ -1,38 +1,51 @@
-"""`/v1/configs`: look up the config for a shape (exact or nearest), publish, list and delete records."""
+"""`/v1/configs`: look up the config for a shape (exact or nearest), publish and list records."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 
-from jointtune.db import NewRecord
-from jointtune.server.auth import AdminDep, AuthDep, ReadAuthDep
+from jointtune.db import NewRecord, RecordIn
+from jointtune.db.schema import MAX_INT32, RESERVED_DIM_NAMES, SHAPE_SCHEMA, Dtype, Name64, Name128, WorldSize
+from jointtune.server.auth import AuthDep, ReadAuthDep
 from jointtune.server.deps import StoreDep
 from jointtune.server.routes._lookup import explain_miss, lookup_json, parse_dims
-from jointtune.server.schemas import TEXT, LookupOut, PublishOut, RecordIn, RecordPage
+from jointtune.server.routing import ServiceRoute
+from jointtune.server.schemas import LookupOut, PublishOut, RecordPage, responses
 
-router = APIRouter(prefix="/v1/configs", tags=["configs"])
+router = APIRouter(prefix="/v1/configs", tags=["configs"], route_class=ServiceRoute)
 
-_KNOWN = {"dtype", "world_size", "hardware_id", "kernel_version", "nearest"}
-Text = Annotated[str, Query(min_length=1, max_length=128, pattern=TEXT)]
+#: the shape's dims travel as query parameters of their own names: an object parameter, form-exploded
+_DIMS = {
+    "name": "dims",
+    "in": "query",
+    "required": True,
+    "style": "form",
+    "explode": True,
+    "schema": SHAPE_SCHEMA,
+    "description": "The shape: one query parameter per dim, named after the kernel's dims "
+    "(`M=8192&N=4096&K=12288`); names are identifiers other than the parameters above.",
+}
 
 
-@router.get("/{kernel}", response_model=LookupOut)
+@router.get("/{kernel}", response_model=LookupOut, responses=responses(401, 404, 422, 503),
+            openapi_extra={"parameters": [_DIMS]})  # fmt: skip
 def lookup(
     request: Request,
     store: StoreDep,
     _role: ReadAuthDep,
-    kernel: Annotated[str, Path(min_length=1, max_length=128, pattern=TEXT)],
-    dtype: Text,
-    world_size: Annotated[int, Query(ge=1, le=1_000_000)],
-    hardware_id: Text,
-    kernel_version: Annotated[str | None, Query(min_length=1, max_length=64, pattern=TEXT)] = None,
+    kernel: Annotated[Name128, Path()],
+    dtype: Annotated[Dtype, Query(description="a torch dtype name or an alias (bf16, fp16, half, fp32, float)")],
+    world_size: Annotated[WorldSize, Query()],
+    hardware_id: Annotated[Name128, Query()],
+    kernel_version: Annotated[Name64 | None, Query()] = None,
     nearest: bool = True,
 ) -> dict[str, Any]:
     """The stored config for a shape; dims are extra query parameters named after the kernel's dims
-    (e.g. `?M=8192&N=4096&K=12288`). Falls back to the nearest stored shape unless `nearest=false`."""
-    shape = parse_dims(request.query_params.multi_items(), _KNOWN)
+    (e.g. `?M=8192&N=4096&K=12288`). Falls back to the nearest stored shape unless `nearest=false`;
+    404 when nothing comparable is stored, saying what the store has for this kernel."""
+    shape = parse_dims(request.query_params.multi_items(), set(RESERVED_DIM_NAMES))
     lookups = request.app.state.metrics.lookups
     nearest_first = store.nearest(
         kernel=kernel,
@@ -60,24 +73,24 @@ def lookup(
     raise HTTPException(404, message)
 
 
-@router.post("", response_model=PublishOut)
+@router.post("", response_model=PublishOut, responses=responses(401, 403, 413, 422, 503))
 def publish(store: StoreDep, _role: AuthDep, body: RecordIn) -> dict[str, Any]:
     """Publish a record; the store keeps it only if it beats the stored one. Publishing twice is harmless."""
-    record, changed = store.upsert_record(NewRecord(**body.model_dump()))
+    record, changed = store.upsert_record(NewRecord.of(body))
     return {"record": record.to_json(), "changed": changed}
 
 
-@router.get("", response_model=RecordPage)
+@router.get("", response_model=RecordPage, responses=responses(401, 422, 503))
 def list_configs(
     store: StoreDep,
     _role: ReadAuthDep,
-    kernel: Annotated[str | None, Query(min_length=1, max_length=128, pattern=TEXT)] = None,
-    kernel_version: Annotated[str | None, Query(min_length=1, max_length=64, pattern=TEXT)] = None,
-    hardware_id: Annotated[str | None, Query(min_length=1, max_length=128, pattern=TEXT)] = None,
-    dtype: Annotated[str | None, Query(min_length=1, max_length=32, pattern=TEXT)] = None,
-    world_size: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
+    kernel: Annotated[Name128 | None, Query()] = None,
+    kernel_version: Annotated[Name64 | None, Query()] = None,
+    hardware_id: Annotated[Name128 | None, Query()] = None,
+    dtype: Annotated[Dtype | None, Query()] = None,
+    world_size: Annotated[WorldSize | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT32)] = 0,
 ) -> dict[str, Any]:
     """Stored records matching every given filter, a page at a time, with the total count."""
     filters = {
@@ -90,11 +103,3 @@ def list_configs(
     items = store.list_records(**filters, limit=limit, offset=offset)
     total = store.count_records(**filters)
     return {"total": total, "limit": limit, "offset": offset, "items": [r.to_json() for r in items]}
-
-
-@router.delete("/{record_id}", status_code=204, response_class=Response)
-def delete_config(store: StoreDep, _role: AdminDep, record_id: Annotated[int, Path(ge=1, le=2**63 - 1)]) -> Response:
-    """Delete one record (admin only)."""
-    if not store.delete_record(record_id):
-        raise HTTPException(404, f"record_id: no record with id {record_id}")
-    return Response(status_code=204)

@@ -8,12 +8,13 @@ from fastapi import APIRouter
 
 from jointtune.server.auth import ReadAuthDep
 from jointtune.server.deps import StoreDep
-from jointtune.server.schemas import HardwareOut
+from jointtune.server.routing import ServiceRoute
+from jointtune.server.schemas import HardwareOut, responses
 
-router = APIRouter(prefix="/v1/hardware", tags=["hardware"])
+router = APIRouter(prefix="/v1/hardware", tags=["hardware"], route_class=ServiceRoute)
 
 
-@router.get("", response_model=list[HardwareOut])
+@router.get("", response_model=list[HardwareOut], responses=responses(401, 503))
 def list_hardware(store: StoreDep, _role: ReadAuthDep) -> list[dict[str, Any]]:
     """Every hardware profile (placeholders for hardware only seen in records have an empty fingerprint)."""
     return [

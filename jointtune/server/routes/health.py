@@ -5,20 +5,26 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from jointtune.errors import StoreError
 from jointtune.server.deps import get_store
+from jointtune.server.routing import ServiceRoute
+from jointtune.server.schemas import HealthOut, ReadyOut
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=ServiceRoute)
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=HealthOut)
 def healthz() -> dict[str, Any]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=ReadyOut,
+    responses={503: {"model": ReadyOut, "description": "The store can't be reached, or its schema is not at head"}},
+)
 def readyz(request: Request) -> Response:
     """503 while the store can't be opened or read, or its schema is not at head."""
     try:
@@ -31,7 +37,12 @@ def readyz(request: Request) -> Response:
     return JSONResponse({"status": "ready", "backend": store.backend, "revision": revision})
 
 
-@router.get("/metrics", include_in_schema=False)
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"}},
+)
 def metrics(request: Request) -> Response:
+    """Prometheus metrics: request latency per method, route and status, and lookups by result."""
     body, content_type = request.app.state.metrics.render()
     return Response(body, media_type=content_type)

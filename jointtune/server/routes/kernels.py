@@ -8,12 +8,13 @@ from fastapi import APIRouter
 
 from jointtune.server.auth import ReadAuthDep
 from jointtune.server.deps import StoreDep
-from jointtune.server.schemas import KernelOut
+from jointtune.server.routing import ServiceRoute
+from jointtune.server.schemas import KernelOut, responses
 
-router = APIRouter(prefix="/v1/kernels", tags=["kernels"])
+router = APIRouter(prefix="/v1/kernels", tags=["kernels"], route_class=ServiceRoute)
 
 
-@router.get("", response_model=list[KernelOut])
+@router.get("", response_model=list[KernelOut], responses=responses(401, 503))
 def list_kernels(store: StoreDep, _role: ReadAuthDep) -> list[dict[str, Any]]:
     """Every (kernel, version) with records, oldest version first per kernel."""
     return [{"name": k.name, "version": k.version, "created_at": k.created_at} for k in store.list_kernels()]
