@@ -5,7 +5,7 @@ alone: every rank gathers every rank's candidate (a gloo all-gather of small obj
 apply the same rule, so no extra broadcast is needed:
 
     exact record (store or service)  >  nearest shape (smaller distance first)  >  nothing,
-    ties going to the lower rank.
+    the asked timing policy before its fallbacks, ties going to the lower rank.
 
 Benchmark timings are agreed the same way: the config whose slowest rank is fastest wins. The
 gloo group is created on first use (a collective every rank reaches at its first new key); under
@@ -64,12 +64,13 @@ def gather(obj: Any) -> list[Any]:
     return out
 
 
-def _rank_of(found: Found) -> tuple[int, float]:
-    return (0 if found.exact else 1, found.distance)
+def _rank_of(found: Found) -> tuple[int, int, float]:
+    return (0 if found.exact else 1, found.fallback, found.distance)
 
 
 def choose(candidates: Sequence[Found | None]) -> Found | None:
-    """The candidate every rank picks: exact before nearest, then smaller distance, then lower rank."""
+    """The candidate every rank picks: exact before nearest, the asked timing policy before its fallbacks
+    (in chain order), then smaller distance, then lower rank."""
     best: Found | None = None
     for found in candidates:
         if found is not None and (best is None or _rank_of(found) < _rank_of(best)):

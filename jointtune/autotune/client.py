@@ -113,10 +113,13 @@ class ConfigClient:
         kernel_version: str | None = None,
         *,
         nearest: bool = True,
+        timing: str = "gpu",
     ) -> dict[str, Any] | None:
-        """The service's answer for this key (`match` says exact or nearest), or None. Never raises."""
+        """The service's answer for this key and timing policy (`match` says exact or nearest), or None.
+        Never raises."""
         try:
-            params: dict[str, Any] = {"dtype": dtype, "world_size": world_size, "hardware_id": hardware_id}
+            params: dict[str, Any] = {"dtype": dtype, "world_size": world_size, "hardware_id": hardware_id,
+                                      "timing": timing}  # fmt: skip
             if kernel_version is not None:
                 params["kernel_version"] = kernel_version
             if not nearest:

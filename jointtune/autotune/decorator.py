@@ -13,22 +13,30 @@ I/O, no locks). A new key goes through the chain local store -> service -> miss 
 space default when none), `default`, `tune` (a short collective study, saved and published) or
 `error`. In a distributed job all ranks decide together (`agreement`), then cache locally.
 
+Timing policies (`policies`): a call asks for records measured the way it runs, `graph` while a CUDA
+graph is being captured and `eager` otherwise (or `timing=` fixed), falling back to other policies only
+along an explicit chain (`timing_fallback=`, $JOINTTUNE_TIMING_FALLBACK). A key first seen outside capture
+is resolved for both, and the graph config's op is run once there, so a later capture finds everything
+built; a key first seen during capture raises `CaptureMissError` (no store, service or tuning inside one).
+
 Environment, read when a key is first resolved: JOINTTUNE_MODE=off (space default, no lookups),
 lookup (never tune: a `tune` miss acts as `nearest`), tune (every miss tunes); JOINTTUNE_SERVER;
-JOINTTUNE_DB_URL; JOINTTUNE_PRINT=1 prints each key's config and where it came from. Every rank
-must see the same JOINTTUNE_MODE.
+JOINTTUNE_DB_URL; JOINTTUNE_TIMING_FALLBACK; JOINTTUNE_PRINT=1 prints each key's config and where it
+came from. Every rank must see the same JOINTTUNE_MODE and fallbacks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from jointtune.autotune import agreement
+from jointtune.autotune import agreement, policies
 from jointtune.autotune.lookup import DEFAULT_STORE_TIMEOUT_S, Found, Identity, Sources, make_client, warn_once
+from jointtune.autotune.settings import TIMINGS
 from jointtune.errors import JointtuneError, TuningError
 
 if TYPE_CHECKING:
@@ -83,9 +91,15 @@ class JointAutotuned:
         server: str | None = None,
         store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
         tune_settings: TuneSettings | None = None,
+        timing: str | None = None,
+        timing_fallback: Mapping[str, Sequence[str]] | str | None = None,
     ) -> None:
         from jointtune.search_spaces import get_space
 
+        if timing is not None and timing not in TIMINGS:
+            raise TuningError(f"timing: {timing!r} is not allowed; allowed: {', '.join(TIMINGS)}, or None (by call)")
+        if timing_fallback is not None:
+            policies.fallbacks(timing_fallback)  # a bad chain is refused now, not at the first call
         if on_miss not in ON_MISS:
             raise TuningError(f"on_miss: {on_miss!r} is not allowed; allowed: {', '.join(ON_MISS)}")
         if not callable(key):
@@ -101,7 +115,9 @@ class JointAutotuned:
         self.server = server
         self.store_timeout_s = store_timeout_s
         self.tune_settings = tune_settings
-        #: (shape items, dtype, world size or 0 for the job's) -> read-only config
+        self.timing = timing
+        self.timing_fallback = timing_fallback
+        #: (shape items, dtype, world size or 0 for the job's, timing policy) -> read-only config
         self.cache: dict[tuple[Any, ...], Mapping[str, Any]] = {}
         #: same keys -> where the config came from
         self.sources: dict[tuple[Any, ...], str] = {}
@@ -110,15 +126,32 @@ class JointAutotuned:
     # ---- hot path -----------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         world = kwargs.get("world")
+        is_capturing = policies.capturing()
         key = (
             tuple(self.key(*args, **kwargs).items()),
             self.dtype_of(*args, **kwargs),
             0 if world is None else world.world_size,
+            self.timing or ("graph" if is_capturing else "eager"),
         )
         config = self.cache.get(key)
         if config is None:
+            if is_capturing:  # before anything is queued: the capture stays whole for torch to end
+                raise policies.capture_miss(self.kernel, self._describe(key))
             config = self._resolve(key)
+            if self.timing is None:
+                self._warm_graph(key, config, args, kwargs)
         return self.fn(*args, config=config, **kwargs)
+
+    def warm(self, *args: Any, **kwargs: Any) -> dict[str, Mapping[str, Any]]:
+        """Resolve this call's key for every policy a call may ask (eager, and graph where CUDA graphs
+        exist) and run the op once per distinct config, outside capture; returns {policy: config}."""
+        if policies.capturing():
+            raise TuningError(f"{self.kernel}: warm() was called during CUDA graph capture; call it before")
+        self(*args, **kwargs)
+        world = kwargs.get("world")
+        base = (tuple(self.key(*args, **kwargs).items()), self.dtype_of(*args, **kwargs),
+                0 if world is None else world.world_size)  # fmt: skip
+        return {t: self.cache[(*base, t)] for t in TIMINGS if (*base, t) in self.cache}
 
     # ---- a new key ----------------------------------------------------------------------------
     def clear_cache(self) -> None:
@@ -143,12 +176,29 @@ class JointAutotuned:
 
             return hashlib.sha256(inspect.getsource(self.fn).encode()).hexdigest()[:12]
 
-    def _resolve(self, key: tuple[Any, ...]) -> Mapping[str, Any]:
+    def _describe(self, key: tuple[Any, ...]) -> str:
+        shape_items, dtype, ws, timing = key
+        dims = ",".join(f"{k}={v}" for k, v in shape_items)
+        return f"key {dims} {dtype} world_size {ws or agreement.world_size()} (timing {timing})"
+
+    def _warm_graph(self, key: tuple[Any, ...], config: Mapping[str, Any], args: tuple, kwargs: dict) -> None:
+        """A key first seen eagerly also resolves the config a captured call will ask for (lookup only,
+        never tuned) and runs the op once with it when it differs, so its launch plan exists before any
+        capture. Skipped where no CUDA graph can be captured."""
+        if key[3] != "eager" or not policies._cuda():
+            return
+        graph_key = (*key[:3], "graph")
+        if graph_key not in self.cache:
+            graph_config = self._resolve(graph_key, allow_tune=False)
+            if dict(graph_config) != dict(config):
+                self.fn(*args, config=graph_config, **kwargs)
+
+    def _resolve(self, key: tuple[Any, ...], *, allow_tune: bool = True) -> Mapping[str, Any]:
         from jointtune.autotune.hardware import current_limits, detect
         from jointtune.autotune.keys import triton_version
         from jointtune.search_spaces import normalize_dtype
 
-        shape_items, dtype, ws = key
+        shape_items, dtype, ws, timing = key
         problem = self.space.make_problem(
             dict(shape_items), dtype=normalize_dtype(dtype), world_size=ws or agreement.world_size()
         )
@@ -165,11 +215,14 @@ class JointAutotuned:
                 world_size=problem.world_size,
                 hardware_id=detect().hardware_id,
                 triton_version=triton_version(),
+                timing=timing,
             )
             policy = self.on_miss
             if mode == "tune":
                 policy = "tune"
             elif mode == "lookup" and policy == "tune":
+                policy = "nearest"
+            if policy == "tune" and not allow_tune:
                 policy = "nearest"
 
             def accept(config: Mapping[str, Any]) -> str | None:
@@ -177,25 +230,31 @@ class JointAutotuned:
 
             found = self._find(ident, problem, accept, policy, limits)
         config = MappingProxyType(dict(found.config))
+        source = found.source
+        if found.timing is not None and found.timing != timing:
+            source += f" [{found.timing} record, fallback for {timing}]"
         self.cache[key] = config
-        self.sources[key] = found.source
+        self.sources[key] = source
         if print_enabled():
             dims = ",".join(f"{k}={v}" for k, v in shape_items)
-            print(f"jointtune: {self.kernel} {dims} {problem.dtype} w{problem.world_size}: {dict(config)} "
-                  f"from {found.source}{f' ({found.detail})' if found.detail else ''}", flush=True)  # fmt: skip
+            detail = f" ({found.detail})" if found.detail else ""
+            print(f"jointtune: {self.kernel} {dims} {problem.dtype} w{problem.world_size} timing {timing}: "
+                  f"{dict(config)} from {source}{detail}", flush=True)  # fmt: skip
         return config
 
     def _find(self, ident: Identity, problem: Any, accept: Any, policy: str, limits: Any) -> Found:
         sources = self.sources_for()
         shape = problem.dims
-        local = candidate(sources, ident, shape, accept, nearest=policy == "nearest")
+        chain = (ident.timing, *policies.fallbacks(self.timing_fallback)[ident.timing])
+        local = candidate(sources, ident, shape, accept, nearest=policy == "nearest", chain=chain)
         found = agreement.agree(local)
         if found is not None:
             return found
         if policy == "error":
             raise NoConfigError(
                 f"{self.kernel}: no tuned config for shape {shape}, dtype {ident.dtype}, world_size "
-                f"{ident.world_size} on {ident.hardware_id} (on_miss='error'); tune it with `jointtune tune`"
+                f"{ident.world_size} on {ident.hardware_id}, timing {' or '.join(chain)} (on_miss='error'); "
+                f"tune it with `jointtune tune --timing {ident.timing}`"
             )
         if policy == "tune":
             tuned = self._tune(ident, problem, accept)
@@ -210,12 +269,13 @@ class JointAutotuned:
         return Found(self.space.default(problem, limits), "default")
 
     def _tune(self, ident: Identity, problem: Any, accept: Any) -> Found | None:
-        from jointtune.autotune.decorator_tune import tune_online
+        from jointtune.autotune.decorator_tune import ONLINE_SETTINGS, tune_online
         from jointtune.db import NewRecord, resolve_db_url
 
         sources = self.sources_for()
+        settings = (self.tune_settings or ONLINE_SETTINGS).replace(timing=ident.timing)
         try:
-            tune_online(self.kernel, problem, db_url=resolve_db_url(self.db_url), settings=self.tune_settings)
+            tune_online(self.kernel, problem, db_url=resolve_db_url(self.db_url), settings=settings)
             error = None
         except Exception as exc:  # tuning must not kill the job; fall back to the default
             error = f"{type(exc).__name__}: {exc}"
@@ -237,21 +297,37 @@ class JointAutotuned:
             record = open_store(self.db_url).best(kernel_version=ident.kernel_version, **ident.query(problem.dims))
             if record is not None:
                 sources.publish(NewRecord.from_json(record.to_json()))
-        return Found(found.config, "tune", 0.0, found.latency_us)
+        return Found(found.config, "tune", 0.0, found.latency_us, timing=ident.timing)
 
 
 def candidate(
-    sources: Sources, ident: Identity, shape: Mapping[str, int], accept: Any, *, nearest: bool
+    sources: Sources,
+    ident: Identity,
+    shape: Mapping[str, int],
+    accept: Any,
+    *,
+    nearest: bool,
+    chain: Sequence[str] | None = None,
 ) -> Found | None:
-    """This rank's best answer for a new key: exact store, exact service, then (if asked) nearest."""
-    found = sources.store_exact(ident, shape, accept)
-    if found is not None:
-        return found
-    exact, service_near = sources.service(ident, shape, accept)
-    if exact is not None or not nearest:
-        return exact
-    near = [f for f in (sources.store_nearest(ident, shape, accept), service_near) if f is not None]
-    return min(near, key=lambda f: f.distance) if near else None
+    """This rank's best answer for a new key: an exact record (store, then service) of the first timing
+    policy in `chain` that has one; then, if asked, the nearest shape, the earlier policy first."""
+    near: list[Found] = []
+    for place, timing in enumerate(chain or (ident.timing,)):
+        who = dataclasses.replace(ident, timing=timing)
+        found = sources.store_exact(who, shape, accept)
+        if found is None:
+            found, service_near = sources.service(who, shape, accept)
+            if service_near is not None:
+                near.append(service_near.of_timing(timing, place))
+        if found is not None:
+            return found.of_timing(timing, place)
+        if nearest:
+            store_near = sources.store_nearest(who, shape, accept)
+            if store_near is not None:
+                near.append(store_near.of_timing(timing, place))
+    if not nearest:
+        return None
+    return min(near, key=lambda f: (f.fallback, f.distance)) if near else None
 
 
 def joint_autotune(
@@ -266,6 +342,8 @@ def joint_autotune(
     server: str | None = None,
     store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
     tune_settings: TuneSettings | None = None,
+    timing: str | None = None,
+    timing_fallback: Mapping[str, Sequence[str]] | str | None = None,
     **triton_options: Any,
 ) -> Callable[[Any], Any]:
     """Decorate a launcher (`space=...`, `key=` a function -> shape dict) or a `@triton.jit` kernel
@@ -279,12 +357,14 @@ def joint_autotune(
             return JointAutotuned(
                 fn, space=space, key=key, on_miss=on_miss or "nearest", kernel=kernel, dtype=dtype,
                 db_url=db_url, server=server, store_timeout_s=store_timeout_s, tune_settings=tune_settings,
+                timing=timing, timing_fallback=timing_fallback,
             )  # fmt: skip
         from jointtune.autotune.triton_compat import JointAutotuner
 
         return JointAutotuner(
             fn, fn.arg_names, configs, key if key is not None else [], on_miss=on_miss or "benchmark",
-            kernel=kernel, db_url=db_url, server=server, store_timeout_s=store_timeout_s, **triton_options,
+            kernel=kernel, db_url=db_url, server=server, store_timeout_s=store_timeout_s, timing=timing,
+            timing_fallback=timing_fallback, **triton_options,
         )  # fmt: skip
 
     return decorate

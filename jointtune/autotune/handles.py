@@ -163,6 +163,7 @@ class StudyHandle:
             latency_p90_us=best.user_attrs.get(ATTR_P90),
             baseline_us=state.baseline_us,
             trials=len(state.counted),
+            timing=self.key.timing,
             study_name=self.name,
         )
         store.upsert_record(record)

@@ -79,6 +79,8 @@ class Identity:
     world_size: int
     hardware_id: str
     triton_version: str
+    #: the timing policy records must have been measured under (see `policies`)
+    timing: str = "gpu"
 
     def query(self, shape: Mapping[str, int]) -> dict[str, Any]:
         return {
@@ -87,6 +89,7 @@ class Identity:
             "dtype": self.dtype,
             "world_size": self.world_size,
             "hardware_id": self.hardware_id,
+            "timing": self.timing,
         }
 
 
@@ -99,10 +102,17 @@ class Found:
     distance: float = 0.0
     latency_us: float | None = None
     detail: str = field(default="", compare=False)
+    #: the timing policy of the record it came from (None: not from a record), and its place in the
+    #: asked policy's fallback chain (0: the asked policy itself)
+    timing: str | None = None
+    fallback: int = 0
 
     @property
     def exact(self) -> bool:
         return self.source in ("memory", "store", "service", "tune", "benchmark")
+
+    def of_timing(self, timing: str, fallback: int) -> Found:
+        return Found(self.config, self.source, self.distance, self.latency_us, self.detail, timing, fallback)
 
 
 class _TimedOut(Exception):
@@ -226,8 +236,9 @@ class Sources:
         if self.client is None:
             return None, None
         data = self.client.lookup(
-            ident.kernel, dict(shape), ident.dtype, ident.world_size, ident.hardware_id, ident.kernel_version
-        )
+            ident.kernel, dict(shape), ident.dtype, ident.world_size, ident.hardware_id, ident.kernel_version,
+            timing=ident.timing,
+        )  # fmt: skip
         if data is None:
             return None, None
         triton = (data.get("provenance") or {}).get("triton_version", ident.triton_version)

@@ -20,7 +20,8 @@ from jointtune.autotune.results import JobResult, job_label
 def _file_stem(result: JobResult) -> str:
     job = result.job
     shape = "_".join(f"{k}{v}" for k, v in job.shape)
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{job.kernel}_{shape}_{job.dtype}_w{job.world_size}")
+    timing = "" if job.settings.timing == "gpu" else f"_{job.settings.timing}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{job.kernel}_{shape}_{job.dtype}_w{job.world_size}{timing}")
 
 
 def plot_curve(result: JobResult, path: Path) -> Path:

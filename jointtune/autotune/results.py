@@ -59,7 +59,8 @@ def _param_order(kernel: str) -> dict[str, int]:
 
 
 def job_label(job: Job) -> str:
-    return f"{job.kernel} {shape_label(job)} {job.dtype} w{job.world_size}"
+    timing = "" if job.settings.timing == "gpu" else f" ({job.settings.timing} timing)"
+    return f"{job.kernel} {shape_label(job)} {job.dtype} w{job.world_size}{timing}"
 
 
 @dataclass

@@ -16,6 +16,13 @@ become `_`), versioned by a hash of their source; integer key arguments >= 1 bec
 dims, the tensors' dtypes (and any other key value) the dtype text, hashed ("sha:...") when the
 store's dtype grammar doesn't take it as it is. In the interpreter (no CUDA) benchmarks use a
 wall-clock timer. Only API present in both Triton 3.6 and 3.9 is used.
+
+Timing policies as in `@joint_autotune` (`policies`): the cache holds a config per (key, policy), the
+call's policy being `graph` under CUDA-graph capture and `eager` otherwise (or `timing=`); a new key is
+benchmarked the way its policy runs (`eager`: wall time of calls back to back; `graph`: Triton's
+`do_bench_cudagraph`; `gpu`: Triton's event timer) unless a `do_bench` was given, and saved under that
+policy. A key first seen during capture raises `CaptureMissError` before Triton would benchmark inside
+the capture (triton#10596).
 """
 
 from __future__ import annotations
@@ -30,8 +37,9 @@ from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from jointtune.autotune import agreement
+from jointtune.autotune import agreement, policies
 from jointtune.autotune.lookup import DEFAULT_STORE_TIMEOUT_S, Identity, Sources, make_client
+from jointtune.autotune.settings import TIMINGS
 from jointtune.db.schema import is_dtype
 from jointtune.errors import TuningError
 
@@ -52,34 +60,74 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def wall_clock_bench(kernel_call: Any, quantiles: Any = None, reps: int = 5) -> Any:
-    """Milliseconds per call by wall clock: the interpreter has no CUDA events for Triton's do_bench."""
+def wall_clock_bench(kernel_call: Any, quantiles: Any = None, reps: int = 5, calls: int = 1) -> Any:
+    """Milliseconds per call by wall clock, `calls` calls back to back per sample, the device synchronised
+    around each sample: the eager policy, and the interpreter's timer (it has no CUDA events)."""
+    sync = _synchronize()
     kernel_call()
+    sync()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        kernel_call()
-        times.append((time.perf_counter() - start) * 1e3)
+        for _ in range(calls):
+            kernel_call()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3 / calls)
     times.sort()
     if quantiles is None:
         return times[len(times) // 2]
     return [times[min(len(times) - 1, int(q * len(times)))] for q in quantiles]
 
 
+def _synchronize() -> Any:
+    import torch
+
+    return torch.cuda.synchronize if torch.cuda.is_available() and not interpreting() else (lambda: None)
+
+
+def eager_bench(kernel_call: Any, quantiles: Any = None) -> Any:
+    """The eager policy's timer: wall time per call of 8 calls back to back, 10 samples."""
+    return wall_clock_bench(kernel_call, quantiles, reps=10, calls=8)
+
+
 class _Cache(dict):
-    """Triton's key -> Config dict; a miss inside `run` asks our lookup chain first."""
+    """Triton's key -> Config dict, held per (key, timing policy of the call); a miss inside `run` asks
+    our lookup chain first (and raises during CUDA-graph capture, before anything is benchmarked)."""
 
     def __init__(self, owner: JointAutotuner) -> None:
         super().__init__()
         self.owner = owner
 
     def __contains__(self, key: object) -> bool:
-        if dict.__contains__(self, key):
+        if dict.__contains__(self, (key, self.owner._policy())):
             return True
         return self.owner._lookup(key)
 
+    def __getitem__(self, key: Any) -> Any:
+        return dict.__getitem__(self, (key, self.owner._policy()))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return dict.get(self, (key, self.owner._policy()), default)
+
+    # Triton's view of the cache: the keys and configs of the call's policy (as `triton.autotune` has them)
+    def __iter__(self) -> Any:
+        policy = self.owner._policy()
+        return iter([key for key, p in dict.keys(self) if p == policy])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def keys(self) -> Any:  # type: ignore[override]
+        return list(self)
+
+    def values(self) -> Any:  # type: ignore[override]
+        return [self[key] for key in self]
+
+    def items(self) -> Any:  # type: ignore[override]
+        return [(key, self[key]) for key in self]
+
     def __setitem__(self, key: Any, config: Any) -> None:
-        dict.__setitem__(self, key, self.owner._decided(key, config))
+        dict.__setitem__(self, (key, self.owner._policy()), self.owner._decided(key, config))
 
 
 class JointAutotuner(Autotuner):
@@ -99,11 +147,18 @@ class JointAutotuner(Autotuner):
         db_url: str | None = None,
         server: str | None = None,
         store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
+        timing: str | None = None,
+        timing_fallback: Any = None,
         **options: Any,
     ) -> None:
         if on_miss not in TRITON_ON_MISS:
             raise TuningError(f"on_miss: {on_miss!r} is not allowed for a Triton kernel; allowed: "
                               f"{', '.join(TRITON_ON_MISS)}")  # fmt: skip
+        if timing is not None and timing not in TIMINGS:
+            raise TuningError(f"timing: {timing!r} is not allowed; allowed: {', '.join(TIMINGS)}, or None (by call)")
+        if timing_fallback is not None:
+            policies.fallbacks(timing_fallback)
+        self.timing, self.timing_fallback = timing, timing_fallback
         super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **options)
         self.cache = _Cache(self)
         self.on_miss = on_miss
@@ -116,11 +171,28 @@ class JointAutotuner(Autotuner):
         self._call: tuple[Any, Any] | None = None
         self._to_save: list[tuple[Any, Identity, dict[str, int]]] = []
 
-    @cached_property
+    @property
     def do_bench(self) -> Any:
-        if self._do_bench is None and interpreting():
+        """The benchmark of the call's policy (a `do_bench` given by the user wins)."""
+        if self._do_bench is not None:
+            return self._do_bench
+        if interpreting():
             return wall_clock_bench
+        policy = self._policy()
+        if policy == "eager":
+            return eager_bench
+        if policy == "graph":
+            from triton.testing import do_bench_cudagraph
+
+            return lambda kernel_call, quantiles=None: do_bench_cudagraph(kernel_call, quantiles=quantiles)
+        return self._gpu_bench
+
+    @cached_property
+    def _gpu_bench(self) -> Any:
         return Autotuner.do_bench.func(self)
+
+    def _policy(self) -> str:
+        return policies.call_timing(self.timing, policies.capturing())
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         self._call = (args, kwargs)
@@ -139,23 +211,31 @@ class JointAutotuner(Autotuner):
 
     def _lookup(self, key: Any) -> bool:
         """A key Triton hasn't seen: True (and cached) when the chain or a peer rank has its config."""
+        if policies.capturing():  # nothing but the kernel may run inside a capture: no store, no benchmark
+            raise policies.capture_miss(self.kernel, f"Triton key {key!r} (timing {self._policy()})")
         if not self._active():
             return False
         from jointtune.autotune.decorator import NoConfigError, candidate, env_mode, print_enabled
 
         ident, shape = self._identity(key)
         nearest = self.on_miss == "nearest" and env_mode() != "tune"
-        found = agreement.agree(candidate(self._sources_for(), ident, shape, self._accept, nearest=nearest))
+        chain = (ident.timing, *policies.fallbacks(self.timing_fallback)[ident.timing])
+        found = agreement.agree(
+            candidate(self._sources_for(), ident, shape, self._accept, nearest=nearest, chain=chain)
+        )
         if found is None:
             if self.on_miss == "error" and env_mode() != "tune":
                 raise NoConfigError(f"{self.kernel}: no tuned config for key {key!r} (on_miss='error')")
             return False
         config = self._match(found.config)
         assert config is not None  # _accept checked it
-        dict.__setitem__(self.cache, key, config)
-        self.sources_by_key[key] = found.source
+        dict.__setitem__(self.cache, (key, ident.timing), config)
+        source = found.source
+        if found.timing is not None and found.timing != ident.timing:
+            source += f" [{found.timing} record, fallback for {ident.timing}]"
+        self.sources_by_key[key] = source
         if print_enabled():
-            print(f"jointtune: {self.kernel} key {key!r}: {config} from {found.source}", flush=True)
+            print(f"jointtune: {self.kernel} key {key!r} timing {ident.timing}: {config} from {source}", flush=True)
         return True
 
     def _decided(self, key: Any, config: Any) -> Any:
@@ -187,7 +267,7 @@ class JointAutotuner(Autotuner):
                 kernel=ident.kernel, kernel_version=ident.kernel_version, space_version=ident.space_version,
                 shape=dict(shape), dtype=ident.dtype, world_size=ident.world_size, hardware_id=ident.hardware_id,
                 triton_version=triton_version(), config=_as_json(config), latency_p50_us=ms * 1e3,
-                trials=len(timings), study_name=None,
+                trials=len(timings), timing=ident.timing, study_name=None,
             )  # fmt: skip
             sources = self._sources_for()
             sources.save(record)
@@ -227,6 +307,7 @@ class JointAutotuner(Autotuner):
             world_size=agreement.world_size(),
             hardware_id=detect().hardware_id,
             triton_version=triton_version(),
+            timing=self._policy(),
         )
         return ident, dims or {"_": 1}
 
@@ -254,4 +335,4 @@ def _rank() -> int:
     return dist.get_rank()
 
 
-__all__ = ["JointAutotuner", "interpreting", "wall_clock_bench"]
+__all__ = ["JointAutotuner", "eager_bench", "interpreting", "wall_clock_bench"]

@@ -63,6 +63,7 @@ def list_command(
     hardware: Annotated[str | None, typer.Option(help="only this hardware id")] = None,
     dtype: Annotated[str | None, typer.Option(help="only this dtype")] = None,
     world_size: Annotated[int | None, typer.Option(help="only this world size")] = None,
+    timing: Annotated[str | None, typer.Option(help="only this timing policy (gpu, eager, graph)")] = None,
     limit: Annotated[int, typer.Option(help="rows to show")] = 50,
     offset: Annotated[int, typer.Option(help="rows to skip")] = 0,
 ) -> None:
@@ -72,7 +73,7 @@ def list_command(
 
     from jointtune.db import Store
 
-    filters = {"kernel": kernel, "hardware_id": hardware, "dtype": dtype, "world_size": world_size}
+    filters = {"kernel": kernel, "hardware_id": hardware, "dtype": dtype, "world_size": world_size, "timing": timing}
     with Store(db) as store:
         records = store.list_records(**filters, limit=limit, offset=offset)
         total = store.count_records(**filters)
@@ -84,7 +85,7 @@ def list_command(
 
         trials = counted_trials(url, studies)
     table = Table(title=f"{store.display_url}: {len(records)} of {total} records", title_justify="left")
-    for name in ("id", "kernel", "version", "shape", "dtype", "ws", "hardware", "p50 µs", "speedup", "trials"):
+    for name in ("id", "kernel", "version", "shape", "dtype", "ws", "timing", "hardware", "p50 µs", "speedup", "trials"):
         table.add_column(name, justify="right" if name in {"id", "ws", "p50 µs", "speedup", "trials"} else "left")
     for rec in records:
         table.add_row(
@@ -94,6 +95,7 @@ def list_command(
             shape_text(rec.kernel, rec.shape),
             rec.dtype,
             str(rec.world_size),
+            rec.timing,
             rec.hardware_id,
             f"{rec.latency_p50_us:.1f}",
             "-" if rec.speedup is None else f"{rec.speedup:.2f}x",

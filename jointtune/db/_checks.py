@@ -19,7 +19,15 @@ MAX_PAGE = 10_000
 
 
 def check_key(
-    kernel: Any, kernel_version: Any, shape: Any, dtype: Any, world_size: Any, hardware_id: Any, *, versioned: bool
+    kernel: Any,
+    kernel_version: Any,
+    shape: Any,
+    dtype: Any,
+    world_size: Any,
+    hardware_id: Any,
+    *,
+    versioned: bool,
+    timing: Any = "gpu",
 ) -> LookupKey:
     """A lookup key with canonical values (dtype aliases resolved); `kernel_version` may be None only
     when not `versioned` (any version)."""
@@ -30,7 +38,9 @@ def check_key(
         )
     fields = {"kernel": kernel, "kernel_version": kernel_version, "shape": shape, "dtype": dtype}
     try:
-        return LookupKey.model_validate({**fields, "world_size": world_size, "hardware_id": hardware_id})
+        return LookupKey.model_validate(
+            {**fields, "world_size": world_size, "hardware_id": hardware_id, "timing": timing}
+        )
     except ValidationError as exc:
         raise invalid("query", exc) from None
 

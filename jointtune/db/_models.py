@@ -42,7 +42,7 @@ JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 VERSION_TABLE = "jt_alembic_version"
 
 #: the columns that identify a record: one best config per key
-RECORD_KEY = ("kernel", "kernel_version", "shape_key", "dtype", "world_size", "hardware_id")
+RECORD_KEY = ("kernel", "kernel_version", "shape_key", "dtype", "world_size", "hardware_id", "timing")
 
 
 class Base(DeclarativeBase):
@@ -89,7 +89,7 @@ class RecordRow(Base):
             ["jt_kernels.name", "jt_kernels.version"],
             name="fk_jt_records_kernel_jt_kernels",
         ),
-        sa.Index("ix_jt_records_lookup", "kernel", "hardware_id", "dtype", "world_size", "dims_signature"),
+        sa.Index("ix_jt_records_lookup", "kernel", "hardware_id", "dtype", "world_size", "timing", "dims_signature"),
         # SQLite would give a deleted record's id to the next one; an id must name one record, ever
         {"sqlite_autoincrement": True},
     )
@@ -107,6 +107,8 @@ class RecordRow(Base):
         sa.String(128), sa.ForeignKey("jt_hardware_profiles.hardware_id"), index=True
     )
     triton_version: Mapped[str] = mapped_column(sa.String(16))
+    #: the timing policy the latency was measured under (gpu, eager, graph): part of the key
+    timing: Mapped[str] = mapped_column(sa.String(8), server_default="gpu")
     config: Mapped[dict[str, Any]]
     config_hash: Mapped[str] = mapped_column(sa.String(64))
     latency_p10_us: Mapped[float | None]

@@ -102,6 +102,7 @@ def record_values(record: NewRecord, stamp: datetime) -> dict[str, Any]:
         "baseline_us": _float(record.baseline_us),
         "speedup": speedup,
         "trials": record.trials,
+        "timing": record.timing,
         "study_name": record.study_name,
         "tuner_version": record.tuner_version,
         "created_at": stamp,
@@ -138,13 +139,14 @@ def _float(value: float | None) -> float | None:
 
 
 def key_filter(
-    *, kernel: str, kernel_version: str | None, dtype: str, world_size: int, hardware_id: str
+    *, kernel: str, kernel_version: str | None, dtype: str, world_size: int, hardware_id: str, timing: str
 ) -> list[sa.ColumnElement[bool]]:
     clauses = [
         RecordRow.kernel == kernel,
         RecordRow.dtype == dtype,
         RecordRow.world_size == world_size,
         RecordRow.hardware_id == hardware_id,
+        RecordRow.timing == timing,
     ]
     if kernel_version is not None:
         clauses.append(RecordRow.kernel_version == kernel_version)
@@ -197,6 +199,7 @@ def _key_clauses(versioned: bool) -> list[sa.ColumnElement[bool]]:
         c.dtype == sa.bindparam("dtype"),
         c.world_size == sa.bindparam("world_size"),
         c.hardware_id == sa.bindparam("hardware_id"),
+        c.timing == sa.bindparam("timing"),
     ]
     if versioned:
         clauses.append(c.kernel_version == sa.bindparam("kernel_version"))
@@ -208,7 +211,14 @@ EXACT = sa.select(_RECORDS).where(*_key_clauses(True), _RECORDS.c.shape_key == s
 
 
 def key_params(
-    *, kernel: str, kernel_version: str | None, shape: dict[str, int], dtype: str, world_size: int, hardware_id: str
+    *,
+    kernel: str,
+    kernel_version: str | None,
+    shape: dict[str, int],
+    dtype: str,
+    world_size: int,
+    hardware_id: str,
+    timing: str,
 ) -> dict[str, Any]:
     """Values for `EXACT` and `nearest_lookup` (kernel_version only when given)."""
     params = {
@@ -216,6 +226,7 @@ def key_params(
         "dtype": dtype,
         "world_size": world_size,
         "hardware_id": hardware_id,
+        "timing": timing,
         "shape_key": shape_key(shape),
     }
     if kernel_version is not None:
@@ -271,7 +282,7 @@ def nearest_params(shape: dict[str, int], limit: int) -> dict[str, Any]:
 #: a NewRecord's fields, in order; `shape` and `config` as the database's JSON text
 _EXPORTED = ("kernel", "kernel_version", "space_version", "shape", "dtype", "world_size", "hardware_id",
              "triton_version", "config", "latency_p50_us", "latency_p10_us", "latency_p90_us", "baseline_us",
-             "trials", "study_name", "tuner_version")  # fmt: skip
+             "trials", "timing", "study_name", "tuner_version")  # fmt: skip
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
@@ -327,6 +338,7 @@ def to_record(row: RecordRow | sa.Row[Any]) -> Record:
         baseline_us=row.baseline_us,
         speedup=row.speedup,
         trials=row.trials,
+        timing=row.timing,
         study_name=row.study_name,
         tuner_version=row.tuner_version,
         created_at=_utc(row.created_at),

@@ -153,6 +153,7 @@ class Store:
                 dtype=record.dtype,
                 world_size=record.world_size,
                 hardware_id=record.hardware_id,
+                timing=record.timing,
             )
             row = session.scalars(sa.select(RecordRow).where(*clauses, RecordRow.shape_key == record.shape_key))
             return q.to_record(row.one()), stored_id is not None
@@ -175,7 +176,7 @@ class Store:
         best: dict[tuple[Any, ...], NewRecord] = {}
         for record in checked:  # one row per key: a statement may update a row only once
             key = (record.kernel, record.kernel_version, record.shape_key, record.dtype, record.world_size,
-                   record.hardware_id)  # fmt: skip
+                   record.hardware_id, record.timing)  # fmt: skip
             if key not in best or record.latency_p50_us < best[key].latency_p50_us:
                 best[key] = record
         dialect = self.backend
@@ -221,10 +222,18 @@ class Store:
         return out
 
     def best(
-        self, *, kernel: str, kernel_version: str, shape: dict[str, int], dtype: str, world_size: int, hardware_id: str
+        self,
+        *,
+        kernel: str,
+        kernel_version: str,
+        shape: dict[str, int],
+        dtype: str,
+        world_size: int,
+        hardware_id: str,
+        timing: str = "gpu",
     ) -> Record | None:
-        """The stored record for exactly this key, or None."""
-        params = _checked_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=True)
+        """The stored record for exactly this key (of this timing policy), or None."""
+        params = _checked_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, timing, versioned=True)
         row = self._lookup("looking up a record", lambda conn: conn.execute(q.EXACT, params).first())
         return None if row is None else q.to_record(row)
 
@@ -238,11 +247,12 @@ class Store:
         world_size: int,
         hardware_id: str,
         limit: int = 1,
+        timing: str = "gpu",
     ) -> list[tuple[Record, float]]:
-        """Records of the same kernel, hardware, dtype and world size (and kernel_version unless
-        None) with the same dim names, closest first: distance = Euclidean distance between the
+        """Records of the same kernel, hardware, dtype, world size and timing policy (and kernel_version
+        unless None) with the same dim names, closest first: distance = Euclidean distance between the
         log2 of the dims (0 for the exact shape). Ties go to the lower p50, then the older record."""
-        params = _checked_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=False)
+        params = _checked_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, timing, versioned=False)
         check_page(limit, 0)
         versioned = kernel_version is not None
 
@@ -271,6 +281,7 @@ class Store:
         hardware_id: str | None = None,
         dtype: str | None = None,
         world_size: int | None = None,
+        timing: str | None = None,
         limit: int = 100,
         offset: int = 0,
     ) -> list[Record]:
@@ -282,6 +293,7 @@ class Store:
             hardware_id=hardware_id,
             dtype=_dtype(dtype),
             world_size=world_size,
+            timing=timing,
         )
         stmt = (
             sa.select(RecordRow)
@@ -309,6 +321,7 @@ class Store:
         hardware_id: str | None = None,
         dtype: str | None = None,
         world_size: int | None = None,
+        timing: str | None = None,
     ) -> int:
         where = q.filters(
             kernel=kernel,
@@ -316,6 +329,7 @@ class Store:
             hardware_id=hardware_id,
             dtype=_dtype(dtype),
             world_size=world_size,
+            timing=timing,
         )
         stmt = sa.select(sa.func.count()).select_from(RecordRow).where(*where)
         return self._run("counting records", lambda s: int(s.execute(stmt).scalar_one()), write=False)
@@ -441,11 +455,12 @@ def _checked_key(
     dtype: str,
     world_size: int,
     hardware_id: str,
+    timing: str,
     *,
     versioned: bool,
 ) -> dict[str, Any]:
     """A lookup key checked (bad input: one clear error) and bound for the prebuilt lookup statements."""
-    key = check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=versioned)
+    key = check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=versioned, timing=timing)
     return q.key_params(
         kernel=key.kernel,
         kernel_version=key.kernel_version,
@@ -453,6 +468,7 @@ def _checked_key(
         dtype=key.dtype,
         world_size=key.world_size,
         hardware_id=key.hardware_id,
+        timing=key.timing,
     )
 
 

@@ -79,6 +79,8 @@ class NewRecord:
     latency_p90_us: float | None = None
     baseline_us: float | None = None
     trials: int = 0
+    #: how the latency was measured: gpu, eager or graph (`schema.TIMINGS`); one record per policy
+    timing: str = "gpu"
     study_name: str | None = None
     tuner_version: str = __version__
 
@@ -122,7 +124,7 @@ _RECORD_ONLY = {"id", "shape_key", "config_hash", "speedup", "created_at", "upda
 
 @dataclass(frozen=True, kw_only=True)
 class Record:
-    """A stored best config for one key (kernel, kernel_version, shape, dtype, world_size, hardware)."""
+    """A stored best config for one key (kernel, kernel_version, shape, dtype, world_size, hardware, timing)."""
 
     id: int
     kernel: str
@@ -142,6 +144,7 @@ class Record:
     baseline_us: float | None
     speedup: float | None
     trials: int
+    timing: str
     study_name: str | None
     tuner_version: str
     created_at: datetime

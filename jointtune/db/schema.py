@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     AfterValidator,
@@ -55,7 +55,10 @@ NAME_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"
 #: dim names are identifiers (they travel as query parameter names)
 DIM_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,31}$"
 #: the lookup's own query parameters, which can't also be dim names
-RESERVED_DIM_NAMES = ("dtype", "world_size", "hardware_id", "kernel_version", "nearest")
+RESERVED_DIM_NAMES = ("dtype", "world_size", "hardware_id", "kernel_version", "nearest", "timing")
+#: how a record's latency was measured (the tuner's policies): GPU time behind a hold, wall time of calls
+#: issued back to back, or replays of a captured CUDA graph; records made before policies existed are gpu
+TIMINGS = ("gpu", "eager", "graph")
 MAX_DIMS = 8
 #: 2**53: exact in a double (PostgreSQL's nearest-shape arithmetic) and in JavaScript
 MAX_DIM = 2**53
@@ -254,6 +257,12 @@ JsonObject = Annotated[
 ]
 
 
+Timing = Annotated[
+    Literal["gpu", "eager", "graph"],
+    WithJsonSchema({"type": "string", "enum": list(TIMINGS), "description": "how the latency was measured"}),
+]
+
+
 class RecordIn(BaseModel):
     """A tuning result to publish: the fields of `jointtune.db.NewRecord`, checked strictly.
 
@@ -276,6 +285,7 @@ class RecordIn(BaseModel):
     latency_p90_us: Latency | None = None
     baseline_us: Latency | None = None
     trials: Annotated[int, Field(ge=0, le=MAX_INT32), Integral] = 0
+    timing: Timing = "gpu"
     study_name: Text256 | None = None
     tuner_version: Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=VERSION_RE)] = __version__
 
@@ -308,6 +318,7 @@ class LookupKey(BaseModel):
     dtype: Dtype
     world_size: WorldSize
     hardware_id: Name128
+    timing: Timing = "gpu"
 
 
 def error_loc(parts: Any) -> list[int | str]:

@@ -64,6 +64,7 @@ class LookupOut(BaseModel):
     dtype: str
     world_size: int
     hardware_id: str
+    timing: Literal["gpu", "eager", "graph"]
     config: dict[str, Any]
     latency_us: Latency3
     baseline_us: float | None

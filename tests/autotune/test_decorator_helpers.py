@@ -52,10 +52,11 @@ def sleep_record(m: int = 64, config: dict[str, Any] | None = None, **overrides:
         "config": dict(config or BEST),
         "latency_p50_us": 100.0,
         "trials": 4,
+        "timing": "eager",  # what a call outside CUDA-graph capture asks for (no fallback involved)
     }
     fields.update(overrides)
     return NewRecord(**fields)
 
 
-def source_of(launcher: Any, m: int, world_size: int = 2) -> str:
-    return launcher.sources[((("M", m),), torch.float32, world_size)]
+def source_of(launcher: Any, m: int, world_size: int = 2, timing: str = "eager") -> str:
+    return launcher.sources[((("M", m),), torch.float32, world_size, timing)]

@@ -78,17 +78,18 @@ def _config_text(config: dict[str, object]) -> str:
 
 def _table(records: list[Record]) -> str:
     head = (
-        "<tr><th>version</th><th>shape</th><th>dtype</th><th>world</th><th>config</th><th>p50 µs</th>"
+        "<tr><th>version</th><th>shape</th><th>dtype</th><th>world</th><th>timing</th><th>config</th><th>p50 µs</th>"
         "<th>baseline µs</th><th>speedup</th><th>trials</th><th>study</th><th>updated</th></tr>"
     )
     rows = []
-    ordered = sorted(records, key=lambda r: (r.kernel_version, shape_order(r.shape), r.dtype, r.world_size))
+    ordered = sorted(records, key=lambda r: (r.kernel_version, shape_order(r.shape), r.dtype, r.world_size, r.timing))
     for r in ordered:
         shape, config = shape_label(r.shape), _config_text(r.config)
-        search = f"{r.kernel} {r.hardware_id} {r.kernel_version} {shape} {r.dtype} w{r.world_size} {config}".lower()
+        search = f"{r.kernel} {r.hardware_id} {r.kernel_version} {shape} {r.dtype} w{r.world_size} {r.timing} {config}"
         rows.append(
-            f'<tr class="config-row" data-search="{escape(search)}"><td>{escape(r.kernel_version)}</td>'
+            f'<tr class="config-row" data-search="{escape(search.lower())}"><td>{escape(r.kernel_version)}</td>'
             f'<td class="shape">{escape(shape)}</td><td>{escape(r.dtype)}</td><td class="num">{r.world_size}</td>'
+            f"<td>{escape(r.timing)}</td>"
             f'<td class="cfg">{escape(config)}</td><td class="num">{_fmt(r.latency_p50_us)}</td>'
             f'<td class="num">{_fmt(r.baseline_us)}</td>{_speedup_cell(r.speedup)}'
             f'<td class="num">{r.trials}</td><td class="muted">{escape(r.study_name or "—")}</td>'
@@ -111,7 +112,7 @@ def _kernel_section(kernel: str, hardware_id: str, records: list[Record]) -> str
     return (
         f'<section class="card kernel" data-kernel="{escape(kernel)}" data-hardware="{escape(hardware_id)}">'
         f'<h2>{escape(kernel)} <span class="muted">on {escape(hardware_id)} · {len(records)} configs</span></h2>'
-        f"<h3>speedup vs baseline (rows: shapes by M; columns: dtype / world size)</h3>{''.join(maps)}"
+        f"<h3>speedup vs baseline (rows: shapes by M; columns: dtype / world size / timing)</h3>{''.join(maps)}"
         f"{legend_svg()}<h3>tuned configs</h3>{_table(records)}</section>"
     )
 

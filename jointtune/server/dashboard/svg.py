@@ -13,7 +13,7 @@ from html import escape
 from jointtune.db import Record
 from jointtune.server.dashboard.data import StudyCurve, dim_names, shape_order
 
-_CELL_W, _CELL_H, _LABEL_W, _HEAD_H = 92, 24, 210, 30
+_CELL_W, _CELL_H, _LABEL_W, _HEAD_H = 128, 24, 210, 30
 #: speedups are coloured on a log2 scale clipped to [1/_SPAN, _SPAN]
 _SPAN = 2.0
 _RED, _WHITE, _GREEN = (215, 48, 39), (247, 247, 247), (26, 152, 80)
@@ -40,9 +40,9 @@ def shape_label(shape: dict[str, int]) -> str:
 
 
 def heatmap_svg(records: list[Record]) -> str:
-    """Rows = shapes sorted by M, columns = dtype / world size, one coloured cell per record."""
+    """Rows = shapes sorted by M, columns = dtype / world size / timing policy, one coloured cell per record."""
     shapes = sorted({r.shape_key: r.shape for r in records}.items(), key=lambda item: shape_order(item[1]))
-    columns = sorted({(r.dtype, r.world_size) for r in records})
+    columns = sorted({(r.dtype, r.world_size, r.timing) for r in records})
     row_of = {key: i for i, (key, _) in enumerate(shapes)}
     col_of = {col: j for j, col in enumerate(columns)}
     width = _LABEL_W + _CELL_W * len(columns) + 4
@@ -51,11 +51,10 @@ def heatmap_svg(records: list[Record]) -> str:
         f'<svg class="heatmap" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" aria-label="speedup vs baseline heatmap">'
     ]
-    for (dtype, world), j in col_of.items():
+    for (dtype, world, timing), j in col_of.items():
         x = _LABEL_W + j * _CELL_W + _CELL_W / 2
-        parts.append(
-            f'<text class="hm-col" x="{x}" y="{_HEAD_H - 10}" text-anchor="middle">{escape(dtype)} / w{world}</text>'
-        )
+        label = f"{dtype} / w{world} / {timing}"
+        parts.append(f'<text class="hm-col" x="{x}" y="{_HEAD_H - 10}" text-anchor="middle">{escape(label)}</text>')
     for i, (_key, shape) in enumerate(shapes):
         y = _HEAD_H + i * _CELL_H + _CELL_H / 2 + 4
         parts.append(
@@ -66,13 +65,14 @@ def heatmap_svg(records: list[Record]) -> str:
                 f'<rect class="hm-empty" x="{_LABEL_W + j * _CELL_W + 1}" y="{_HEAD_H + i * _CELL_H + 1}" '
                 f'width="{_CELL_W - 2}" height="{_CELL_H - 2}" rx="3"/>'
             )
-    for record in sorted(records, key=lambda r: (row_of[r.shape_key], col_of[(r.dtype, r.world_size)], r.id)):
-        x = _LABEL_W + col_of[(record.dtype, record.world_size)] * _CELL_W + 1
+    for record in sorted(records, key=lambda r: (row_of[r.shape_key], col_of[(r.dtype, r.world_size, r.timing)], r.id)):
+        x = _LABEL_W + col_of[(record.dtype, record.world_size, record.timing)] * _CELL_W + 1
         y = _HEAD_H + row_of[record.shape_key] * _CELL_H + 1
         s = record.speedup
         text = "n/a" if s is None else f"{s:.2f}×"
         tip = (
-            f"{shape_label(record.shape)} · {record.dtype} · w{record.world_size} · {record.kernel_version}: "
+            f"{shape_label(record.shape)} · {record.dtype} · w{record.world_size} · {record.timing} · "
+            f"{record.kernel_version}: "
             f"{record.latency_p50_us:.1f} µs" + ("" if s is None else f", baseline {record.baseline_us:.1f} µs")
         )
         parts.append(

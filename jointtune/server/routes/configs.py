@@ -7,7 +7,16 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
 from jointtune.db import NewRecord, RecordIn
-from jointtune.db.schema import MAX_INT32, RESERVED_DIM_NAMES, SHAPE_SCHEMA, Dtype, Name64, Name128, WorldSize
+from jointtune.db.schema import (
+    MAX_INT32,
+    RESERVED_DIM_NAMES,
+    SHAPE_SCHEMA,
+    Dtype,
+    Name64,
+    Name128,
+    Timing,
+    WorldSize,
+)
 from jointtune.server.auth import AuthDep, ReadAuthDep
 from jointtune.server.deps import StoreDep
 from jointtune.server.routes._lookup import explain_miss, lookup_json, parse_dims
@@ -41,10 +50,18 @@ def lookup(
     hardware_id: Annotated[Name128, Query()],
     kernel_version: Annotated[Name64 | None, Query()] = None,
     nearest: bool = True,
+    timing: Annotated[
+        Timing,
+        Query(
+            description="the timing policy the record was measured under: gpu (GPU time; what every record made "
+            "before policies existed is), eager (calls back to back, host included) or graph (CUDA-graph "
+            "replay). Only records of this policy answer; the default keeps older clients' answers."
+        ),
+    ] = "gpu",
 ) -> dict[str, Any]:
     """The stored config for a shape; dims are extra query parameters named after the kernel's dims
-    (e.g. `?M=8192&N=4096&K=12288`). Falls back to the nearest stored shape unless `nearest=false`;
-    404 when nothing comparable is stored, saying what the store has for this kernel."""
+    (e.g. `?M=8192&N=4096&K=12288`). Falls back to the nearest stored shape of the same timing policy
+    unless `nearest=false`; 404 when nothing comparable is stored, saying what the store has for this kernel."""
     shape = parse_dims(request.query_params.multi_items(), set(RESERVED_DIM_NAMES))
     lookups = request.app.state.metrics.lookups
     nearest_first = store.nearest(
@@ -55,6 +72,7 @@ def lookup(
         world_size=world_size,
         hardware_id=hardware_id,
         limit=1,
+        timing=timing,
     )
     found = nearest_first[0] if nearest_first else None
     if found and (nearest or found[1] == 0):
@@ -66,7 +84,8 @@ def lookup(
         known = sorted({k.name for k in store.list_kernels()})
         raise HTTPException(404, f"kernel {kernel[:128]!r} is unknown; the store has records for {known}")
     lookups.labels(result="miss").inc()
-    query = {"kernel_version": kernel_version, "dtype": dtype, "world_size": world_size, "hardware_id": hardware_id}
+    query = {"kernel_version": kernel_version, "dtype": dtype, "world_size": world_size, "hardware_id": hardware_id,
+             "timing": timing}  # fmt: skip
     message = explain_miss(store, kernel=kernel, shape=shape, query=query)
     if found:
         message += " (nearest=false: only exact shapes are returned)"
@@ -89,6 +108,7 @@ def list_configs(
     hardware_id: Annotated[Name128 | None, Query()] = None,
     dtype: Annotated[Dtype | None, Query()] = None,
     world_size: Annotated[WorldSize | None, Query()] = None,
+    timing: Annotated[Timing | None, Query(description="only records of this timing policy")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_INT32)] = 0,
 ) -> dict[str, Any]:
@@ -99,6 +119,7 @@ def list_configs(
         "hardware_id": hardware_id,
         "dtype": dtype,
         "world_size": world_size,
+        "timing": timing,
     }
     items = store.list_records(**filters, limit=limit, offset=offset)
     total = store.count_records(**filters)
