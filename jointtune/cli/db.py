@@ -85,7 +85,8 @@ def list_command(
 
         trials = counted_trials(url, studies)
     table = Table(title=f"{store.display_url}: {len(records)} of {total} records", title_justify="left")
-    for name in ("id", "kernel", "version", "shape", "dtype", "ws", "timing", "hardware", "p50 µs", "speedup", "trials"):
+    columns = ("id", "kernel", "version", "shape", "dtype", "ws", "timing", "hardware", "p50 µs", "speedup", "trials")
+    for name in columns:
         table.add_column(name, justify="right" if name in {"id", "ws", "p50 µs", "speedup", "trials"} else "left")
     for rec in records:
         table.add_row(
