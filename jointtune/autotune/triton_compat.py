@@ -27,6 +27,7 @@ the capture (triton#10596).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import re
@@ -127,7 +128,9 @@ class _Cache(dict):
         return [(key, self[key]) for key in self]
 
     def __setitem__(self, key: Any, config: Any) -> None:
-        dict.__setitem__(self, (key, self.owner._policy()), self.owner._decided(key, config))
+        chosen = self.owner._decided(key, config)
+        dict.__setitem__(self, (key, self.owner._policy()), chosen)
+        self.owner._prepare_graph(key, chosen)
 
 
 class JointAutotuner(Autotuner):
@@ -230,6 +233,7 @@ class JointAutotuner(Autotuner):
         config = self._match(found.config)
         assert config is not None  # _accept checked it
         dict.__setitem__(self.cache, (key, ident.timing), config)
+        self._prepare_graph(key, config)
         source = found.source
         if found.timing is not None and found.timing != ident.timing:
             source += f" [{found.timing} record, fallback for {ident.timing}]"
@@ -249,6 +253,19 @@ class JointAutotuner(Autotuner):
         self.sources_by_key[key] = "benchmark"
         self._to_save.append((chosen, *self._identity(key)))
         return chosen
+
+    def _prepare_graph(self, key: Any, config: Any) -> None:
+        """A key resolved eagerly where CUDA graphs exist also gets its `graph` entry now (a graph or
+        gpu record, else the eager config), since nothing may be looked up during a later capture."""
+        if self._policy() != "eager" or not policies._cuda() or dict.__contains__(self.cache, (key, "graph")):
+            return
+        ident, shape = self._identity(key)
+        graph = dataclasses.replace(ident, timing="graph")
+        chain = tuple(t for t in ("graph", *policies.fallbacks(self.timing_fallback)["graph"]) if t != "eager")
+        from jointtune.autotune.decorator import candidate
+
+        found = agreement.agree(candidate(self._sources_for(), graph, shape, self._accept, nearest=False, chain=chain))
+        dict.__setitem__(self.cache, (key, "graph"), config if found is None else self._match(found.config))
 
     def _save_pending(self) -> None:
         from jointtune.autotune.keys import triton_version

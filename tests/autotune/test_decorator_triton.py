@@ -170,3 +170,33 @@ def test_mode_off_is_plain_triton(db: str, monkeypatch: pytest.MonkeyPatch) -> N
     add(kernel)
     assert kernel.best_config == CONFIGS[1] and kernel.sources_by_key == {}
     assert open_store(db).count_records() == 0
+
+
+def test_timing_policies_in_the_drop_in(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config per (key, policy): the eager call benchmarks and saves an eager record, and on a machine
+    with CUDA graphs also readies the key's graph config (here the eager one: no graph record exists);
+    under capture the cached key runs, a new key raises before any benchmark or lookup."""
+    from jointtune.autotune import policies
+
+    monkeypatch.setattr(policies, "_cuda", lambda: True)
+    monkeypatch.setattr(policies, "capturing", lambda: False)
+    bench = Ladder([3.0, 1.0, 2.0])
+    kernel = joint_autotune(configs=CONFIGS, key=["n"], do_bench=bench, db_url=db)(_add_kernel)
+    add(kernel)
+    (record,) = open_store(db).list_records()
+    assert record.timing == "eager" and record.config["BLOCK"] == 32
+    monkeypatch.setattr(policies, "capturing", lambda: True)
+    add(kernel)  # the graph entry was readied eagerly: no benchmark inside the capture
+    assert bench.calls == 3 and list(kernel.cache.values()) == [CONFIGS[1]]
+    with pytest.raises(policies.CaptureMissError, match=r"Triton key \(64, .*\(timing graph\).*first seen during"):
+        add(kernel, n=64)
+    assert bench.calls == 3
+
+
+def test_the_drop_in_benchmarks_by_policy() -> None:
+    from jointtune.autotune.triton_compat import eager_bench, wall_clock_bench
+
+    kernel = joint_autotune(configs=CONFIGS, key=["n"])(_add_kernel)
+    assert kernel.do_bench is wall_clock_bench  # the interpreter has no CUDA events whatever the policy
+    calls = []
+    assert eager_bench(lambda: calls.append(1)) > 0 and len(calls) == 1 + 10 * 8  # warm-up, 10 samples of 8

@@ -42,8 +42,9 @@ def test_tune_on_a_miss_saves_publishes_and_is_found_next_time(tmp_path: Path) -
         assert not space.violations(config, problem, current_limits())
         (record,) = open_store(db).list_records(kernel="jt_sleep")
         assert record.config == config and record.trials == 3 and record.study_name.startswith("jointtune:jt_sleep")
+        assert record.timing == "eager" and record.study_name.endswith(":teager")  # tuned the way the call runs
         (published,) = open_store(service_db).list_records(kernel="jt_sleep")
-        assert published.config == config
+        assert published.config == config and published.timing == "eager"
         again = make_launcher(db, on_miss="error")
         again(torch.ones(32), world=World(2))
         assert again.seen[-1] == config and source_of(again, 32) == "store"

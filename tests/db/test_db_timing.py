@@ -1,0 +1,81 @@
+"""Timing policies in the store (both backends): one record per policy per key, lookups within a policy,
+and revision 0004 keeping every earlier record as `gpu`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import sqlalchemy as sa
+
+from jointtune.db import InvalidRecordError, NewRecord, Store
+
+KEY = {"kernel": "ag_gemm", "kernel_version": "v1", "dtype": "bfloat16", "world_size": 2, "hardware_id": "h200x2-nvl"}
+SHAPE = {"M": 8192, "N": 4096, "K": 12288}
+
+
+def test_each_policy_keeps_its_own_record_for_a_key(store: Store, make_record: Callable[..., NewRecord]) -> None:
+    gpu, _ = store.upsert_record(make_record(latency_p50_us=500.0, config={"mode": "push"}))
+    eager, stored = store.upsert_record(make_record(latency_p50_us=700.0, config={"mode": "ce"}, timing="eager"))
+    assert stored and eager.id != gpu.id and (gpu.timing, eager.timing) == ("gpu", "eager")
+    # a slower eager record would not replace the faster gpu one, and a faster one replaces only its policy's
+    faster, stored = store.upsert_record(make_record(latency_p50_us=650.0, config={"mode": "baseline"}, timing="eager"))
+    assert stored and faster.id == eager.id
+    assert store.best(**KEY, shape=SHAPE).config == {"mode": "push"}  # default: gpu
+    assert store.best(**KEY, shape=SHAPE, timing="eager").config == {"mode": "baseline"}
+    assert store.best(**KEY, shape=SHAPE, timing="graph") is None
+    assert store.count_records(timing="eager") == 1 and store.count_records() == 2
+    assert [r.timing for r in store.list_records(timing="gpu")] == ["gpu"]
+
+
+def test_nearest_searches_within_one_policy(store: Store, make_record: Callable[..., NewRecord]) -> None:
+    store.upsert_record(make_record(shape={"M": 4096, "N": 4096, "K": 12288}, config={"mode": "ce"}, timing="eager"))
+    store.upsert_record(make_record(shape={"M": 8192, "N": 4096, "K": 8192}, config={"mode": "push"}))
+    near = store.nearest(**KEY, shape=SHAPE, timing="eager")
+    assert [r.config for r, _ in near] == [{"mode": "ce"}] and near[0][1] == pytest.approx(1.0)
+    assert [r.config for r, _ in store.nearest(**KEY, shape=SHAPE)] == [{"mode": "push"}]
+    assert store.nearest(**KEY, shape=SHAPE, timing="graph") == []
+
+
+def test_bad_policies_are_refused_naming_the_field(store: Store, make_record: Callable[..., NewRecord]) -> None:
+    with pytest.raises(InvalidRecordError, match=r"timing: 'wall' is not allowed"):
+        store.upsert_record(make_record(timing="wall"))
+    with pytest.raises(InvalidRecordError, match=r"timing"):
+        store.best(**KEY, shape=SHAPE, timing="eagerly")
+    assert store.count_records() == 0
+
+
+def test_revision_0004_keeps_every_record_as_gpu(db_url: str, make_record: Callable[..., NewRecord]) -> None:
+    """A store at revision 0003 with records: after the upgrade they are gpu records of the same keys,
+    and an eager record of the same key can join them."""
+    from alembic import command
+
+    from jointtune.db._engine import make_engine
+    from jointtune.db._migrate import alembic_config
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        config = alembic_config()
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0003")
+        conn.execute(sa.text("INSERT INTO jt_kernels (name, version, created_at) VALUES ('ag_gemm', 'v1', "
+                             "CURRENT_TIMESTAMP)"))  # fmt: skip
+        conn.execute(sa.text("INSERT INTO jt_hardware_profiles (hardware_id, name, fingerprint, created_at) "
+                             "VALUES ('h200x2-nvl', 'h200x2-nvl', '{}', CURRENT_TIMESTAMP)"))  # fmt: skip
+        conn.execute(
+            sa.text(
+                "INSERT INTO jt_records (kernel, kernel_version, space_version, shape, shape_key, dims_signature, "
+                "dtype, world_size, hardware_id, triton_version, config, config_hash, latency_p50_us, trials, "
+                "tuner_version, created_at, updated_at) VALUES ('ag_gemm', 'v1', 's1', "
+                "'{\"K\": 12288, \"M\": 8192, \"N\": 4096}', 'K=12288,M=8192,N=4096', 'K,M,N', 'bfloat16', 2, "
+                "'h200x2-nvl', '3.6', '{\"mode\": \"push\"}', 'h', 500.0, 3, '0.1.0', CURRENT_TIMESTAMP, "
+                "CURRENT_TIMESTAMP)"
+            )
+        )
+    engine.dispose()
+    with Store(db_url) as store:
+        (kept,) = store.list_records()
+        assert kept.timing == "gpu" and kept.config == {"mode": "push"}
+        assert store.best(**KEY, shape=SHAPE).id == kept.id
+        _, stored = store.upsert_record(make_record(latency_p50_us=900.0, timing="eager"))
+        assert stored and store.count_records() == 2
