@@ -150,7 +150,9 @@ def _measure_graph(run: Callable[[], Any], world: World, iters: int) -> Samples:
     host_us = _host_launch_us(run, world)
     graph = torch.cuda.CUDAGraph()
     world.synchronize()
-    with torch.cuda.graph(graph):
+    # thread-local: the tuner compiles the next configs on other threads meanwhile, which must not
+    # invalidate this capture (and are not captured)
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         for _ in range(GRAPH_CALLS):
             run()
     graph.replay()
