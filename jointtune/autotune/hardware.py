@@ -463,7 +463,7 @@ def _detect(gpus_per_node: int | None, interpreting: bool) -> HardwareFingerprin
         raw_name=props.name,
         driver=_driver_version(),
         cuda=torch.version.cuda or getattr(torch.version, "hip", None),
-        torch=torch.__version__,
+        torch=str(torch.__version__),
         triton=_package_version("triton", "pytorch-triton-rocm"),
         cpu_model=_cpu_model(),
         topology_source=source,

@@ -194,7 +194,14 @@ _KINDS = {type(None): "<null>", bool: "<bool>", int: "<int>", float: "<float>", 
 
 
 def _kind(value: Any) -> str:
-    return _KINDS.get(type(value), "<other>")
+    """The JSON kind of `value`; subclasses count as their base (torch's version is a `str` subclass)."""
+    kind = _KINDS.get(type(value))
+    if kind is not None:
+        return kind
+    for base in (bool, int, float, str, list, dict):
+        if isinstance(value, base):
+            return _KINDS[base]
+    return "<other>"
 
 
 def _json_value(inner: Any | None) -> Any:

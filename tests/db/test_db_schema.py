@@ -149,3 +149,17 @@ def test_a_deleted_records_id_is_never_given_again(store: Store, make_record: Ma
     assert store.delete_record(newest.id)
     again, _ = store.upsert_record(make_record(shape={"M": 3, "N": 64, "K": 64}))
     assert again.id > newest.id and store.get_record(newest.id) is None
+
+
+def test_str_and_number_subclasses_count_as_their_json_kind(store: Store) -> None:
+    """A GPU fingerprint holds `torch.__version__`, a `str` subclass (TorchVersion): a JSON string, stored as one.
+    (The first sweep on 2x H200 after the schema landed was refused on it.)"""
+    import torch
+
+    class Count(int):
+        pass
+
+    fingerprint = {"torch": torch.__version__, "num_sms": Count(132), "compute_capability": [9, 0]}
+    profile = store.upsert_hardware(hardware_id="h200x2-nvl", name="2x H200", fingerprint=fingerprint)
+    assert profile.fingerprint == {"torch": str(torch.__version__), "num_sms": 132, "compute_capability": [9, 0]}
+    assert type(store.get_hardware("h200x2-nvl").fingerprint["torch"]) is str
