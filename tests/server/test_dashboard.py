@@ -90,7 +90,10 @@ def test_dashboard_in_chromium(filled: LiveServer, tmp_path: Path) -> None:
     assert ag_gemm.count('class="hm-empty"') == 4 * 2  # 4 shapes x (bfloat16/w2, float16/w4)
     rows = re.findall(r'<text class="hm-row"[^>]*>([^<]+)</text>', ag_gemm)
     assert rows == [f"M={m} N=8192 K=8192" for m in (128, 1024, 4096, 8192)]
-    assert re.findall(r'<text class="hm-col"[^>]*>([^<]+)</text>', ag_gemm) == ["bfloat16 / w2", "float16 / w4"]
+    assert re.findall(r'<text class="hm-col"[^>]*>([^<]+)</text>', ag_gemm) == [
+        "bfloat16 / w2 / gpu",
+        "float16 / w4 / gpu",
+    ]
     assert ">1.66×<" in ag_gemm and ">0.90×<" in ag_gemm and ">n/a<" in ag_gemm
     assert ag_gemm.count('class="config-row"') == len(RECORDS)
     assert "&lt;b&gt;bold&lt;/b&gt;" in dom and "<b>bold</b>" not in dom  # database text is escaped
