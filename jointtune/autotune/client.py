@@ -118,8 +118,9 @@ class ConfigClient:
         """The service's answer for this key and timing policy (`match` says exact or nearest), or None.
         Never raises."""
         try:
-            params: dict[str, Any] = {"dtype": dtype, "world_size": world_size, "hardware_id": hardware_id,
-                                      "timing": timing}  # fmt: skip
+            params: dict[str, Any] = {"dtype": dtype, "world_size": world_size, "hardware_id": hardware_id}
+            if timing != "gpu":  # gpu is the service's default; a server older than policies takes no `timing`
+                params["timing"] = timing
             if kernel_version is not None:
                 params["kernel_version"] = kernel_version
             if not nearest:

@@ -121,6 +121,8 @@ class JointAutotuned:
         self.cache: dict[tuple[Any, ...], Mapping[str, Any]] = {}
         #: same keys -> where the config came from
         self.sources: dict[tuple[Any, ...], str] = {}
+        #: graph keys whose lookup found nothing at warm-up (on_miss="error") -> the error a capture raises
+        self._graph_misses: dict[tuple[Any, ...], str] = {}
         self._sources: Sources | None = None
 
     # ---- hot path -----------------------------------------------------------------------------
@@ -136,6 +138,8 @@ class JointAutotuned:
         config = self.cache.get(key)
         if config is None:
             if is_capturing:  # before anything is queued: the capture stays whole for torch to end
+                if key in self._graph_misses:
+                    raise NoConfigError(self._graph_misses[key])
                 raise policies.capture_miss(self.kernel, self._describe(key))
             config = self._resolve(key)
             if self.timing is None:
@@ -151,6 +155,8 @@ class JointAutotuned:
         world = kwargs.get("world")
         base = (tuple(self.key(*args, **kwargs).items()), self.dtype_of(*args, **kwargs),
                 0 if world is None else world.world_size)  # fmt: skip
+        if self.timing is None and (*base, "eager") in self.cache:  # e.g. a fallback setting changed since
+            self._warm_graph((*base, "eager"), self.cache[(*base, "eager")], args, kwargs)
         return {t: self.cache[(*base, t)] for t in TIMINGS if (*base, t) in self.cache}
 
     # ---- a new key ----------------------------------------------------------------------------
@@ -158,6 +164,7 @@ class JointAutotuned:
         """Forget every resolved key (the next call of each resolves it again)."""
         self.cache.clear()
         self.sources.clear()
+        self._graph_misses.clear()
 
     def sources_for(self) -> Sources:
         if self._sources is None:
@@ -188,10 +195,16 @@ class JointAutotuned:
         if key[3] != "eager" or not policies._cuda():
             return
         graph_key = (*key[:3], "graph")
-        if graph_key not in self.cache:
+        if graph_key in self.cache:
+            return
+        try:  # the eager call must go on whatever this finds; a miss shows when a capture asks for it
             graph_config = self._resolve(graph_key, allow_tune=False)
-            if dict(graph_config) != dict(config):
-                self.fn(*args, config=graph_config, **kwargs)
+        except NoConfigError as exc:
+            self._graph_misses[graph_key] = f"{exc} (looked up when the key was first seen, outside capture)"
+            return
+        self._graph_misses.pop(graph_key, None)
+        if dict(graph_config) != dict(config):
+            self.fn(*args, config=graph_config, **kwargs)
 
     def _resolve(self, key: tuple[Any, ...], *, allow_tune: bool = True) -> Mapping[str, Any]:
         from jointtune.autotune.hardware import current_limits, detect

@@ -241,6 +241,8 @@ class Sources:
         )  # fmt: skip
         if data is None:
             return None, None
+        if data.get("timing", "gpu") != ident.timing:  # an older service answers without filtering by policy
+            return None, None
         triton = (data.get("provenance") or {}).get("triton_version", ident.triton_version)
         latency = (data.get("latency_us") or {}).get("p50")
         if data.get("match") == "exact":

@@ -62,11 +62,11 @@ def fallbacks(setting: Mapping[str, Sequence[str]] | str | None = None) -> dict[
     Text form: "eager:gpu;graph:gpu,eager"; "none" turns every fallback off. Policies not named keep
     no fallback once a setting is given (the setting says everything that is allowed).
     """
+    where = "timing_fallback"
     if setting is None:
-        setting = os.environ.get(ENV_FALLBACK, "").strip() or None
+        setting, where = os.environ.get(ENV_FALLBACK, "").strip() or None, ENV_FALLBACK
     if setting is None:
         return dict(DEFAULT_FALLBACKS)
-    where = "timing_fallback" if not isinstance(setting, str) or ENV_FALLBACK not in os.environ else ENV_FALLBACK
     chains = _parse(setting, where) if isinstance(setting, str) else dict(setting)
     out: dict[str, tuple[str, ...]] = {t: () for t in TIMINGS}
     for policy, chain in chains.items():

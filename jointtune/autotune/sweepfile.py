@@ -37,7 +37,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -78,7 +78,7 @@ class TuningModel(_Strict):
     max_invalid_streak: int | None = Field(None, ge=1)
     max_duplicate_streak: int | None = Field(None, ge=1)
     restrict: dict[str, list[int | str | bool] | int | str | bool] | None = None
-    timing: Timing | list[Timing] | None = None
+    timing: Timing | Annotated[list[Timing], Field(min_length=1)] | None = None
     watchdog: WatchdogModel | None = None
 
     def timings(self) -> list[str] | None:

@@ -255,17 +255,35 @@ class JointAutotuner(Autotuner):
         return chosen
 
     def _prepare_graph(self, key: Any, config: Any) -> None:
-        """A key resolved eagerly where CUDA graphs exist also gets its `graph` entry now (a graph or
-        gpu record, else the eager config), since nothing may be looked up during a later capture."""
-        if self._policy() != "eager" or not policies._cuda() or dict.__contains__(self.cache, (key, "graph")):
+        """A key resolved eagerly where CUDA graphs exist also gets its `graph` entry now, since nothing may
+        be looked up (or compiled) during a later capture: a graph record (or one of the graph chain's
+        fallbacks), else the eager config if the chain allows eager. A different config is compiled and its
+        module loaded here; it is not run (a kernel may accumulate into its outputs)."""
+        if (self._policy() != "eager" or not self._active() or not policies._cuda()
+                or dict.__contains__(self.cache, (key, "graph"))):  # fmt: skip
             return
         ident, shape = self._identity(key)
         graph = dataclasses.replace(ident, timing="graph")
-        chain = tuple(t for t in ("graph", *policies.fallbacks(self.timing_fallback)["graph"]) if t != "eager")
+        chain = policies.fallbacks(self.timing_fallback)["graph"]
         from jointtune.autotune.decorator import candidate
 
-        found = agreement.agree(candidate(self._sources_for(), graph, shape, self._accept, nearest=False, chain=chain))
-        dict.__setitem__(self.cache, (key, "graph"), config if found is None else self._match(found.config))
+        stored = ("graph", *(t for t in chain if t != "eager"))
+        found = agreement.agree(candidate(self._sources_for(), graph, shape, self._accept, nearest=False, chain=stored))
+        if found is not None:
+            chosen, source = self._match(found.config), f"{found.source} [{found.timing} record]"
+        elif "eager" in chain:
+            chosen, source = config, "eager config [fallback for graph]"
+        else:
+            return  # a capture of this key raises CaptureMissError: nothing of its policy is known
+        if chosen is not config and not interpreting():
+            args, kwargs = self._call if self._call is not None else ((), {})
+            try:
+                compiled = self.fn.warmup(*args, grid=(1,), **{**kwargs, **chosen.all_kwargs()})
+                compiled._init_handles()
+            except Exception:
+                return  # it will compile at its first launch; outside capture that is fine, inside it raises
+        dict.__setitem__(self.cache, (key, "graph"), chosen)
+        self.sources_by_key[(key, "graph")] = source
 
     def _save_pending(self) -> None:
         from jointtune.autotune.keys import triton_version
@@ -284,12 +302,19 @@ class JointAutotuner(Autotuner):
                 kernel=ident.kernel, kernel_version=ident.kernel_version, space_version=ident.space_version,
                 shape=dict(shape), dtype=ident.dtype, world_size=ident.world_size, hardware_id=ident.hardware_id,
                 triton_version=triton_version(), config=_as_json(config), latency_p50_us=ms * 1e3,
-                trials=len(timings), timing=ident.timing, study_name=None,
+                trials=len(timings), timing=self._measured_as(ident.timing), study_name=None,
             )  # fmt: skip
             sources = self._sources_for()
             sources.save(record)
             if not agreement.distributed() or _rank() == 0:
                 sources.publish(record)
+
+    def _measured_as(self, policy: str) -> str:
+        """The policy a benchmark really measured: a `do_bench` of the user's (or Triton's `use_cuda_graph`,
+        `warmup`, `rep` options) times with device events or graph replays, never host included."""
+        if self._do_bench is None:
+            return policy
+        return "graph" if getattr(self, "use_cuda_graph", False) else "gpu"
 
     # ---- helpers ------------------------------------------------------------------------------
     def _sources_for(self) -> Sources:

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from jointtune.db._values import InvalidRecordError, invalid
-from jointtune.db.schema import MAX_INT32, HardwareIn, LookupKey, Name64, Name128
+from jointtune.db.schema import MAX_INT32, TIMINGS, HardwareIn, LookupKey, Name64, Name128
 
 #: the most rows one list call returns
 MAX_PAGE = 10_000
@@ -43,6 +43,15 @@ def check_key(
         )
     except ValidationError as exc:
         raise invalid("query", exc) from None
+
+
+def check_timing(timing: Any) -> None:
+    """A timing filter: None (any policy) or one of TIMINGS."""
+    if timing is not None and timing not in TIMINGS:
+        raise InvalidRecordError(
+            f"query: timing: {timing!r} is not allowed; allowed: {', '.join(TIMINGS)}",
+            [{"loc": ["timing"], "msg": f"allowed: {', '.join(TIMINGS)}", "type": "literal_error"}],
+        )
 
 
 def check_page(limit: Any, offset: Any) -> None:

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from jointtune.db import _queries as q
-from jointtune.db._checks import check_hardware, check_kernel, check_key, check_page, in_id_range
+from jointtune.db._checks import check_hardware, check_kernel, check_key, check_page, check_timing, in_id_range
 from jointtune.db._engine import (
     CONNECT_TIMEOUT_S,
     SQLITE_BUSY_TIMEOUT_S,
@@ -287,6 +287,7 @@ class Store:
     ) -> list[Record]:
         """Records matching every given filter, in a stable order (kernel, hardware, dtype, shape, id)."""
         check_page(limit, offset)
+        check_timing(timing)
         where = q.filters(
             kernel=kernel,
             kernel_version=kernel_version,
@@ -323,6 +324,7 @@ class Store:
         world_size: int | None = None,
         timing: str | None = None,
     ) -> int:
+        check_timing(timing)
         where = q.filters(
             kernel=kernel,
             kernel_version=kernel_version,

@@ -59,7 +59,7 @@ class BaselinePlan:
         gathered = self.world.all_gather(a, out=self.gathered)
         for g, bi, ci in zip(gathered, b, c):
             torch.mm(g, bi, out=ci)
-        return gathered
+        return gathered  # the plan's buffer: `ag_gemm` clones it for a caller who asked for it
 
 
 class _SharedA:

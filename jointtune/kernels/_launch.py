@@ -31,8 +31,9 @@ from jointtune.kernels._runtime import interpreted
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
-def _aligned(value: Any) -> bool | None:
-    return value.data_ptr() % 16 == 0 if isinstance(value, torch.Tensor) else None
+def _aligned(value: Any) -> tuple[bool, torch.dtype] | None:
+    """What a compiled kernel specialised on for a tensor argument: 16-byte alignment, and its dtype."""
+    return (value.data_ptr() % 16 == 0, value.dtype) if isinstance(value, torch.Tensor) else None
 
 
 class Launch:
@@ -83,20 +84,24 @@ class Launch:
         for i, v in zip(self._index, values):
             argv[i] = v
         compiled = self._compiled
-        if compiled is not None and all(_aligned(v) in (a, None) for v, a in zip(values, self.align)):
-            gx, gy, gz = self.grid
-            compiled.run(gx, gy, gz, self._stream_of(compiled.device), compiled.function, compiled.packed_metadata,
-                         None, None, None, *argv)  # fmt: skip
-            return
-        kwargs = dict(zip(self.kernel.arg_names, argv))
-        result = self.kernel[self.grid](**kwargs, **self.options)
-        if self._fast and compiled is None and all(_aligned(v) in (a, None) for v, a in zip(values, self.align)):
-            self._compiled = _fast_path(result)
-            if self._compiled is not None:
-                self._stream_of = torch._C._cuda_getCurrentRawStream
+        try:
+            if compiled is not None and all(_aligned(v) in (a, None) for v, a in zip(values, self.align)):
+                gx, gy, gz = self.grid
+                compiled.run(gx, gy, gz, self._stream_of(compiled.device), compiled.function,
+                             compiled.packed_metadata, None, None, None, *argv)  # fmt: skip
+                return
+            kwargs = dict(zip(self.kernel.arg_names, argv))
+            result = self.kernel[self.grid](**kwargs, **self.options)
+            if self._fast and compiled is None and all(_aligned(v) in (a, None) for v, a in zip(values, self.align)):
+                self._compiled = _fast_path(result)
+                if self._compiled is not None:
+                    self._stream_of = torch._C._cuda_getCurrentRawStream
+        finally:
+            for i in self._index:  # don't keep the caller's tensors alive (or visible to torch's graph trees)
+                argv[i] = None
 
     def named(self) -> dict[str, Any]:
-        """The arguments of the last call by name (tests and ahead-of-time compiles read them)."""
+        """The fixed arguments by name (the slots read None between calls)."""
         return dict(zip(self.kernel.arg_names, self._argv))
 
 

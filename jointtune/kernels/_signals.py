@@ -214,6 +214,8 @@ def allgather_push_kernel(
                 tl.atomic_xchg(entered + rank, epoch, sem="release", scope="sys")
         for j in range(1, WORLD):
             wait_flag(entered_ptr + (rank + j) % WORLD, epoch)
+        tl.debug_barrier()  # every thread's stores into a peer come after its acquire of the peer's entry
+        thread_fence(fence_ptr, pid, THREADS, FENCE)
     push_rows(
         src_ptr, inbox_ptr + half, inbox_deltas_ptr, own_ptr, flag_ptrs_ptr, done_ptr, fence_ptr, pid, K, R, slot,
         rank, epoch, n_chunks, WORLD, PROGRAMS, CHUNK_M, OWN, CP_M, CP_K, THREADS, FENCE,

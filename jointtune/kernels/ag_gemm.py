@@ -37,7 +37,7 @@ import triton
 
 from jointtune.errors import ShapeError
 from jointtune.kernels._ag_gemm_args import AgGemmConfig, Shape, gemm_args, push_args
-from jointtune.kernels._ag_gemm_plans import build_plan
+from jointtune.kernels._ag_gemm_plans import BaselinePlan, build_plan
 from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels._plan import config_key, resolve_config
 from jointtune.kernels._symm import slot_elems
@@ -129,6 +129,8 @@ def ag_gemm(
                                        or c.device != world.device for c in c_l):  # fmt: skip
             raise ShapeError(f"out: must be one row-major [{M}, {N_r}] {a0.dtype} tensor per local rank")
     gathered = plan(a_l, b_l, c_l)
+    if return_gathered and isinstance(plan, BaselinePlan):  # the plan's own buffer: the next call rewrites it
+        gathered = [g.clone() for g in gathered]
     result = list(zip(c_l, gathered)) if return_gathered else c_l
     return result[0] if isinstance(a, torch.Tensor) else result
 
@@ -170,8 +172,10 @@ def _plan_key(world: World, a: list[torch.Tensor], b: list[torch.Tensor], config
     read A in place, the caller's symmetric buffer holding it."""
     owner, off = _owner(world, a) if config.get("mode") in _OWNED_MODES else (None, 0)
     a0, b0 = a[0], b[0]
+    # the buffer by name: `world.empty` names buffers in call order, the same on every rank (`World.plan`
+    # checks that all ranks build the same key)
     key = ("ag_gemm", config_key(config), a0.shape, b0.shape, a0.dtype, b0.dtype, b0.stride(), a0.device, b0.device,
-           len(a), want_gathered, id(owner), off)  # fmt: skip
+           len(a), want_gathered, None if owner is None else owner.name, off)  # fmt: skip
     return key, owner, off
 
 

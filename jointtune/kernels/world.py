@@ -115,9 +115,16 @@ class World(ABC):
         plan = self.plans.get(key)
         if plan is None:
             refuse_during_capture(self.device, f"{key[0]}: building a launch plan")
+            self._check_same_plan(key)
             plan = build()
             self.plans[key] = plan
         return plan
+
+    def _check_same_plan(self, key: tuple[Any, ...]) -> None:
+        """Ranks that build different plans for one call (A in symmetric memory on one rank, a plain tensor
+        on another) would allocate alone or read peers' stale memory: checked where ranks run apart (a
+        simulated world builds one plan for all its ranks from one call, so there is nothing to compare)."""
+        return None
 
     def int_table(self, values: tuple[int, ...]) -> torch.Tensor:
         """A device int64 tensor holding `values`, made once: no host-to-device copy on the hot path."""
@@ -296,6 +303,25 @@ class CudaWorld(World):
     def local_ranks(self) -> tuple[int, ...]:
         return self._local_ranks
 
+    def _check_same_plan(self, key: tuple[Any, ...]) -> None:
+        import hashlib
+
+        import torch.distributed as dist
+
+        if self.world_size == 1:
+            return
+        text = repr(_rank_independent(key))
+        digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "big")
+        mine = torch.tensor([digest], dtype=torch.int64, device=self.device)
+        every = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(every, mine, group=self.group)
+        ranks = [r for r, t in enumerate(every) if int(t.item()) != digest]
+        if ranks:
+            raise KernelError(
+                f"{key[0]}: ranks {ranks} call it differently from rank {self.rank} (shapes, dtypes, config, or A in "
+                f"symmetric memory on some ranks only: {text[:300]}); every rank must make the same call"
+            )
+
     def _allocate(self, name: str, numel: int, dtype: torch.dtype, *, zero: bool) -> SymmetricBuffer:
         import torch.distributed._symmetric_memory as symm_mem
 
@@ -345,6 +371,18 @@ class CudaWorld(World):
 
     def wait_side_stream(self) -> None:
         torch.cuda.current_stream(self.device).wait_stream(self._side)
+
+
+def _rank_independent(value: Any) -> Any:
+    """`value` with what differs between ranks of one call taken out: devices by type (cuda:0 on one rank,
+    cuda:1 on another), sets sorted (their order follows per-process string hashing)."""
+    if isinstance(value, torch.device):
+        return value.type
+    if isinstance(value, (set, frozenset)):
+        return tuple(sorted((_rank_independent(v) for v in value), key=repr))
+    if isinstance(value, (tuple, list)):
+        return tuple(_rank_independent(v) for v in value)
+    return value
 
 
 def create_world(kind: str = "auto", world_size: int | None = None, *, group: Any = None) -> World:

@@ -156,3 +156,20 @@ def test_a_fixed_policy_is_used_inside_and_outside_capture(tmp_path: Path, monke
     _capturing(monkeypatch, True)
     launch(torch.ones(64), world=World(2))
     assert launch.seen == [OTHER, OTHER] and source_of(launch, 64, timing="gpu") == "store"
+
+
+def test_a_graph_miss_never_fails_the_eager_call_and_shows_at_capture(tmp_path: Path, monkeypatch) -> None:
+    """on_miss="error" with only an eager record (and no fallback to it for graph): the eager call runs; the
+    graph key's miss is raised when a capture asks for it, naming the policy, before anything is queued."""
+    from jointtune.autotune.decorator import NoConfigError
+
+    db = _db(tmp_path, sleep_record(64, BEST, timing="eager"))
+    monkeypatch.setattr(policies, "_cuda", lambda: True)
+    _capturing(monkeypatch, False)
+    launch = make_launcher(db, on_miss="error", timing_fallback="eager:gpu")
+    launch(torch.ones(64), world=World(2))
+    assert launch.seen == [BEST]
+    _capturing(monkeypatch, True)
+    with pytest.raises(NoConfigError, match=r"timing graph.*on_miss='error'.*first seen, outside capture"):
+        launch(torch.ones(64), world=World(2))
+    assert launch.seen == [BEST]

@@ -78,10 +78,11 @@ def test_benchmarks_like_triton_then_the_store_answers_a_fresh_process(db: str) 
     assert bench.calls == 3
     (record,) = open_store(db).list_records()
     assert record.config["BLOCK"] == 32 and record.shape == {"n": 100} and record.latency_p50_us == 1000.0
+    assert record.timing == "gpu"  # a do_bench of the user's times the device, not the host: not an eager record
     fresh = joint_autotune(configs=CONFIGS, key=["n"], do_bench=Ladder([5.0]), db_url=db)(_add_kernel)
     add(fresh)
     assert fresh.best_config == CONFIGS[1] and fresh.sources_by_key == {
-        (100, "torch.float32", "torch.float32", "torch.float32"): "store"
+        (100, "torch.float32", "torch.float32", "torch.float32"): "store [gpu record, fallback for eager]"
     }
     assert not hasattr(fresh, "configs_timings")  # nothing was benchmarked
 
@@ -90,7 +91,8 @@ def test_nearest_and_error_policies(db: str) -> None:
     add(joint_autotune(configs=CONFIGS, key=["n"], do_bench=Ladder([1.0, 2.0, 3.0]), db_url=db)(_add_kernel), 100)
     near = joint_autotune(configs=CONFIGS, key=["n"], on_miss="nearest", db_url=db)(_add_kernel)
     add(near, 120)
-    assert near.best_config == CONFIGS[0] and list(near.sources_by_key.values()) == ["nearest-store"]
+    assert near.best_config == CONFIGS[0]
+    assert list(near.sources_by_key.values()) == ["nearest-store [gpu record, fallback for eager]"]
     strict = joint_autotune(configs=CONFIGS, key=["n"], on_miss="error", db_url=db)(_add_kernel)
     with pytest.raises(NoConfigError, match="no tuned config"):
         add(strict, 120)
@@ -173,24 +175,31 @@ def test_mode_off_is_plain_triton(db: str, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_timing_policies_in_the_drop_in(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A config per (key, policy): the eager call benchmarks and saves an eager record, and on a machine
-    with CUDA graphs also readies the key's graph config (here the eager one: no graph record exists);
-    under capture the cached key runs, a new key raises before any benchmark or lookup."""
+    """A config per (key, policy): an eager call benchmarks with the policy's timer and saves an eager record,
+    and on a machine with CUDA graphs also readies the key's graph entry (the eager config: no graph or gpu
+    record exists, and the graph chain allows eager); under capture the readied key runs, and a new key
+    raises before any benchmark or lookup."""
     from jointtune.autotune import policies
 
     monkeypatch.setattr(policies, "_cuda", lambda: True)
     monkeypatch.setattr(policies, "capturing", lambda: False)
-    bench = Ladder([3.0, 1.0, 2.0])
-    kernel = joint_autotune(configs=CONFIGS, key=["n"], do_bench=bench, db_url=db)(_add_kernel)
+    kernel = joint_autotune(configs=CONFIGS, key=["n"], db_url=db)(_add_kernel)
     add(kernel)
     (record,) = open_store(db).list_records()
-    assert record.timing == "eager" and record.config["BLOCK"] == 32
+    assert record.timing == "eager"
+    assert kernel.sources_by_key[((100, "torch.float32", "torch.float32", "torch.float32"), "graph")] == (
+        "eager config [fallback for graph]"
+    )
+    timed = len(kernel.configs_timings)
     monkeypatch.setattr(policies, "capturing", lambda: True)
-    add(kernel)  # the graph entry was readied eagerly: no benchmark inside the capture
-    assert bench.calls == 3 and list(kernel.cache.values()) == [CONFIGS[1]]
+    add(kernel)  # readied before the capture: no benchmark inside it
+    assert list(kernel.cache.values()) == [kernel.best_config] and len(kernel.configs_timings) == timed
     with pytest.raises(policies.CaptureMissError, match=r"Triton key \(64, .*\(timing graph\).*first seen during"):
         add(kernel, n=64)
-    assert bench.calls == 3
+    monkeypatch.setattr(policies, "capturing", lambda: False)
+    strict = joint_autotune(configs=CONFIGS, key=["n"], db_url=db, timing_fallback="graph:gpu")(_add_kernel)
+    add(strict, n=48)  # the graph chain excludes eager: no graph entry is made up
+    assert not any(p == "graph" for _, p in dict.keys(strict.cache))
 
 
 def test_the_drop_in_benchmarks_by_policy() -> None:

@@ -3,6 +3,7 @@ and revision 0004 keeping every earlier record as `gpu`."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
@@ -79,3 +80,44 @@ def test_revision_0004_keeps_every_record_as_gpu(db_url: str, make_record: Calla
         assert store.best(**KEY, shape=SHAPE).id == kept.id
         _, stored = store.upsert_record(make_record(latency_p50_us=900.0, timing="eager"))
         assert stored and store.count_records() == 2
+
+
+def test_revision_0004_keeps_sqlite_ids_unique(tmp_path, make_record: Callable[..., NewRecord]) -> None:
+    """The table rebuild of 0004 must not hand a deleted record's id out again (SQLite's AUTOINCREMENT
+    counter would fall back to the largest id still present)."""
+    from alembic import command
+
+    from jointtune.db._engine import make_engine
+    from jointtune.db._migrate import alembic_config
+
+    url = f"sqlite:///{tmp_path / 'ids.db'}"
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        config = alembic_config()
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0003")
+    engine.dispose()
+    with Store(url, migrate=False) as store:  # records made at 0003, the last one deleted
+        ids = []
+        for m in (1024, 2048, 4096):
+            stmt = sa.text(
+                "INSERT INTO jt_records (kernel, kernel_version, space_version, shape, shape_key, dims_signature, "
+                "dtype, world_size, hardware_id, triton_version, config, config_hash, latency_p50_us, trials, "
+                "tuner_version, "
+                "created_at, updated_at) VALUES ('ag_gemm', 'v1', 's1', :shape, :key, 'K,M,N', 'bfloat16', 2, "
+                "'h200x2-nvl', '3.6', '{}', 'h', 500.0, 3, '0.1.0', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+            )
+            with store.engine.begin() as conn:
+                if m == 1024:
+                    conn.execute(sa.text("INSERT INTO jt_kernels (name, version, created_at) VALUES ('ag_gemm', 'v1', "
+                                         "CURRENT_TIMESTAMP)"))  # fmt: skip
+                    profile = ("INSERT INTO jt_hardware_profiles (hardware_id, name, fingerprint, created_at) "
+                               "VALUES ('h200x2-nvl', 'h', '{}', CURRENT_TIMESTAMP)")  # fmt: skip
+                    conn.execute(sa.text(profile))
+                shape = json.dumps({"K": 12288, "M": m, "N": 4096})
+                ids.append(conn.execute(stmt, {"shape": shape, "key": f"K=12288,M={m},N=4096"}).lastrowid)
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM jt_records WHERE id = :id"), {"id": ids[-1]})
+    with Store(url) as store:
+        new, _ = store.upsert_record(make_record(timing="eager"))
+        assert new.id > ids[-1], (new.id, ids)

@@ -36,6 +36,7 @@ def test_a_launch_binds_its_slots_per_call_and_keeps_everything_else():
         launch(src, dst)
         assert torch.allclose(dst, src * 3)
     assert launch.named()["n"] == 40 and launch.named()["factor"] == 3.0
+    assert launch.named()["src_ptr"] is None  # the caller's tensors are not kept between calls
 
 
 def test_launch_arguments_are_checked_when_prepared():
@@ -71,10 +72,13 @@ def test_the_compiled_path_hands_every_argument_in_order_and_falls_back_on_other
     (argv,) = compiled.calls
     assert argv[:9] == (2, 1, 1, 7, "fn", "meta", None, None, None)  # grid, stream, kernel, no hooks
     assert argv[9] is src and argv[10] is dst and argv[11:] == (40, 3.0, 32)  # every parameter, in order
-    # a slot misaligned against the compiled specialisation takes Triton's own path (which compiles for it)
+    # a slot misaligned against the compiled specialisation (or of another dtype) takes Triton's own path
     big = torch.randn(41)
     launch(big[1:], dst)
     assert len(compiled.calls) == 1 and torch.allclose(dst, big[1:] * 3)
+    doubles = torch.randn(40, dtype=torch.float64)
+    launch(doubles, dst)
+    assert len(compiled.calls) == 1 and torch.allclose(dst, (doubles * 3).float())
 
 
 def test_plans_are_built_once_per_key_and_reused():

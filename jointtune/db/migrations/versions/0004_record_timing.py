@@ -25,7 +25,24 @@ _OLD_KEY = ["kernel", "kernel_version", "shape_key", "dtype", "world_size", "har
 _OLD_LOOKUP = ["kernel", "hardware_id", "dtype", "world_size", "dims_signature"]
 
 
+def _sqlite_sequence() -> int | None:
+    """SQLite's AUTOINCREMENT high-water mark of jt_records (None elsewhere): a batch rebuild of the table
+    resets it to the largest id still present, and a deleted record's id would be handed out again."""
+    conn = op.get_bind()
+    if conn.dialect.name != "sqlite":
+        return None
+    return conn.execute(sa.text("SELECT seq FROM sqlite_sequence WHERE name = 'jt_records'")).scalar()
+
+
+def _restore_sqlite_sequence(seq: int | None) -> None:
+    if seq is not None:
+        op.get_bind().execute(
+            sa.text("UPDATE sqlite_sequence SET seq = MAX(seq, :seq) WHERE name = 'jt_records'"), {"seq": seq}
+        )
+
+
 def upgrade() -> None:
+    seq = _sqlite_sequence()
     with op.batch_alter_table("jt_records", table_kwargs={"sqlite_autoincrement": True}) as batch:
         batch.add_column(sa.Column("timing", sa.String(8), nullable=False, server_default="gpu"))
         batch.drop_constraint("uq_jt_records_key", type_="unique")
@@ -33,14 +50,17 @@ def upgrade() -> None:
         batch.drop_index("ix_jt_records_lookup")
         batch.create_index("ix_jt_records_lookup", ["kernel", "hardware_id", "dtype", "world_size", "timing",
                                                     "dims_signature"])  # fmt: skip
+    _restore_sqlite_sequence(seq)
 
 
 def downgrade() -> None:
     # The old key has room for one record per key: keep the gpu ones (what the old code measured).
     op.execute(sa.text("DELETE FROM jt_records WHERE timing <> 'gpu'"))
+    seq = _sqlite_sequence()
     with op.batch_alter_table("jt_records", table_kwargs={"sqlite_autoincrement": True}) as batch:
         batch.drop_index("ix_jt_records_lookup")
         batch.create_index("ix_jt_records_lookup", _OLD_LOOKUP)
         batch.drop_constraint("uq_jt_records_key", type_="unique")
         batch.create_unique_constraint("uq_jt_records_key", _OLD_KEY)
         batch.drop_column("timing")
+    _restore_sqlite_sequence(seq)
