@@ -21,12 +21,9 @@ import os
 import statistics
 import sys
 import time
-import uuid
-from datetime import datetime, timezone
 from typing import Any
 
 import httpx
-import sqlalchemy as sa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from service_load import (
@@ -35,11 +32,14 @@ from service_load import (
     CpuMeter,
     fill,
     postmaster_pid,
+    quantile,
     queries,
+    report_header,
     run_clients,
+    scratch_database,
     serve,
+    stop,
     summarize,
-    versions,
     warm,
 )
 
@@ -93,8 +93,6 @@ def phase(base: str, url: str, pid: int, args: argparse.Namespace, seed: int, ex
             proc.join(timeout=30)
     result = summarize(samples, wall_s, cpu)
     lat = [s[2] * 1000 for s in samples if s[3] == 200]
-    from service_load import quantile
-
     result["all"] = {"p50_ms": round(quantile(lat, 0.5), 2), "p99_ms": round(quantile(lat, 0.99), 2)}
     if procs:
         result["exports"] = {
@@ -123,59 +121,43 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
 
-    admin = sa.create_engine(args.db_url, isolation_level="AUTOCOMMIT")
-    name = f"jt_load_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = admin.url.set(database=name).render_as_string(hide_password=False)
-    os.environ["_JT_LOAD_URL"] = url
-    proc = None
-    try:
-        fill_s = fill(url, args.records)
-        proc, base = serve(url, args.workers, "cli")
-        warm(base, queries(200, args.records, args.nearest_fraction, seed=3), args.workers)
-        phase(base, url, proc.pid, argparse.Namespace(**{**vars(args), "duration": 5.0}), 5, 0)  # settle
-        per_hw = args.records // len(HARDWARE)
-        phases = []
-        for pair in range(args.pairs):
-            for exporters in (0, args.exporters):
-                result = phase(base, url, proc.pid, args, 11 + pair, exporters)
-                phases.append({"pair": pair, "exporters": exporters, **result})
-                print(json.dumps({k: phases[-1].get(k) for k in ("pair", "exporters", "all", "exports")}), flush=True)
-        idle = [p["all"]["p99_ms"] for p in phases if not p["exporters"]]
-        busy = [p["all"]["p99_ms"] for p in phases if p["exporters"]]
-        ratios = [b / i for i, b in zip(idle, busy)]
-        report = {
-            "benchmark": "export_vs_lookup",
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": args.device,
-            "cpu_count": os.cpu_count(),
-            "versions": versions(),
-            "command": "python " + " ".join(sys.argv),
-            "settings": {k: v for k, v in vars(args).items() if k not in ("db_url", "out")},
-            "records_of_the_exported_hardware": per_hw,
-            "fill_s": round(fill_s, 1),
-            "summary": {
-                "idle_p99_ms": idle,
-                "export_p99_ms": busy,
-                "p99_ratio_per_pair": [round(r, 2) for r in ratios],
-                "p99_ratio_median": round(statistics.median(ratios), 2),
-                "target": "export p99 <= 2x idle p99",
-                "met": statistics.median(ratios) <= 2.0,
-            },
-            "phases": phases,
-        }
-        print(json.dumps(report["summary"], indent=1))
-        if args.out:
-            with open(args.out, "w") as fh:
-                fh.write(json.dumps(report, indent=1) + "\n")
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=20)
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database(args.db_url) as (_name, url):
+        proc = None
+        try:
+            fill_s = fill(url, args.records)
+            proc, base = serve(url, args.workers, "cli")
+            warm(base, queries(200, args.records, args.nearest_fraction, seed=3), args.workers)
+            phase(base, url, proc.pid, argparse.Namespace(**{**vars(args), "duration": 5.0}), 5, 0)  # settle
+            per_hw = args.records // len(HARDWARE)
+            phases = []
+            for pair in range(args.pairs):
+                for exporters in (0, args.exporters):
+                    result = phase(base, url, proc.pid, args, 11 + pair, exporters)
+                    phases.append({"pair": pair, "exporters": exporters, **result})
+                    shown = {k: phases[-1].get(k) for k in ("pair", "exporters", "all", "exports")}
+                    print(json.dumps(shown), flush=True)
+            idle = [p["all"]["p99_ms"] for p in phases if not p["exporters"]]
+            busy = [p["all"]["p99_ms"] for p in phases if p["exporters"]]
+            ratios = [b / i for i, b in zip(idle, busy)]
+            report = {
+                **report_header("export_vs_lookup", args, fill_s),
+                "records_of_the_exported_hardware": per_hw,
+                "summary": {
+                    "idle_p99_ms": idle,
+                    "export_p99_ms": busy,
+                    "p99_ratio_per_pair": [round(r, 2) for r in ratios],
+                    "p99_ratio_median": round(statistics.median(ratios), 2),
+                    "target": "export p99 <= 2x idle p99",
+                    "met": statistics.median(ratios) <= 2.0,
+                },
+                "phases": phases,
+            }
+            print(json.dumps(report["summary"], indent=1))
+            if args.out:
+                with open(args.out, "w") as fh:
+                    fh.write(json.dumps(report, indent=1) + "\n")
+        finally:
+            stop(proc)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ saturated machine latencies are queueing, and CPU per request is the figure that
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import math
@@ -34,6 +35,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -413,6 +415,48 @@ def versions() -> dict[str, str]:
     }
 
 
+@contextlib.contextmanager
+def scratch_database(db_url: str) -> Iterator[tuple[str, str]]:
+    """(name, URL) of a fresh database `jt_load_<random>` beside `db_url`, dropped at the end whatever happens."""
+    admin = sa.create_engine(db_url, isolation_level="AUTOCOMMIT")
+    name = f"jt_load_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    os.environ["_JT_LOAD_URL"] = url
+    try:
+        yield name, url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def stop(proc: subprocess.Popen[Any] | None) -> None:
+    """Stop the service (killed when it does not exit within 20 s)."""
+    if proc is None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def report_header(benchmark: str, args: argparse.Namespace, fill_s: float) -> dict[str, Any]:
+    """What every report of these benchmarks starts with: what ran, where, when, and how."""
+    return {
+        "benchmark": benchmark,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": args.device,
+        "cpu_count": os.cpu_count(),
+        "versions": versions(),
+        "command": "python " + " ".join(sys.argv),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("db_url", "out")},
+        "fill_s": round(fill_s, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db-url", default=DEFAULT_URL, help="PostgreSQL server to create the scratch database on")
@@ -434,50 +478,28 @@ def main() -> None:
     parser.add_argument("--out", help="write the JSON result here")
     args = parser.parse_args()
 
-    admin = sa.create_engine(args.db_url, isolation_level="AUTOCOMMIT")
-    name = f"jt_load_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = admin.url.set(database=name).render_as_string(hide_password=False)
-    os.environ["_JT_LOAD_URL"] = url
-    proc = None
-    try:
-        fill_s = fill(url, args.records)
-        print(f"{name}: {args.records} records in {fill_s:.1f} s", flush=True)
-        proc, base = serve(url, args.workers, args.launcher)
-        plan = queries(int(args.rate * args.duration), args.records, args.nearest_fraction)
-        warm(base, queries(200, args.records, args.nearest_fraction, seed=3), args.workers)
-        if args.warmup_s > 0:  # the same open-loop load, not recorded: pools, caches and plans settle first
-            warmup = queries(int(args.rate * args.warmup_s), args.records, args.nearest_fraction, seed=5)
-            run_clients(base, warmup, args.rate, args.clients, args.threads, CpuMeter(proc.pid, postmaster_pid(url)))
-        meter = CpuMeter(proc.pid, postmaster_pid(url))
-        samples, wall_s, cpu = run_clients(base, plan, args.rate, args.clients, args.threads, meter)
-        summary = summarize(samples, wall_s, cpu)
-        report = {
-            "benchmark": "service_load",
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": args.device,
-            "cpu_count": os.cpu_count(),
-            "versions": versions(),
-            "command": "python " + " ".join(sys.argv),
-            "settings": {k: v for k, v in vars(args).items() if k not in ("db_url", "out")},
-            "fill_s": round(fill_s, 1),
-            "result": summary,
-        }
-        print(json.dumps(report, indent=1))
-        if args.out:
-            with open(args.out, "w") as fh:
-                fh.write(json.dumps(report, indent=1) + "\n")
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database(args.db_url) as (name, url):
+        proc = None
+        try:
+            fill_s = fill(url, args.records)
+            print(f"{name}: {args.records} records in {fill_s:.1f} s", flush=True)
+            proc, base = serve(url, args.workers, args.launcher)
+            plan = queries(int(args.rate * args.duration), args.records, args.nearest_fraction)
+            warm(base, queries(200, args.records, args.nearest_fraction, seed=3), args.workers)
+            if args.warmup_s > 0:  # the same open-loop load, not recorded: pools, caches and plans settle first
+                warmup = queries(int(args.rate * args.warmup_s), args.records, args.nearest_fraction, seed=5)
+                warmup_meter = CpuMeter(proc.pid, postmaster_pid(url))
+                run_clients(base, warmup, args.rate, args.clients, args.threads, warmup_meter)
+            meter = CpuMeter(proc.pid, postmaster_pid(url))
+            samples, wall_s, cpu = run_clients(base, plan, args.rate, args.clients, args.threads, meter)
+            summary = summarize(samples, wall_s, cpu)
+            report = {**report_header("service_load", args, fill_s), "result": summary}
+            print(json.dumps(report, indent=1))
+            if args.out:
+                with open(args.out, "w") as fh:
+                    fh.write(json.dumps(report, indent=1) + "\n")
+        finally:
+            stop(proc)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ is sqrt(3).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -136,21 +137,6 @@ def ensure_kernels(dialect: str, pairs: list[tuple[str, str]]) -> Any:
 
 def _float(value: float | None) -> float | None:
     return None if value is None else float(value)
-
-
-def key_filter(
-    *, kernel: str, kernel_version: str | None, dtype: str, world_size: int, hardware_id: str, timing: str
-) -> list[sa.ColumnElement[bool]]:
-    clauses = [
-        RecordRow.kernel == kernel,
-        RecordRow.dtype == dtype,
-        RecordRow.world_size == world_size,
-        RecordRow.hardware_id == hardware_id,
-        RecordRow.timing == timing,
-    ]
-    if kernel_version is not None:
-        clauses.append(RecordRow.kernel_version == kernel_version)
-    return clauses
 
 
 class log2(sa.sql.functions.GenericFunction):
@@ -280,9 +266,7 @@ def nearest_params(shape: dict[str, int], limit: int) -> dict[str, Any]:
 
 
 #: a NewRecord's fields, in order; `shape` and `config` as the database's JSON text
-_EXPORTED = ("kernel", "kernel_version", "space_version", "shape", "dtype", "world_size", "hardware_id",
-             "triton_version", "config", "latency_p50_us", "latency_p10_us", "latency_p90_us", "baseline_us",
-             "trials", "timing", "study_name", "tuner_version")  # fmt: skip
+_EXPORTED = tuple(field.name for field in dataclasses.fields(NewRecord))
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 

@@ -40,7 +40,7 @@ from jointtune.db._engine import (
     store_error,
 )
 from jointtune.db._migrate import MigrationResult, current_revision, head_revision, upgrade
-from jointtune.db._models import HardwareRow, KernelRow, RecordRow
+from jointtune.db._models import RECORD_KEY, HardwareRow, KernelRow, RecordRow
 from jointtune.db._url import backend_name, is_memory_sqlite, redact_url, resolve_db_url
 from jointtune.db._values import HardwareProfile, KernelInfo, NewRecord, Record
 from jointtune.dtypes import canonical_dtype
@@ -147,16 +147,16 @@ class Store:
             session.execute(q.ensure_kernel(dialect, record.kernel, record.kernel_version))
             session.execute(q.ensure_hardware(dialect, record.hardware_id))
             stored_id = session.execute(q.upsert_record(dialect, record)).scalar_one_or_none()
-            clauses = q.key_filter(
+            params = q.key_params(
                 kernel=record.kernel,
                 kernel_version=record.kernel_version,
+                shape=record.shape,
                 dtype=record.dtype,
                 world_size=record.world_size,
                 hardware_id=record.hardware_id,
                 timing=record.timing,
             )
-            row = session.scalars(sa.select(RecordRow).where(*clauses, RecordRow.shape_key == record.shape_key))
-            return q.to_record(row.one()), stored_id is not None
+            return q.to_record(session.execute(q.EXACT, params).one()), stored_id is not None
 
         return self._run("publishing a record", run, write=True)
 
@@ -175,8 +175,7 @@ class Store:
         profiles = [check_hardware(**profile) for profile in hardware]
         best: dict[tuple[Any, ...], NewRecord] = {}
         for record in checked:  # one row per key: a statement may update a row only once
-            key = (record.kernel, record.kernel_version, record.shape_key, record.dtype, record.world_size,
-                   record.hardware_id, record.timing)  # fmt: skip
+            key = tuple(getattr(record, column) for column in RECORD_KEY)
             if key not in best or record.latency_p50_us < best[key].latency_p50_us:
                 best[key] = record
         dialect = self.backend
@@ -287,15 +286,7 @@ class Store:
     ) -> list[Record]:
         """Records matching every given filter, in a stable order (kernel, hardware, dtype, shape, id)."""
         check_page(limit, offset)
-        check_timing(timing)
-        where = q.filters(
-            kernel=kernel,
-            kernel_version=kernel_version,
-            hardware_id=hardware_id,
-            dtype=_dtype(dtype),
-            world_size=world_size,
-            timing=timing,
-        )
+        where = _filters(kernel, kernel_version, hardware_id, dtype, world_size, timing)
         stmt = (
             sa.select(RecordRow)
             .where(*where)
@@ -324,15 +315,7 @@ class Store:
         world_size: int | None = None,
         timing: str | None = None,
     ) -> int:
-        check_timing(timing)
-        where = q.filters(
-            kernel=kernel,
-            kernel_version=kernel_version,
-            hardware_id=hardware_id,
-            dtype=_dtype(dtype),
-            world_size=world_size,
-            timing=timing,
-        )
+        where = _filters(kernel, kernel_version, hardware_id, dtype, world_size, timing)
         stmt = sa.select(sa.func.count()).select_from(RecordRow).where(*where)
         return self._run("counting records", lambda s: int(s.execute(stmt).scalar_one()), write=False)
 
@@ -463,14 +446,26 @@ def _checked_key(
 ) -> dict[str, Any]:
     """A lookup key checked (bad input: one clear error) and bound for the prebuilt lookup statements."""
     key = check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=versioned, timing=timing)
-    return q.key_params(
-        kernel=key.kernel,
-        kernel_version=key.kernel_version,
-        shape=key.shape,
-        dtype=key.dtype,
-        world_size=key.world_size,
-        hardware_id=key.hardware_id,
-        timing=key.timing,
+    return q.key_params(**dict(key))
+
+
+def _filters(
+    kernel: str | None,
+    kernel_version: str | None,
+    hardware_id: str | None,
+    dtype: str | None,
+    world_size: int | None,
+    timing: str | None,
+) -> list[sa.ColumnElement[bool]]:
+    """The filters of `list_records` and `count_records` (a timing that is not a policy is refused)."""
+    check_timing(timing)
+    return q.filters(
+        kernel=kernel,
+        kernel_version=kernel_version,
+        hardware_id=hardware_id,
+        dtype=_dtype(dtype),
+        world_size=world_size,
+        timing=timing,
     )
 
 

@@ -265,7 +265,7 @@ JsonObject = Annotated[
 
 
 Timing = Annotated[
-    Literal["gpu", "eager", "graph"],
+    Literal[TIMINGS],
     WithJsonSchema({"type": "string", "enum": list(TIMINGS), "description": "how the latency was measured"}),
 ]
 

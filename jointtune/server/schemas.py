@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from jointtune.db import HardwareIn, Record, RecordIn
-from jointtune.db.schema import Integral
+from jointtune.db.schema import Integral, Timing
 
 SCHEMA_VERSION = 1
 
@@ -64,7 +64,7 @@ class LookupOut(BaseModel):
     dtype: str
     world_size: int
     hardware_id: str
-    timing: Literal["gpu", "eager", "graph"]
+    timing: Timing
     config: dict[str, Any]
     latency_us: Latency3
     baseline_us: float | None
@@ -127,33 +127,6 @@ class BundleIn(BaseModel):
         return self
 
 
-class BundleRecord(BaseModel):
-    """A record as bundles carry it: what was published, without the store's own fields."""
-
-    kernel: str
-    kernel_version: str
-    space_version: str
-    shape: dict[str, int]
-    dtype: str
-    world_size: int
-    hardware_id: str
-    triton_version: str
-    config: dict[str, Any]
-    latency_p50_us: float
-    latency_p10_us: float | None
-    latency_p90_us: float | None
-    baseline_us: float | None
-    trials: int
-    study_name: str | None
-    tuner_version: str
-
-
-class BundleHardware(BaseModel):
-    hardware_id: str
-    name: str
-    fingerprint: dict[str, Any]
-
-
 class BundleOut(BaseModel):
     """A page of one hardware's records, itself a bundle `POST /v1/bundles` takes as it is.
 
@@ -163,9 +136,9 @@ class BundleOut(BaseModel):
     schema_version: Literal[1]
     tuner_version: str
     exported_at: str
-    hardware: BundleHardware
+    hardware: HardwareIn
     next_after: int | None
-    records: list[BundleRecord]
+    records: list[RecordIn]
 
 
 class ImportOut(BaseModel):

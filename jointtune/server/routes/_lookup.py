@@ -63,12 +63,11 @@ def explain_miss(store: Store, *, kernel: str, shape: dict[str, int], query: dic
         hardware = sorted({r.hardware_id for r in store.list_records(kernel=kernel, limit=_SCAN)})
         return f"{base}; kernel {kernel!r} has records only for hardware {hardware}"
     same = [r for r in on_hw if r.dtype == query["dtype"] and r.world_size == query["world_size"]]
-    if "timing" in query:
-        timed = [r for r in same if r.timing == query["timing"]]
-        if same and not timed:
-            policies = sorted({r.timing for r in same})
-            return f"{base}; no record was measured with timing {query['timing']!r}; these policies have: {policies}"
-        same = timed
+    timed = [r for r in same if r.timing == query["timing"]]
+    if same and not timed:
+        policies = sorted({r.timing for r in same})
+        return f"{base}; no record was measured with timing {query['timing']!r}; these policies have: {policies}"
+    same = timed
     if query.get("kernel_version") is not None:
         versioned = [r for r in same if r.kernel_version == query["kernel_version"]]
         if same and not versioned:

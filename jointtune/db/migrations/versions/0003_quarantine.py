@@ -46,6 +46,8 @@ depends_on = None
 
 _JSON_COLUMNS = ("shape", "config", "fingerprint")
 _BATCH = 1000
+_NAME128 = TypeAdapter(Name128)
+_NAME64 = TypeAdapter(Name64)
 
 
 def upgrade() -> None:
@@ -167,7 +169,7 @@ def _hardware(conn: sa.Connection, tables: dict[str, sa.Table]) -> None:
             continue
         _quarantine(conn, tables, "jt_hardware_profiles", row, reason)
         try:
-            TypeAdapter(Name128).validate_python(row.hardware_id)
+            _NAME128.validate_python(row.hardware_id)
         except ValidationError:
             used = conn.execute(sa.select(records.c.id).where(records.c.hardware_id == row.hardware_id)).first()
             if used is None:
@@ -180,8 +182,8 @@ def _kernels(conn: sa.Connection, tables: dict[str, sa.Table]) -> None:
     kernels, records = tables["jt_kernels"], tables["jt_records"]
     for row in _rows(conn, kernels):
         try:
-            TypeAdapter(Name128).validate_python(row.name)
-            TypeAdapter(Name64).validate_python(row.version)
+            _NAME128.validate_python(row.name)
+            _NAME64.validate_python(row.version)
             continue
         except ValidationError:
             pass
