@@ -96,10 +96,7 @@ class JointAutotuned:
     ) -> None:
         from jointtune.search_spaces import get_space
 
-        if timing is not None and timing not in TIMINGS:
-            raise TuningError(f"timing: {timing!r} is not allowed; allowed: {', '.join(TIMINGS)}, or None (by call)")
-        if timing_fallback is not None:
-            policies.fallbacks(timing_fallback)  # a bad chain is refused now, not at the first call
+        policies.check_timing(timing, timing_fallback)
         if on_miss not in ON_MISS:
             raise TuningError(f"on_miss: {on_miss!r} is not allowed; allowed: {', '.join(ON_MISS)}")
         if not callable(key):
@@ -128,22 +125,20 @@ class JointAutotuned:
     # ---- hot path -----------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         world = kwargs.get("world")
-        is_capturing = policies.capturing()
         key = (
             tuple(self.key(*args, **kwargs).items()),
             self.dtype_of(*args, **kwargs),
             0 if world is None else world.world_size,
-            self.timing or ("graph" if is_capturing else "eager"),
+            policies.call_timing(self.timing),
         )
         config = self.cache.get(key)
         if config is None:
-            if is_capturing:  # before anything is queued: the capture stays whole for torch to end
+            if policies.capturing():  # before anything is queued: the capture stays whole for torch to end
                 if key in self._graph_misses:
                     raise NoConfigError(self._graph_misses[key])
                 raise policies.capture_miss(self.kernel, self._describe(key))
             config = self._resolve(key)
-            if self.timing is None:
-                self._warm_graph(key, config, args, kwargs)
+            self._warm_graph(key, config, args, kwargs)
         return self.fn(*args, config=config, **kwargs)
 
     def warm(self, *args: Any, **kwargs: Any) -> dict[str, Mapping[str, Any]]:
@@ -151,11 +146,12 @@ class JointAutotuned:
         exist) and run the op once per distinct config, outside capture; returns {policy: config}."""
         if policies.capturing():
             raise TuningError(f"{self.kernel}: warm() was called during CUDA graph capture; call it before")
-        self(*args, **kwargs)
         world = kwargs.get("world")
         base = (tuple(self.key(*args, **kwargs).items()), self.dtype_of(*args, **kwargs),
                 0 if world is None else world.world_size)  # fmt: skip
-        if self.timing is None and (*base, "eager") in self.cache:  # e.g. a fallback setting changed since
+        seen = (*base, "eager") in self.cache
+        self(*args, **kwargs)  # a new key resolves its graph config here
+        if seen:  # resolved before: its graph config may have missed then (or a fallback setting changed since)
             self._warm_graph((*base, "eager"), self.cache[(*base, "eager")], args, kwargs)
         return {t: self.cache[(*base, t)] for t in TIMINGS if (*base, t) in self.cache}
 
@@ -191,8 +187,8 @@ class JointAutotuned:
     def _warm_graph(self, key: tuple[Any, ...], config: Mapping[str, Any], args: tuple, kwargs: dict) -> None:
         """A key first seen eagerly also resolves the config a captured call will ask for (lookup only,
         never tuned) and runs the op once with it when it differs, so its launch plan exists before any
-        capture. Skipped where no CUDA graph can be captured."""
-        if key[3] != "eager" or not policies._cuda():
+        capture. Skipped for a fixed `timing=` and where no CUDA graph can be captured."""
+        if self.timing is not None or not policies._cuda():
             return
         graph_key = (*key[:3], "graph")
         if graph_key in self.cache:
@@ -203,7 +199,7 @@ class JointAutotuned:
             self._graph_misses[graph_key] = f"{exc} (looked up when the key was first seen, outside capture)"
             return
         self._graph_misses.pop(graph_key, None)
-        if dict(graph_config) != dict(config):
+        if graph_config != config:
             self.fn(*args, config=graph_config, **kwargs)
 
     def _resolve(self, key: tuple[Any, ...], *, allow_tune: bool = True) -> Mapping[str, Any]:
@@ -243,9 +239,7 @@ class JointAutotuned:
 
             found = self._find(ident, problem, accept, policy, limits)
         config = MappingProxyType(dict(found.config))
-        source = found.source
-        if found.timing is not None and found.timing != timing:
-            source += f" [{found.timing} record, fallback for {timing}]"
+        source = found.source_for(timing)
         self.cache[key] = config
         self.sources[key] = source
         if print_enabled():
@@ -258,7 +252,7 @@ class JointAutotuned:
     def _find(self, ident: Identity, problem: Any, accept: Any, policy: str, limits: Any) -> Found:
         sources = self.sources_for()
         shape = problem.dims
-        chain = (ident.timing, *policies.fallbacks(self.timing_fallback)[ident.timing])
+        chain = policies.chain(ident.timing, self.timing_fallback)
         local = candidate(sources, ident, shape, accept, nearest=policy == "nearest", chain=chain)
         found = agreement.agree(local)
         if found is not None:

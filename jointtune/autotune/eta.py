@@ -66,7 +66,11 @@ def job_eta_s(result: JobResult, *, fallback_trial_s: float | None = None, overh
 def sweep_eta_s(results: Sequence[JobResult], *, parallel: int = 1, overhead_s: float = 0.0) -> float | None:
     """Seconds the sweep has left at most, its unfinished jobs shared by `parallel` groups."""
     fallback = mean_trial_s(results)
-    etas = [job_eta_s(r, fallback_trial_s=fallback, overhead_s=overhead_s) for r in results]
+    return total_eta_s([job_eta_s(r, fallback_trial_s=fallback, overhead_s=overhead_s) for r in results], parallel)
+
+
+def total_eta_s(etas: Sequence[float | None], parallel: int = 1) -> float | None:
+    """Seconds the sweep has left at most, given each job's ETA (None: one job can't tell yet)."""
     if any(e is None for e in etas):
         return None
     return sum(e for e in etas if e is not None) / max(1, parallel)

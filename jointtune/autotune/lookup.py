@@ -114,6 +114,12 @@ class Found:
     def of_timing(self, timing: str, fallback: int) -> Found:
         return Found(self.config, self.source, self.distance, self.latency_us, self.detail, timing, fallback)
 
+    def source_for(self, asked: str) -> str:
+        """`source`, naming the record's policy when it stands in for the `asked` one."""
+        if self.timing is None or self.timing == asked:
+            return self.source
+        return f"{self.source} [{self.timing} record, fallback for {asked}]"
+
 
 class _TimedOut(Exception):
     pass

@@ -51,9 +51,22 @@ def capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
-def call_timing(forced: str | None, is_capturing: bool) -> str:
-    """The policy of this call: `forced`, else graph under capture, else eager."""
-    return forced or ("graph" if is_capturing else "eager")
+def call_timing(forced: str | None) -> str:
+    """The policy of this call: `forced` (then capture is not probed), else graph under capture, else eager."""
+    return forced or ("graph" if capturing() else "eager")
+
+
+def chain(timing: str, setting: Mapping[str, Sequence[str]] | str | None = None) -> tuple[str, ...]:
+    """`timing` and the policies it may fall back to, in the order they are tried."""
+    return (timing, *fallbacks(setting)[timing])
+
+
+def check_timing(timing: str | None, setting: Mapping[str, Sequence[str]] | str | None) -> None:
+    """A decorator's `timing=` and `timing_fallback=`, refused at decoration rather than at the first call."""
+    if timing is not None and timing not in TIMINGS:
+        raise TuningError(f"timing: {timing!r} is not allowed; allowed: {', '.join(TIMINGS)}, or None (by call)")
+    if setting is not None:
+        fallbacks(setting)
 
 
 def fallbacks(setting: Mapping[str, Sequence[str]] | str | None = None) -> dict[str, tuple[str, ...]]:

@@ -42,7 +42,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from jointtune.autotune.settings import Job, TuneSettings
+from jointtune.autotune.settings import TIMINGS, Job, TuneSettings
 from jointtune.errors import JointtuneError, TuningError
 
 
@@ -61,7 +61,7 @@ class WatchdogModel(_Strict):
     first_trial_s: float | None = Field(None, gt=0)
 
 
-Timing = Literal["gpu", "eager", "graph"]
+Timing = Literal[TIMINGS]
 
 
 class TuningModel(_Strict):
@@ -243,7 +243,7 @@ def parse_sweep(
             timings = job.timings() or profile.tuning.timings() or model.tuning.timings() or [settings.timing]
             if name == "cpu" and "graph" in timings:
                 where = loc if job.timing is not None else ("profiles", name) if profile.tuning.timing else ("tuning",)
-                problems.add((*where, "timing") if where != ("tuning",) else ("tuning", "timing"),
+                problems.add((*where, "timing"),
                              f"{_loc(loc)}.timing: 'graph' is not allowed in the cpu profile (no CUDA graphs in "
                              "the interpreter); allowed there: gpu, eager")  # fmt: skip
                 continue

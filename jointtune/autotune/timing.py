@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from jointtune.autotune.settings import TIMINGS
 from jointtune.errors import TuningError
 
 if TYPE_CHECKING:
@@ -68,8 +69,8 @@ class Samples(list):
 def measure(run: Callable[[], Any], world: World, *, warmup: int, iters: int, timing: str = "gpu") -> Samples:
     """Microseconds per call of `iters` timed samples of `run` under `timing`, after `warmup` untimed runs
     (on CUDA, a few more untimed: one sizes the hold, one absorbs the ranks' skew after it)."""
-    if timing not in ("gpu", "eager", "graph"):
-        raise TuningError(f"timing: {timing!r} is not allowed; allowed: gpu, eager, graph")
+    if timing not in TIMINGS:
+        raise TuningError(f"timing: {timing!r} is not allowed; allowed: {', '.join(TIMINGS)}")
     if timing == "graph" and world.device.type != "cuda":
         raise TuningError(
             f"timing: 'graph' needs CUDA graphs, and this world runs on {world.device.type} (the CPU interpreter); "
@@ -100,28 +101,9 @@ def _host_launch_us(run: Callable[[], Any], world: World) -> float:
 
 
 def _measure_cuda(run: Callable[[], Any], world: World, iters: int) -> Samples:
-    import torch
-
     flush = _flush_buffer(world.device)
-    # one extra run first, on every rank: its sample is dropped (below)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
-    # Hold the stream with a device-side sleep long enough for the host to queue every timed run
-    # behind it: the events then time the GPU's work, not the host's launch pace (which a busy
-    # host, e.g. one compiling the next configs on other threads, slows down at random). The hold's
-    # length is each rank's own estimate, so ranks leave it at slightly different times: the first
-    # run absorbs that (a fused kernel waits for its peers) and is not counted.
     host_us = _host_launch_us(run, world)
-    gate_us = min(_MAX_GATE_US, 500.0 + 3.0 * (iters + 1) * (host_us + 20.0))
-    with torch.cuda.device(world.device):
-        torch.cuda._sleep(int(gate_us * _cycles_per_us(world.device)))
-    for start, end in zip(starts, ends):
-        flush.zero_()
-        start.record()
-        run()
-        end.record()
-    world.synchronize()
-    samples = Samples(start.elapsed_time(end) * 1e3 for start, end in zip(starts[1:], ends[1:]))
+    samples = Samples(_timed_behind_hold(run, host_us, world, iters, before=flush.zero_))
     samples.host_us = host_us
     return samples
 
@@ -143,8 +125,7 @@ def _measure_eager(run: Callable[[], Any], world: World, iters: int) -> Samples:
 
 
 def _measure_graph(run: Callable[[], Any], world: World, iters: int) -> Samples:
-    """µs per call of replays of a graph holding GRAPH_CALLS calls, each replay timed by device events
-    behind a hold (the host queues every replay first); the first replay absorbs the ranks' skew."""
+    """µs per call of replays of a graph holding GRAPH_CALLS calls, each replay timed like a `gpu` run."""
     import torch
 
     host_us = _host_launch_us(run, world)
@@ -157,21 +138,45 @@ def _measure_graph(run: Callable[[], Any], world: World, iters: int) -> Samples:
             run()
     graph.replay()
     world.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
     replay_us = _host_launch_us(graph.replay, world)
-    gate_us = min(_MAX_GATE_US, 500.0 + 3.0 * (iters + 1) * (replay_us + 20.0))
-    with torch.cuda.device(world.device):
-        torch.cuda._sleep(int(gate_us * _cycles_per_us(world.device)))
-    for start, end in zip(starts, ends):
-        start.record()
-        graph.replay()
-        end.record()
-    world.synchronize()
-    samples = Samples(start.elapsed_time(end) * 1e3 / GRAPH_CALLS for start, end in zip(starts[1:], ends[1:]))
+    samples = Samples(_timed_behind_hold(graph.replay, replay_us, world, iters, per=GRAPH_CALLS))
     samples.host_us = host_us
     del graph
     return samples
+
+
+def _timed_behind_hold(
+    step: Callable[[], Any],
+    step_us: float,
+    world: World,
+    iters: int,
+    *,
+    before: Callable[[], Any] | None = None,
+    per: int = 1,
+) -> list[float]:
+    """Device µs of `iters` runs of `step` (each `per` calls), timed by events.
+
+    Hold the stream with a device-side sleep long enough for the host to queue every timed run
+    behind it (`step_us`: what issuing one costs the host): the events then time the GPU's work,
+    not the host's launch pace (which a busy host, e.g. one compiling the next configs on other
+    threads, slows down at random). The hold's length is each rank's own estimate, so ranks leave
+    it at slightly different times: one extra run first absorbs that (a fused kernel waits for its
+    peers) and is not counted. `before` runs untimed ahead of each run (the L2 flush)."""
+    import torch
+
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    gate_us = min(_MAX_GATE_US, 500.0 + 3.0 * (iters + 1) * (step_us + 20.0))
+    with torch.cuda.device(world.device):
+        torch.cuda._sleep(int(gate_us * _cycles_per_us(world.device)))
+    for start, end in zip(starts, ends):
+        if before is not None:
+            before()
+        start.record()
+        step()
+        end.record()
+    world.synchronize()
+    return [start.elapsed_time(end) * 1e3 / per for start, end in zip(starts[1:], ends[1:])]
 
 
 #: the longest hold before the timed runs (a host slower than this shows in the timings again)

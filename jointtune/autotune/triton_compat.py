@@ -40,7 +40,7 @@ from triton.runtime.autotuner import Autotuner
 
 from jointtune.autotune import agreement, policies
 from jointtune.autotune.lookup import DEFAULT_STORE_TIMEOUT_S, Identity, Sources, make_client
-from jointtune.autotune.settings import TIMINGS
+from jointtune.autotune.timing import EAGER_CALLS
 from jointtune.db.schema import is_dtype
 from jointtune.errors import TuningError
 
@@ -87,8 +87,8 @@ def _synchronize() -> Any:
 
 
 def eager_bench(kernel_call: Any, quantiles: Any = None) -> Any:
-    """The eager policy's timer: wall time per call of 8 calls back to back, 10 samples."""
-    return wall_clock_bench(kernel_call, quantiles, reps=10, calls=8)
+    """The eager policy's timer: wall time per call of EAGER_CALLS calls back to back, 10 samples."""
+    return wall_clock_bench(kernel_call, quantiles, reps=10, calls=EAGER_CALLS)
 
 
 class _Cache(dict):
@@ -157,10 +157,7 @@ class JointAutotuner(Autotuner):
         if on_miss not in TRITON_ON_MISS:
             raise TuningError(f"on_miss: {on_miss!r} is not allowed for a Triton kernel; allowed: "
                               f"{', '.join(TRITON_ON_MISS)}")  # fmt: skip
-        if timing is not None and timing not in TIMINGS:
-            raise TuningError(f"timing: {timing!r} is not allowed; allowed: {', '.join(TIMINGS)}, or None (by call)")
-        if timing_fallback is not None:
-            policies.fallbacks(timing_fallback)
+        policies.check_timing(timing, timing_fallback)
         self.timing, self.timing_fallback = timing, timing_fallback
         super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **options)
         self.cache = _Cache(self)
@@ -172,6 +169,8 @@ class JointAutotuner(Autotuner):
         self.db_url, self.server, self.store_timeout_s = db_url, server, store_timeout_s
         self._sources: Sources | None = None
         self._call: tuple[Any, Any] | None = None
+        #: the policy of the call `run` is serving (capture can't begin or end within one call)
+        self._run_policy: str | None = None
         self._to_save: list[tuple[Any, Identity, dict[str, int]]] = []
 
     @property
@@ -187,7 +186,7 @@ class JointAutotuner(Autotuner):
         if policy == "graph":
             from triton.testing import do_bench_cudagraph
 
-            return lambda kernel_call, quantiles=None: do_bench_cudagraph(kernel_call, quantiles=quantiles)
+            return do_bench_cudagraph
         return self._gpu_bench
 
     @cached_property
@@ -195,14 +194,15 @@ class JointAutotuner(Autotuner):
         return Autotuner.do_bench.func(self)
 
     def _policy(self) -> str:
-        return policies.call_timing(self.timing, policies.capturing())
+        return self._run_policy or policies.call_timing(self.timing)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         self._call = (args, kwargs)
+        self._run_policy = policies.call_timing(self.timing)
         try:
             return super().run(*args, **kwargs)
         finally:
-            self._call = None
+            self._call = self._run_policy = None
             if self._to_save:
                 self._save_pending()
 
@@ -222,7 +222,7 @@ class JointAutotuner(Autotuner):
 
         ident, shape = self._identity(key)
         nearest = self.on_miss == "nearest" and env_mode() != "tune"
-        chain = (ident.timing, *policies.fallbacks(self.timing_fallback)[ident.timing])
+        chain = policies.chain(ident.timing, self.timing_fallback)
         found = agreement.agree(
             candidate(self._sources_for(), ident, shape, self._accept, nearest=nearest, chain=chain)
         )
@@ -234,9 +234,7 @@ class JointAutotuner(Autotuner):
         assert config is not None  # _accept checked it
         dict.__setitem__(self.cache, (key, ident.timing), config)
         self._prepare_graph(key, config)
-        source = found.source
-        if found.timing is not None and found.timing != ident.timing:
-            source += f" [{found.timing} record, fallback for {ident.timing}]"
+        source = found.source_for(ident.timing)
         self.sources_by_key[key] = source
         if print_enabled():
             print(f"jointtune: {self.kernel} key {key!r} timing {ident.timing}: {config} from {source}", flush=True)
@@ -259,7 +257,7 @@ class JointAutotuner(Autotuner):
         be looked up (or compiled) during a later capture: a graph record (or one of the graph chain's
         fallbacks), else the eager config if the chain allows eager. A different config is compiled and its
         module loaded here; it is not run (a kernel may accumulate into its outputs)."""
-        if (self._policy() != "eager" or not self._active() or not policies._cuda()
+        if (self.timing is not None or self._policy() != "eager" or not self._active() or not policies._cuda()
                 or dict.__contains__(self.cache, (key, "graph"))):  # fmt: skip
             return
         ident, shape = self._identity(key)
