@@ -4,8 +4,9 @@ Launch: `torchrun --nproc-per-node=2 bench/ag_gemm_host.py --shape 128x8192x8192
 
 For each config: the host's time to issue one call (median over 200 calls issued back to back, max
 over ranks), and the steady-state time per call of those 200 calls (the larger of host and GPU time
-per call: what an eager caller that does nothing else sees). Then the parts: one Triton launch of a
-tiny kernel, one torch.mm, one tensor slice. Then a cProfile of 200 calls of one config (rank 0).
+per call: what an eager caller that does nothing else sees), and how many of the plan's prepared launches
+issue through the compiled launcher (the fast path) rather than Triton's dispatcher. Then the parts: one
+Triton launch of a tiny kernel, one torch.mm, one tensor slice. Then a cProfile of 200 calls of one config (rank 0).
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ag_gemm_bench import init_cuda_world
 
+from jointtune.kernels._launch import Launch
 from jointtune.kernels._signals import wait_chunks_kernel
 from jointtune.kernels.ag_gemm import _plan_key, ag_gemm, prepare
 
 PC = dict(mode="push_cublas")
+TILES = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4, SPLIT_K=1)
 CONFIGS = [
     dict(mode="baseline"),
     dict(mode="ce", ce_consumer="cublas", ce_chunks=1),
@@ -38,7 +41,30 @@ CONFIGS = [
     dict(PC, push_by="ce", gemm_order="gathered"),
     dict(PC, push_by="ce", gemm_order="local_first", chunk_m=64),
     dict(PC, push_by="sm", gemm_order="local_first", comm_sms=16, chunk_m=64),
+    dict(mode="push", comm_sms=32, chunk_m=64, **TILES),
+    dict(mode="pull", **TILES),
+    dict(mode="ce", ce_consumer="triton", ce_chunks=1, **TILES),
 ]
+
+
+def _launches(obj: object) -> list[Launch]:
+    """Every prepared launch a plan holds (in its attributes, lists, tuples and dicts)."""
+    found, stack = [], [vars(obj)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Launch):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return found
+
+
+def _fast_path(world, a, b, cfg) -> str:
+    """'taken/all' prepared launches of the config's plan that issue through the compiled launcher."""
+    launches = _launches(world.plans[_plan_key(world, [a], [b], cfg, False)[0]])
+    return f"{sum(launch._compiled is not None for launch in launches)}/{len(launches)}"
 
 
 def _host_us(fn, calls: int = 200) -> tuple[float, float]:
@@ -94,9 +120,12 @@ def main() -> None:
     }
     for cfg in CONFIGS:
         host, per_call = _host_us(lambda cfg=cfg: ag_gemm(a, b, world=world, config=cfg, out=c))
-        result["calls"][json.dumps(cfg, sort_keys=True)] = {"host_us": host, "per_call_us": per_call}
+        fast = _fast_path(world, a, b, cfg)
+        result["calls"][json.dumps(cfg, sort_keys=True)] = {"host_us": host, "per_call_us": per_call,
+                                                            "fast_path_launches": fast}  # fmt: skip
         if rank == 0:
-            print(f"[host {args.shape}] {cfg}: issue {host:.1f} µs, per call {per_call:.1f} µs", flush=True)
+            print(f"[host {args.shape}] {cfg}: issue {host:.1f} µs, per call {per_call:.1f} µs, "
+                  f"fast-path launches {fast}", flush=True)  # fmt: skip
     flag = torch.zeros(W * 16, dtype=torch.int64, device="cuda")  # epoch 0: the wait returns at once
     gathered = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
     pc = CONFIGS[2]

@@ -41,11 +41,6 @@ class AgGemmConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in canonical.items() if k in names})
 
-    @property
-    def d2d_chunk(self) -> int:
-        """Rows per pushed chunk of push_cublas (one chunk per rank in the gathered order)."""
-        return 0 if self.mode != "push_cublas" or self.gemm_order == "gathered" else self.chunk_m
-
 
 @dataclass(frozen=True)
 class Shape:

@@ -39,19 +39,14 @@ from jointtune.kernels._signals import (
 from jointtune.kernels._symm import Inbox, call_state, cdiv, flags, inbox, offset, slot_elems
 from jointtune.kernels.world import World
 
-
-def _launch(kernel: Any, grid: int, args: Any, *, slots: tuple[str, ...] = ()) -> Launch:
-    return Launch(kernel, (grid,), args, slots=slots)
-
-
 # --------------------------------------------------------------------------------------------- modes
 
 
 class BaselinePlan:
     """NCCL all-gather into a plan-owned buffer, then cuBLAS."""
 
-    def __init__(self, s: Shape) -> None:
-        self.world = s.world
+    def __init__(self, s: Shape, want_gathered: bool) -> None:
+        self.world, self.want_gathered = s.world, want_gathered
         out = torch.empty((s.M, s.K), dtype=s.dtype, device=s.world.device)
         self.gathered = [out] * len(s.world.local_ranks)
 
@@ -59,7 +54,8 @@ class BaselinePlan:
         gathered = self.world.all_gather(a, out=self.gathered)
         for g, bi, ci in zip(gathered, b, c):
             torch.mm(g, bi, out=ci)
-        return gathered  # the plan's buffer: `ag_gemm` clones it for a caller who asked for it
+        # the plan's buffer, which the next call rewrites: the caller gets a copy
+        return [g.clone() for g in gathered] if self.want_gathered else []
 
 
 class _SharedA:
@@ -110,7 +106,7 @@ class PullPlan:
             args = gemm_args(cfg, s.W, a=self.shared.views[i], b=stand[0], c=stand[1], K=s.K, N_r=s.N_r, R=s.R,
                              rows=s.M, dummy=dummy, src=self.shared.views[i], deltas=self.shared.deltas[i], rank=r,
                              shift=(r * s.R) // cfg.BLOCK_M, ws=ws, counts=counts)  # fmt: skip
-            self.launches.append(_launch(ag_gemm_kernel, tiles * cfg.SPLIT_K, args, slots=("a_ptr", "b_ptr", "c_ptr")))
+            self.launches.append(Launch(ag_gemm_kernel, tiles * cfg.SPLIT_K, args, slots=("a_ptr", "b_ptr", "c_ptr")))
 
     def __call__(self, a: list[torch.Tensor], b: list[torch.Tensor], c: list[torch.Tensor]) -> list[torch.Tensor]:
         self.shared.enter(self.world, a)
@@ -127,12 +123,13 @@ class CePlan:
 
     def __init__(self, s: Shape, cfg: AgGemmConfig, owner: Any, owner_offset: int, want_gathered: bool) -> None:
         world = s.world
-        self.world, self.cfg, self.s, self.want_gathered = world, cfg, s, want_gathered
+        self.world, self.s, self.want_gathered = world, s, want_gathered
         self.shared = _SharedA(s, owner, owner_offset)
         self.rows = world.scratch("ag_gemm.ce_rows", s.M * s.K, s.dtype)
         chunk = cdiv(s.R, cfg.ce_chunks)
-        self.pieces: list[list[tuple[torch.Tensor, torch.Tensor, int, int, Any]]] = []
-        self.gemms: list[dict[tuple[int, int], Launch]] = []
+        # per local rank: (destination rows, peer's rows, first row, rows, event, tile GEMM or None: cuBLAS)
+        self.pieces: list[list[tuple[torch.Tensor, torch.Tensor, int, int, Any, Launch | None]]] = []
+        self.local_gemm: list[Launch | None] = []  # the local rows' tile GEMM (None: cuBLAS)
         dummy = world.int_table((0,))
         for i, r in enumerate(world.local_ranks):
             g = self.rows[i][: s.M * s.K].view(s.M, s.K)
@@ -143,7 +140,6 @@ class CePlan:
                     event = torch.cuda.Event() if world.device.type == "cuda" else None
                     mine.append((g[p * s.R + lo : p * s.R + hi], self.shared.peer_views[i][p][lo:hi], p * s.R + lo,
                                  hi - lo, event))  # fmt: skip
-            self.pieces.append(mine)
             gemms = {}
             if cfg.ce_consumer == "triton":
                 for row_lo, n in [(r * s.R, s.R)] + [(lo, n) for _, _, lo, n, _ in mine]:
@@ -152,15 +148,17 @@ class CePlan:
                     bc = _stand_bc(s)
                     args = gemm_args(cfg, s.W, a=g, b=bc[0], c=bc[1], K=s.K, N_r=s.N_r, R=n, rows=n, dummy=dummy,
                                      ws=ws, counts=counts)  # fmt: skip
-                    gemms[(row_lo, n)] = _launch(ag_gemm_kernel, tiles * cfg.SPLIT_K, args,
+                    gemms[(row_lo, n)] = Launch(ag_gemm_kernel, tiles * cfg.SPLIT_K, args,
                                                  slots=("a_ptr", "src_ptr", "b_ptr", "c_ptr"))  # fmt: skip
-            self.gemms.append(gemms)
+            self.pieces.append([(*piece, gemms.get((piece[2], piece[3]))) for piece in mine])
+            self.local_gemm.append(gemms.get((r * s.R, s.R)))
 
-    def _consume(self, i: int, a_rows: torch.Tensor, b: torch.Tensor, c_rows: torch.Tensor, key: tuple) -> None:
-        if self.cfg.ce_consumer == "cublas":
+    @staticmethod
+    def _consume(gemm: Launch | None, a_rows: torch.Tensor, b: torch.Tensor, c_rows: torch.Tensor) -> None:
+        if gemm is None:
             torch.mm(a_rows, b, out=c_rows)
         else:
-            self.gemms[i][key](a_rows, a_rows, b, c_rows)
+            gemm(a_rows, a_rows, b, c_rows)
 
     def __call__(self, a: list[torch.Tensor], b: list[torch.Tensor], c: list[torch.Tensor]) -> list[torch.Tensor]:
         world, s = self.world, self.s
@@ -168,13 +166,13 @@ class CePlan:
         gathered = []
         for i, r in enumerate(world.local_ranks):
             with world.side_stream(i):  # copy engine: peers' rows, chunk by chunk, in ring order
-                for dst, src, _, _, event in self.pieces[i]:
+                for dst, src, _, _, event, _ in self.pieces[i]:
                     dst.copy_(src, non_blocking=True)
                     world.record_event(event)
-            self._consume(i, a[i], b[i], c[i][r * s.R : (r + 1) * s.R], (r * s.R, s.R))  # local rows first
-            for dst, _, lo, n, event in self.pieces[i]:
+            self._consume(self.local_gemm[i], a[i], b[i], c[i][r * s.R : (r + 1) * s.R])  # local rows first
+            for dst, _, lo, n, event, gemm in self.pieces[i]:
                 world.wait_event(event)
-                self._consume(i, dst, b[i], c[i][lo : lo + n], (lo, n))
+                self._consume(gemm, dst, b[i], c[i][lo : lo + n])
             world.wait_side_stream()
             if self.want_gathered:
                 g = self.rows[i][: s.M * s.K].view(s.M, s.K).clone()
@@ -222,7 +220,9 @@ class PushPlan:
                 args = gemm_args(cfg, s.W, a=dummy, b=bc[0], c=bc[1], K=s.K, N_r=s.N_r, R=s.R, rows=s.M,
                                  dummy=dummy, src=self.box.base(i), deltas=deltas, rank=r,
                                  shift=(r * s.R) // cfg.BLOCK_M, push=push, ws=ws, counts=counts)  # fmt: skip
-                self.phases[n].append(_launch(ag_gemm_kernel, grid, args, slots=("a_ptr", "b_ptr", "c_ptr")))
+                self.phases[n].append(Launch(ag_gemm_kernel, grid, args, slots=("a_ptr", "b_ptr", "c_ptr")))
+        hs = self.box.half_stride
+        self.halves = [self.box.base(i)[: 2 * hs].view(2, hs) for i in range(len(world.local_ranks))]
 
     def __call__(self, a: list[torch.Tensor], b: list[torch.Tensor], c: list[torch.Tensor]) -> list[torch.Tensor]:
         for phase in self.phases:
@@ -230,10 +230,11 @@ class PushPlan:
                 launch(ai, bi, ci)
         if not self.want_gathered:
             return []
-        s, hs = self.s, self.box.half_stride
+        s = self.s
         out = []
-        for i in range(len(a)):  # the epoch's half, picked on the device (the call closed: counter = epoch)
-            halves = self.box.base(i)[: 2 * hs].view(2, hs)
+        for i, halves in enumerate(
+            self.halves
+        ):  # the epoch's half, picked on the device (the call closed: counter = epoch)
             half = torch.index_select(halves, 0, torch.remainder(self.state.counters[i][:1], 2))[0]
             out.append(torch.cat([half[p * self.box.slot : p * self.box.slot + s.R * s.K].view(s.R, s.K)
                                   for p in range(s.W)]))  # fmt: skip
@@ -246,7 +247,7 @@ class PushOpenedPlan:
 
     def __init__(self, s: Shape, cfg: AgGemmConfig, want_gathered: bool) -> None:
         world = s.world
-        self.world, self.s, self.cfg, self.want_gathered = world, s, cfg, want_gathered
+        self.world, self.s, self.want_gathered = world, s, want_gathered
         self.gathered_order = cfg.gemm_order == "gathered"
         self.chunk_m = triton.next_power_of_2(s.R) if self.gathered_order else cfg.chunk_m
         self.box: Inbox = inbox(world, "ag_gemm", s.R, s.K, s.dtype, halves=1)
@@ -260,10 +261,12 @@ class PushOpenedPlan:
         self.folded = (cfg.push_by == "sm" and self.gathered_order and world.concurrent and n_local == 1
                        and self.box.slot == s.R * s.K)  # fmt: skip
         steps = [] if self.folded else [(True, True)] if world.concurrent else [(True, False), (False, True)]
-        self.open = [[_launch(open_call_kernel, 1, dict(state_ptr=st.counters[i], entered_ptrs_ptr=st.entered_ptrs[i],
+        self.open = [[Launch(open_call_kernel, 1, dict(state_ptr=st.counters[i], entered_ptrs_ptr=en.ptrs[i],
                                                         entered_ptr=en.tensors[i], rank=r, WORLD=s.W, SIGNAL=sig,
                                                         WAIT=wait, num_warps=1))
                       for i, r in enumerate(world.local_ranks)] for sig, wait in steps]  # fmt: skip
+        # sequential worlds: every rank opens (the steps but the last) before any rank waits
+        self.open_before, self.open_last = self.open[:-1], self.open[-1] if self.open else []
         self.fold_wait = self.gathered_order and world.concurrent  # the push launch waits for every peer
         self.push_launch: list[Launch | None] = [None] * n_local
         self.releases: list[list[Launch]] = [[] for _ in range(n_local)]
@@ -279,8 +282,8 @@ class PushOpenedPlan:
                                  slot=self.box.slot, half_stride=0, rank=r, n_chunks=self.n_chunks,
                                  chunk_m=self.chunk_m, epoch=1 if self.folded else 2,
                                  wait_all=self.fold_wait, own_rows=self.own_rows,
-                                 enter=(st.entered_ptrs[i], en.tensors[i]) if self.folded else None)  # fmt: skip
-                self.push_launch[i] = _launch(allgather_push_kernel, cfg.comm_sms, args, slots=("src_ptr",))
+                                 enter=(en.ptrs[i], en.tensors[i]) if self.folded else None)  # fmt: skip
+                self.push_launch[i] = Launch(allgather_push_kernel, cfg.comm_sms, args, slots=("src_ptr",))
             else:
                 dests = [self.box.dest(i, (r + j) % s.W, r, s.R, s.K) for j in range(1, s.W)]
                 if self.own_rows:
@@ -291,26 +294,28 @@ class PushOpenedPlan:
                     release = dict(flag_ptrs_ptr=self.flags.ptrs(i), flags_ptr=self.flags.local(i),
                                    state_ptr=st.counters[i], rank=r, n_chunks=self.n_chunks, chunk=ch, WORLD=s.W,
                                    WAIT_ALL=self.fold_wait, num_warps=1)  # fmt: skip
-                    self.releases[i].append(_launch(release_chunk_kernel, 1, release))
+                    self.releases[i].append(Launch(release_chunk_kernel, 1, release))
         # the inbox as cuBLAS reads it: each rank's rows, and all of them as one [M, K] view when contiguous
         self.rows = [[self.box.rows(i, p, s.R, s.K) for p in range(s.W)] for i in range(n_local)]
         self.every = [self.box.all_rows(i, s.W, s.R, s.K) for i in range(n_local)]
-        # waits before cuBLAS reads a peer's chunk (all of them at once in the gathered order)
-        self.waits: list[list[tuple[Launch, int, int, int]]] = []
+        # waits before cuBLAS reads a peer's chunk (all of them at once in the gathered order): the wait,
+        # the chunk's rows in the inbox, and the rows of C they give
+        self.waits: list[list[tuple[Launch, Any, int, int]]] = []
         for i, r in enumerate(world.local_ranks):
             mine = []
             if self.gathered_order:
                 if not self.fold_wait:
-                    mine.append((self._wait(i, r, 0, s.W - 1, 0, self.n_chunks - 1), 0, 0, 0))
+                    mine.append((self._wait(i, r, 0, s.W - 1, 0, self.n_chunks - 1), None, 0, 0))
             else:
                 for p in [(r + j) % s.W for j in range(1, s.W)]:
                     for ch, lo in enumerate(range(0, s.R, self.chunk_m)):
                         hi = min(s.R, lo + self.chunk_m)
-                        mine.append((self._wait(i, r, p, p, ch, ch), p, lo, hi))
+                        rows = self.rows[i][p] if hi - lo == s.R else self.rows[i][p][lo:hi]
+                        mine.append((self._wait(i, r, p, p, ch, ch), rows, p * s.R + lo, p * s.R + hi))
             self.waits.append(mine)
 
     def _wait(self, i: int, r: int, p_lo: int, p_hi: int, c_lo: int, c_hi: int) -> Launch:
-        return _launch(wait_chunks_kernel, 1, dict(flags_ptr=self.flags.local(i), state_ptr=self.state.counters[i],
+        return Launch(wait_chunks_kernel, 1, dict(flags_ptr=self.flags.local(i), state_ptr=self.state.counters[i],
                                                    rank=r, n_chunks=self.n_chunks, p_lo=p_lo, p_hi=p_hi, c_lo=c_lo,
                                                    c_hi=c_hi, num_warps=1))  # fmt: skip
 
@@ -331,11 +336,11 @@ class PushOpenedPlan:
             self.push_launch[0](a[0])
             torch.mm(self.every[0], b[0], out=c[0])
             return [torch.cat(self.rows[0])] if self.want_gathered else []
-        for phase in self.open[:-1]:  # sequential worlds: every rank opens before any waits
+        for phase in self.open_before:
             for launch in phase:
                 launch()
         for i in range(len(a)):
-            self.open[-1][i]()
+            self.open_last[i]()
             with contextlib.nullcontext() if self.gathered_order else world.side_stream(i):
                 self._push(i, a[i])
         gathered = []
@@ -350,10 +355,9 @@ class PushOpenedPlan:
                         torch.mm(self.rows[i][p], b[i], out=c[i][p * s.R : (p + 1) * s.R])
             else:
                 torch.mm(a[i], b[i], out=c[i][r * s.R : (r + 1) * s.R])
-                for wait, p, lo, hi in self.waits[i]:
+                for wait, rows, lo, hi in self.waits[i]:
                     wait()
-                    rows = self.rows[i][p]
-                    torch.mm(rows if hi - lo == s.R else rows[lo:hi], b[i], out=c[i][p * s.R + lo : p * s.R + hi])
+                    torch.mm(rows, b[i], out=c[i][lo:hi])
                 world.wait_side_stream()  # the side stream read A: the caller may overwrite it after us
             if self.want_gathered:
                 gathered.append(torch.cat(self.rows[i]))
@@ -381,7 +385,7 @@ def _stand_bc(s: Shape) -> tuple[torch.Tensor, torch.Tensor]:
 def build_plan(s: Shape, cfg: AgGemmConfig, owner: Any, owner_offset: int, want_gathered: bool) -> Any:
     """The plan of `cfg`'s mode for shape `s` (A in the caller's symmetric buffer `owner`, or copied)."""
     if cfg.mode == "baseline":
-        return BaselinePlan(s)
+        return BaselinePlan(s, want_gathered)
     if cfg.mode == "pull":
         return PullPlan(s, cfg, owner, owner_offset, want_gathered)
     if cfg.mode == "ce":

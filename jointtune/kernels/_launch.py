@@ -39,8 +39,7 @@ def _aligned(value: Any) -> tuple[bool, torch.dtype] | None:
 class Launch:
     """One kernel, one grid, fixed arguments; `launch(*slot_values)` issues it."""
 
-    __slots__ = ("_argv", "_compiled", "_fast", "_index", "_named", "_stream_of", "align", "grid", "kernel", "options",
-                 "slots")  # fmt: skip
+    __slots__ = ("_argv", "_compiled", "_fast", "_index", "_stream_of", "align", "grid", "kernel", "options", "slots")
 
     def __init__(
         self,
@@ -51,11 +50,8 @@ class Launch:
         options: Mapping[str, Any] | None = None,
         slots: Sequence[str] = (),
     ) -> None:
-        named = dict(args if isinstance(args, Mapping) else _fields(args))
-        options = dict(options or {})
-        for key in _OPTIONS:
-            if key in named:
-                options[key] = named.pop(key)
+        named, found = split_options(args)
+        options = {**(options or {}), **found}
         names = list(kernel.arg_names)
         missing = [n for n in names if n not in named]
         unknown = [n for n in named if n not in names]
@@ -71,7 +67,6 @@ class Launch:
             raise KernelError(f"launch of {kernel.fn.__name__}: grid {grid} is empty; every dim must be >= 1")
         self.kernel, self.options, self.slots = kernel, options, tuple(slots)
         self.grid = grid + (1,) * (3 - len(grid))
-        self._named = named
         self._argv = [named[n] for n in names]
         self._index = [names.index(s) for s in self.slots]
         self.align = tuple(_aligned(named[s]) for s in self.slots)
@@ -92,10 +87,12 @@ class Launch:
                 return
             kwargs = dict(zip(self.kernel.arg_names, argv))
             result = self.kernel[self.grid](**kwargs, **self.options)
-            if self._fast and compiled is None and all(_aligned(v) in (a, None) for v, a in zip(values, self.align)):
+            if self._fast and compiled is None:
                 self._compiled = _fast_path(result)
                 if self._compiled is not None:
                     self._stream_of = torch._C._cuda_getCurrentRawStream
+                    # what this compile specialised on: the call's values, not the build's stand-ins
+                    self.align = tuple(_aligned(v) for v in values)
         finally:
             for i in self._index:  # don't keep the caller's tensors alive (or visible to torch's graph trees)
                 argv[i] = None
@@ -105,10 +102,15 @@ class Launch:
         return dict(zip(self.kernel.arg_names, self._argv))
 
 
-def _fields(args: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(args):
-        return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
-    raise KernelError(f"launch arguments: {type(args).__name__} is neither a mapping nor a dataclass")
+def split_options(args: Mapping[str, Any] | Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(kernel arguments, launch options) of a mapping or dataclass of both, as `kernel[grid](...)` takes them."""
+    if isinstance(args, Mapping):
+        named = dict(args)
+    elif dataclasses.is_dataclass(args):
+        named = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+    else:
+        raise KernelError(f"launch arguments: {type(args).__name__} is neither a mapping nor a dataclass")
+    return named, {key: named.pop(key) for key in _OPTIONS if key in named}
 
 
 class _Compiled:

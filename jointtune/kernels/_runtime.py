@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -72,8 +72,3 @@ def refuse_during_capture(device: torch.device, what: str) -> None:
             "symmetric memory and compiles kernels, which a graph can't hold; call it once before capturing "
             "(warm-up), then capture"
         )
-
-
-def compile_options(num_warps: int = 4, num_stages: int = 3) -> dict[str, Any]:
-    """Launch options Triton takes beside the kernel arguments."""
-    return {"num_warps": int(num_warps), "num_stages": int(num_stages)}

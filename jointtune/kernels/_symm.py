@@ -51,8 +51,7 @@ def offset(ptr: int, base: int, elem: int) -> int:
 @dataclass(frozen=True)
 class CallState:
     counters: list[torch.Tensor]  # per local rank: int64 [epoch, arrivals]
-    entered: SymmetricBuffer  # int64 [world_size]: entered[p] = last call rank p opened
-    entered_ptrs: list[torch.Tensor]  # per local rank: every rank's `entered` address, as it maps it
+    entered: SymmetricBuffer  # int64 [world_size]: entered[p] = last call rank p opened (`.ptrs`: every rank's)
 
     def epoch(self, i: int = 0) -> int:
         """The last epoch local rank index `i` opened (host read: for tests and diagnostics only)."""
@@ -63,7 +62,7 @@ def call_state(world: World) -> CallState:
     def build() -> CallState:
         counters = [torch.zeros(2, dtype=torch.int64, device=world.device) for _ in world.local_ranks]
         entered = world.symmetric("jointtune.entered", (world.world_size,), torch.int64, zero=True)
-        return CallState(counters, entered, entered.ptrs)
+        return CallState(counters, entered)
 
     return world.plan(("call_state",), build)
 

@@ -25,7 +25,6 @@ Three ways in:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from collections.abc import Mapping, Sequence
@@ -37,8 +36,9 @@ import triton
 
 from jointtune.errors import ShapeError
 from jointtune.kernels._ag_gemm_args import AgGemmConfig, Shape, gemm_args, push_args
-from jointtune.kernels._ag_gemm_plans import BaselinePlan, build_plan
+from jointtune.kernels._ag_gemm_plans import build_plan
 from jointtune.kernels._family import Family, StandinLaunch, register_family
+from jointtune.kernels._launch import split_options
 from jointtune.kernels._plan import config_key, resolve_config
 from jointtune.kernels._symm import slot_elems
 from jointtune.kernels.world import World, world_named
@@ -129,8 +129,6 @@ def ag_gemm(
                                        or c.device != world.device for c in c_l):  # fmt: skip
             raise ShapeError(f"out: must be one row-major [{M}, {N_r}] {a0.dtype} tensor per local rank")
     gathered = plan(a_l, b_l, c_l)
-    if return_gathered and isinstance(plan, BaselinePlan):  # the plan's own buffer: the next call rewrites it
-        gathered = [g.clone() for g in gathered]
     result = list(zip(c_l, gathered)) if return_gathered else c_l
     return result[0] if isinstance(a, torch.Tensor) else result
 
@@ -334,9 +332,7 @@ def standin_launches(cfg: AgGemmConfig, *, M: int, N: int, K: int, world_size: i
 
 
 def _split(kernel: Any, args: Any) -> StandinLaunch:
-    named = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
-    options = {k: named.pop(k) for k in ("num_warps", "num_stages") if k in named}
-    return kernel, named, options
+    return (kernel, *split_options(args))
 
 
 register_family(AgGemmFamily())
