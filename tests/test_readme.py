@@ -42,7 +42,8 @@ def test_each_python_block_runs_as_written(index: int, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, f"README block {index}:\n{PYTHON_BLOCKS[index]}\n{done.stdout}\n{done.stderr}"
     assert "Traceback" not in done.stderr
-    # both examples print each simulated rank's C: all M rows, N / W columns
+    # every example prints each simulated rank's result: [256, 256] (AG+GEMM: all M rows, N / W columns;
+    # GEMM+RS: M / W rows, all N columns)
     assert "[(256, 256), (256, 256)]" in done.stdout
 
 

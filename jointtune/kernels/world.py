@@ -196,6 +196,11 @@ class World(ABC):
         `out` (one [W * rows, ...] tensor per local rank) receives the result instead of new tensors.
         """
 
+    @abstractmethod
+    def reduce_scatter(self, partials: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> None:
+        """The baseline collective: rank r's `out` := rows [r*R, (r+1)*R) of the sum of every rank's [W*R, ...]
+        partial (NCCL reduce-scatter on CUDA; on the local world a float32 sum in rank order)."""
+
     def side_stream(self, i: int) -> contextlib.AbstractContextManager[Any]:
         """Context in which copy-engine work of local rank index `i` is issued."""
         return contextlib.nullcontext()
@@ -273,6 +278,14 @@ class LocalWorld(World):
             if o is not out[0]:
                 o.copy_(out[0])
         return list(out)
+
+    def reduce_scatter(self, partials: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> None:
+        rows = out[0].shape[0]
+        for r, o in zip(self.local_ranks, out):
+            total = partials[0][r * rows : (r + 1) * rows].float()
+            for p in partials[1:]:
+                total = total + p[r * rows : (r + 1) * rows].float()
+            o.copy_(total)
 
 
 class CudaWorld(World):
@@ -356,6 +369,12 @@ class CudaWorld(World):
             (target,) = out
         dist.all_gather_into_tensor(target, shard.contiguous(), group=self.group)
         return [target]
+
+    def reduce_scatter(self, partials: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> None:
+        import torch.distributed as dist
+
+        ((partial,), (target,)) = partials, out
+        dist.reduce_scatter_tensor(target, partial, group=self.group)
 
     def side_stream(self, i: int) -> contextlib.AbstractContextManager[Any]:
         self._side.wait_stream(torch.cuda.current_stream(self.device))

@@ -158,13 +158,16 @@ def _chunk_m(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     )
 
 
-def _comm_sms(cfg: Mapping[str, Value], ctx: Context) -> str | None:
-    if cfg["comm_sms"] <= ctx["num_sms"] // 4:
-        return None
-    return (
-        f"comm_sms: {cfg['comm_sms']} is not allowed with num_sms={ctx['num_sms']}; "
-        f"allowed: <= num_sms // 4 = {ctx['num_sms'] // 4}"
-    )
+def _sms_budget(field: str) -> Constraint:
+    def check(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+        if cfg[field] <= ctx["num_sms"] // 4:
+            return None
+        return (
+            f"{field}: {cfg[field]} is not allowed with num_sms={ctx['num_sms']}; "
+            f"allowed: <= num_sms // 4 = {ctx['num_sms'] // 4}"
+        )
+
+    return Constraint(f"{field}_budget", (field,), f"{field} <= num_sms // 4", check)
 
 
 def _ce_chunks(cfg: Mapping[str, Value], ctx: Context) -> str | None:
@@ -173,11 +176,27 @@ def _ce_chunks(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     return f"ce_chunks: {cfg['ce_chunks']} is not allowed for R={ctx['R']} rows per rank; allowed: <= R"
 
 
-def comm_constraints() -> list[Constraint]:
-    """Rules for the communication knobs; `R` is the rows each rank owns (M / world_size)."""
+def _chunk_fits(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    if cfg["chunk_m"] <= max(16, next_pow2(ctx["R"])):
+        return None
+    return (
+        f"chunk_m: {cfg['chunk_m']} is not allowed for R={ctx['R']} rows per rank (M / world_size); "
+        f"allowed: <= max(16, next_pow2(R)) = {max(16, next_pow2(ctx['R']))}"
+    )
+
+
+def comm_constraints(sms_field: str = "comm_sms", *, ragged_chunks: bool = False) -> list[Constraint]:
+    """Rules for the communication knobs; `R` is the rows each rank owns (M / world_size); `sms_field`
+    names the programs given to communication (at most a quarter of the SMs). With `ragged_chunks` the
+    kernel takes a shorter last chunk, so chunk_m need not divide R."""
+    chunk = (
+        Constraint("chunk_fits_rows", ("chunk_m",), "chunk_m <= max(16, next_pow2(R))", _chunk_fits)
+        if ragged_chunks
+        else Constraint("chunk_divides_rows", ("chunk_m",), "R % chunk_m == 0 or chunk_m == next_pow2(R)", _chunk_m)
+    )
     return [
-        Constraint("chunk_divides_rows", ("chunk_m",), "R % chunk_m == 0 or chunk_m == next_pow2(R)", _chunk_m),
-        Constraint("comm_sms_budget", ("comm_sms",), "comm_sms <= num_sms // 4", _comm_sms),
+        chunk,
+        _sms_budget(sms_field),
         Constraint("ce_chunks_fit_rows", ("ce_chunks",), "ce_chunks <= R", _ce_chunks),
     ]
 

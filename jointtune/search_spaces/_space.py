@@ -66,8 +66,12 @@ class Space:
         derive: Callable[[Problem], dict[str, int]] | None = None,
         check_problem: Callable[[Problem], None] | None = None,
         doc: str = "",
+        nondeterministic: Sequence[str] = (),
     ) -> None:
         self.name = name
+        #: modes whose results may differ in the last bits between identical calls (atomic reductions):
+        #: tuners and the decorator offer them only where the caller allows it
+        self.nondeterministic = tuple(nondeterministic)
         self.dims = tuple(dims)
         self.params = tuple(params)
         self.constraints = tuple(constraints)
@@ -197,6 +201,7 @@ class Space:
             derive=self._derive,
             check_problem=self._check_problem,
             doc=self.doc,
+            nondeterministic=[m for m in self.nondeterministic if m in kept.get("mode", ())],
         )
         sub.restricted_from = self
         sub.restriction = {**self.restriction, **{name: list(values) for name, values in allowed.items()}}

@@ -2,61 +2,140 @@
 
 Rank r holds A_r[M, K/W] and B_r[K/W, N], computes the partial P_r = A_r @ B_r of [M, N] and
 ends with its R = M / W rows of sum_r P_r. Dims M, N, K are global; K_r = K / W. Modes:
-  pull      each rank writes its partial into symmetric memory, tiles ordered so the rows of the
-            next peer finish first, raising a flag per `chunk_m` rows; then it reduces its own R
-            rows by reading the peers' chunks as their flags arrive;
-  push      the GEMM raises a flag per finished `chunk_m`-row chunk; `comm_sms` SMs push finished
-            chunks into the owner's receive slots while the rest compute; the owner sums its slots;
-  ce        a Triton tile GEMM or cuBLAS (`ce_consumer`, named as in ag_gemm) computes each peer's
-            rows in `ce_chunks` chunks; the copy engine sends each chunk as it completes;
+  push      the tile GEMM's epilogue stores each finished tile into the owner's inbox slot and
+            releases a flag per `chunk_m` rows; `reduce_sms` programs of the same launch sum the
+            owner's slots as flags arrive;
+  pull      the epilogue stores into the rank's own partial buffer and flags the owner; the
+            owner's reduce programs read peers' tiles over NVLink;
+  atomic    the epilogue adds float32 tiles atomically into the owner's accumulator; the reduce
+            programs cast it. Non-deterministic (the order of the adds varies): the tuner offers it
+            only where the caller allows it (`allow_nondeterministic`, off by default);
+  pull_cublas  cuBLAS computes the whole partial into symmetric memory; one launch of `reduce_sms`
+            programs pulls and sums the rank's rows from every peer (two launches, as GEMM + NCCL);
+  ce        a Triton tile GEMM or cuBLAS (`ce_consumer`) computes each destination's rows in
+            `ce_chunks` chunks; the copy engine sends each chunk as it completes; `reduce_sms`
+            programs sum the slots;
   baseline  one cuBLAS GEMM, then NCCL reduce_scatter (no knobs: the unfused reference speed).
 Tiles are ag_gemm's; `SPLIT_K` splits the local k loop, over K_r (not K), each split at least two
-BLOCK_K steps deep.
+BLOCK_K steps deep. `tile_order` starts with the next rank's rows (own rows last) or the own rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from jointtune.search_spaces._gemm import (
+    BASELINE_BELOW_ROWS,
     ce_params,
     comm_constraints,
-    gemm_default,
     mode_param,
     sharded_problem,
     tile_constraints,
     tile_params,
 )
-from jointtune.search_spaces._params import pow2, when
+from jointtune.search_spaces._params import Constraint, Context, Value, categorical, pow2, when
 from jointtune.search_spaces._space import Space
 
 _check_problem, _derive = sharded_problem("gemm_rs", ("M", "K"), {"R": "M", "K_r": "K"})
+
+MODES = ("pull", "push", "atomic", "pull_cublas", "ce", "baseline")
+_FUSED = when(mode=("pull", "push", "atomic"))
+#: modes whose results may differ in the last bits between identical calls
+NONDETERMINISTIC = ("atomic",)
+
+
+def _default(ctx: Context) -> dict[str, Value]:
+    """What measured best on 2x H200 (bench/results/gemm_rs_modes_2xH200_2026-11-23.json), valid for any shape:
+    below 512 rows per rank cuBLAS + one pull-and-sum launch of 64 programs (graph 1.01-1.12x GEMM + NCCL, eager
+    1.58-1.75x at M = 64, 128); from 512 rows cuBLAS + the copy engine in one chunk, 128 reduce programs
+    (1.06-1.19x at M = 1024 and the large shapes); one rank: cuBLAS alone."""
+    if ctx["W"] == 1 or ctx["num_sms"] < 4:
+        return {"mode": "baseline"}
+    if ctx["R"] < BASELINE_BELOW_ROWS:
+        return {"mode": "pull_cublas", "reduce_sms": _pow2_at_most(64, ctx["num_sms"])}
+    return {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "reduce_sms": _pow2_at_most(128, ctx["num_sms"])}
+
+
+def _pow2_at_most(want: int, num_sms: int) -> int:
+    return 1 << (min(want, num_sms).bit_length() - 1)
+
+
+def _reduce_budget(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    """Reduce programs share the grid with a fused GEMM (a quarter of the SMs at most); after cuBLAS or beside
+    the copy engine they have the GPU to themselves."""
+    beside_gemm = cfg["mode"] in ("pull", "push", "atomic")
+    limit = ctx["num_sms"] // 4 if beside_gemm else ctx["num_sms"]
+    if cfg["reduce_sms"] <= limit:
+        return None
+    rule = "num_sms // 4 beside a fused GEMM" if beside_gemm else "num_sms"
+    return (
+        f"reduce_sms: {cfg['reduce_sms']} is not allowed with mode={cfg['mode']} and num_sms={ctx['num_sms']}; "
+        f"allowed: <= {rule} = {limit}"
+    )
+
+
+#: the largest atomic-mode tile measured right on 2x H200 (Triton 3.6): 64x128 with 4 warps summed correctly at
+#: every shape; 128x128 and 128x256 tiles (4 or 8 warps) lost or doubled some adds at M >= 1024 (about 5% of the
+#: elements off, bench/results/gemm_rs_atomic_2026-11-23.json). Until the cause is found, atomic keeps to these.
+ATOMIC_MAX_TILE = 64 * 128
+
+
+def _atomic_tile(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    if cfg["mode"] != "atomic" or (cfg["BLOCK_M"] * cfg["BLOCK_N"] <= ATOMIC_MAX_TILE and cfg["num_warps"] == 4):
+        return None
+    return (
+        f"BLOCK_M, BLOCK_N, num_warps: {cfg['BLOCK_M']}x{cfg['BLOCK_N']} with {cfg['num_warps']} warps is not allowed "
+        f"with mode=atomic; allowed: BLOCK_M*BLOCK_N <= {ATOMIC_MAX_TILE} and num_warps=4"
+    )
 
 
 GEMM_RS = Space(
     "gemm_rs",
     dims=("M", "N", "K"),
-    revision=2,  # 2: SPLIT_K (split-K tiles) and its depth rule
+    revision=3,  # 2: SPLIT_K and its depth rule; 3: the kernel's modes (atomic, pull_cublas, reduce_sms, tile_order)
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
-        mode_param("how partial rows reach their owner: fused pull/push, copy engine, or cuBLAS + NCCL"),
+        mode_param("how partial rows reach their owner: fused push/pull/atomic, copy engine, or cuBLAS + NCCL", MODES),
         *ce_params(
             "what computes each chunk of partial rows in ce mode: a Triton tile GEMM or cuBLAS",
             "chunks per destination rank's rows (more chunks = earlier sends, more launches)",
         ),
-        *tile_params(),
+        *tile_params(_FUSED | when(mode="ce", ce_consumer="triton")),
         pow2(
-            "chunk_m",
-            16,
-            8192,
-            when=when(mode=("pull", "push")),
-            doc="rows of the partial result per chunk (one flag each)",
+            "chunk_m", 16, 8192, when=_FUSED, doc="rows of the partial result per flag (whole tiles: at least BLOCK_M)"
         ),
-        pow2("comm_sms", 1, 32, when=when(mode="push"), doc="SMs that push finished chunks to their owners"),
+        pow2(
+            "reduce_sms",
+            1,
+            128,
+            when=when(mode=("pull", "push", "atomic", "pull_cublas", "ce")),
+            doc="programs that sum (or cast) the owner's rows as their flags arrive",
+        ),
+        categorical(
+            "tile_order",
+            ("peers_first", "own_first"),
+            when=_FUSED,
+            doc="which rows the GEMM computes first: the next ranks' (own last), or its own",
+        ),
     ],
     constraints=[
         *tile_constraints("N", "global columns", "K_r", "K / world_size"),
-        *comm_constraints(),
+        *[c for c in comm_constraints(sms_field="reduce_sms", ragged_chunks=True) if c.name != "reduce_sms_budget"],
+        Constraint(
+            "reduce_sms_budget",
+            ("reduce_sms", "mode"),
+            "reduce_sms <= num_sms // 4 beside a fused GEMM (pull, push, atomic), else <= num_sms",
+            _reduce_budget,
+        ),
+        Constraint(
+            "atomic_tile",
+            ("mode", "BLOCK_M", "BLOCK_N", "num_warps"),
+            f"mode != atomic or (BLOCK_M*BLOCK_N <= {ATOMIC_MAX_TILE} and num_warps == 4)",
+            _atomic_tile,
+        ),
     ],
     derive=_derive,
     check_problem=_check_problem,
-    default=gemm_default,
+    default=_default,
+    nondeterministic=NONDETERMINISTIC,
 )

@@ -112,8 +112,12 @@ def test_layered_tuning_settings_and_the_example_file(families):
     example = load_sweep_file(EXAMPLE)
     assert example.name == "readme-ag-gemm"
     cpu, gpu = example.jobs("cpu"), example.jobs("gpu")
-    assert all(j.kernel == "ag_gemm" and j.world_size == 2 for j in (*cpu, *gpu))
-    assert min(j.problem.dims["M"] for j in gpu) >= 128
+    assert all(j.kernel in ("ag_gemm", "gemm_rs") and j.world_size == 2 for j in (*cpu, *gpu))
+    assert {j.kernel for j in cpu} == {j.kernel for j in gpu} == {"ag_gemm", "gemm_rs"}
+    assert min(j.problem.dims["M"] for j in gpu if j.kernel == "ag_gemm") >= 128
+    rs = [j for j in cpu if j.kernel == "gemm_rs"]
+    assert len(rs) == 2 and max(j.problem.dims["M"] for j in rs) <= 128
+    cpu = [j for j in cpu if j.kernel == "ag_gemm"]
     bf16 = [j for j in cpu if j.dtype == "bfloat16"]
     assert len(bf16) == 6 and max(j.problem.dims["M"] for j in bf16) <= 128
     # the CPU's fused-mode showcase: every config of a small sub-space of large tiles, fp16

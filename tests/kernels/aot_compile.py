@@ -1,10 +1,10 @@
-"""Compile the AG+GEMM kernels for Hopper (sm_90) on a machine without a GPU.
+"""Compile the fused kernels (AG+GEMM, GEMM+RS) for Hopper (sm_90) on a machine without a GPU.
 
 Triton's NVIDIA backend lowers to PTX and runs its bundled ptxas with no driver, so compile
 failures that only a GPU run used to show (a pass pipeline that breaks on one Triton version)
 are caught on the CPU, with the launcher's own arguments and constants (`standin_launches`, as the tuner's
 precompile uses). The small kernels every family shares (open a call, release a chunk, wait for chunks)
-are compiled once per run.
+are compiled once per run. A config names its family in a `family` field (ag_gemm when it has none).
 
     python tests/kernels/aot_compile.py '[{"mode": "push", ...}, ...]'   # prints one line per config
 
@@ -25,19 +25,22 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from jointtune.kernels._ag_gemm_plans import AgGemmConfig
+from jointtune.kernels import get_family
+from jointtune.kernels._gemm_rs_kernel import release_flag_kernel
 from jointtune.kernels._signals import open_call_kernel, release_chunk_kernel, wait_chunks_kernel
-from jointtune.kernels.ag_gemm import standin_launches
+from jointtune.search_spaces import Problem
 
 _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
           torch.int64: "*i64"}  # fmt: skip
 
 
 def compile_config(config: dict, *, M: int = 1024, N: int = 2048, K: int = 1024, world_size: int = 2) -> str:
-    """Compile one config's Triton kernel for sm_90; returns the PTX size as text, raises on failure."""
-    launches = standin_launches(
-        AgGemmConfig.of(config), M=M, N=N, K=K, world_size=world_size, dtype=torch.bfloat16, device=torch.device("cpu")
-    )
+    """Compile one config's Triton kernels for sm_90 (its `family`, ag_gemm if none); returns the PTX sizes as
+    text, raises on failure."""
+    config = dict(config)
+    family = get_family(config.pop("family", "ag_gemm"))
+    problem = Problem.of({"M": M, "N": N, "K": K}, dtype="bfloat16", world_size=world_size)
+    launches = family.standin_launches(config, problem, torch.device("cpu"))
     return "; ".join(compile_kernel(kernel, named, options) for kernel, named, options in launches)
 
 
@@ -88,6 +91,7 @@ def _small_kernels() -> list[tuple[str, str]]:
                                     WORLD=4, WAIT_ALL=True)),
         (open_call_kernel, dict(state_ptr=i64, entered_ptrs_ptr=i64, entered_ptr=i64, rank=0, WORLD=2, SIGNAL=True,
                                 WAIT=True)),
+        (release_flag_kernel, dict(flag_ptrs_ptr=i64, state_ptr=i64, owner=1, index=3)),
     ):  # fmt: skip
         try:
             done.append(("ok", compile_kernel(kernel, named, one)))

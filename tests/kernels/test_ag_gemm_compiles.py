@@ -1,4 +1,4 @@
-"""The AG+GEMM kernel compiles for Hopper in every mode, with this Triton and with the GPU image's.
+"""The fused kernels (AG+GEMM, GEMM+RS) compile for Hopper in every mode, with this Triton and with the GPU image's.
 
 The CPU interpreter never compiles, so a kernel that lowers on one Triton and not on another used
 to surface only on a lent GPU. `aot_compile.py` lowers it to sm_90 PTX without a GPU; `make test`
@@ -28,8 +28,31 @@ CONFIGS = [
     dict(mode="push_cublas", push_by="sm", gemm_order="local_first", comm_sms=16, chunk_m=128),
     dict(mode="push_cublas", push_by="sm", gemm_order="gathered", comm_sms=32),
     dict(mode="push_cublas", push_by="sm", gemm_order="gathered", comm_sms=8),
+    # GEMM+RS: every fused epilogue, split-K, both ce consumers (and the reduce-only launch)
+    dict(
+        family="gemm_rs",
+        mode="push",
+        chunk_m=128,
+        reduce_sms=16,
+        tile_order="peers_first",
+        SPLIT_K=1,
+        **dict(TILE, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3),
+    ),
+    dict(family="gemm_rs", mode="pull", chunk_m=64, reduce_sms=8, tile_order="own_first", SPLIT_K=2, **TILE),
+    dict(
+        family="gemm_rs",
+        mode="atomic",
+        chunk_m=256,
+        reduce_sms=32,
+        tile_order="peers_first",
+        SPLIT_K=1,
+        **dict(TILE, num_warps=4, num_stages=4),
+    ),
+    dict(family="gemm_rs", mode="ce", ce_consumer="triton", ce_chunks=4, reduce_sms=16, SPLIT_K=4, **TILE),
+    dict(family="gemm_rs", mode="ce", ce_consumer="cublas", ce_chunks=2, reduce_sms=4),
+    dict(family="gemm_rs", mode="pull_cublas", reduce_sms=16),
 ]
-SMALL_KERNELS = 4  # the shared wait, release (with and without its wait) and open-call kernels, once per run
+SMALL_KERNELS = 5  # the shared wait, release (with and without its wait) and open-call kernels, once per run
 
 
 def _compile(extra_path: str | None) -> subprocess.CompletedProcess:

@@ -1,0 +1,270 @@
+"""The fused GEMM+Reduce-Scatter kernel: a persistent tile GEMM of this rank's partial, whose epilogue sends
+each finished tile towards the rank owning its rows, and reduce programs that sum this rank's rows.
+
+Rows of the partial P_r = A_r @ B_r come in segments of `R` rows, segment s owned by rank s. A GEMM
+program walks tiles segment by segment, starting at segment `first_seg` (the next rank's rows: own rows
+last), and its epilogue (EPI) puts a finished tile at `dest_ptr + half + dest_deltas[s]`:
+
+- EPI 0: a plain store (the copy-engine mode's Triton consumer: no flags);
+- EPI 1: a store (into the owner's inbox slot for this rank: push; into this rank's own partial buffer,
+  which the owner reads: pull), then a count per (segment, chunk); the tile completing a chunk releases
+  flag (rank, chunk) at the owner, with system-scope release semantics;
+- EPI 2: fp32 atomic adds into the owner's accumulator, then the same count and flag (atomic mode: the
+  order of the adds, hence the rounding, differs from call to call).
+
+Reduce programs (program ids from `gemm_programs` on) own this rank's R rows: per (chunk, column block)
+they wait for every source's flag of the chunk, then sum the sources at `src_ptr + half + src_deltas[s]`
+in fp32, in source order (deterministic), and store the output. With ZERO_SRC (atomic) the one source is
+the accumulator, which they hand back zeroed for the call after next.
+
+pull_cublas (READY, EXIT): cuBLAS wrote this rank's whole partial earlier on the stream, at a fixed address;
+a reduce-only launch releases "ready" to every peer, pulls and sums, and its last program ends the call
+with an exit handshake (every peer done reading), so the next call's GEMM may overwrite the partial.
+
+GEMM programs wait on nothing and the grid is no larger than the SM count, so every program is resident
+and every wait ends: deadlock-free by construction. A world whose ranks launch one after another issues
+every rank's GEMM programs (EPOCH 1) before any rank's reduce programs (EPOCH 2, `pid_base`).
+
+Halves: the buffers a call writes into alternate by the parity of the device epoch (`half_stride` > 0),
+so a rank writes call e + 2's tiles into a half only after its call e + 1 waited for every peer's flags of
+e + 1, which each peer released after finishing its reads of call e: no handshake, no host state.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from jointtune.kernels._signals import call_epoch, close_call, release_flag, thread_fence, wait_flag
+
+
+@triton.jit
+def system_fence(THREADS: tl.constexpr, FENCE: tl.constexpr):
+    # fence.acq_rel.sys on every thread (one element of a THREADS block each): what the thread issued
+    # before, atomics to peers included, is performed system-wide before what it issues after
+    if FENCE:
+        tl.inline_asm_elementwise(
+            "fence.acq_rel.sys;\n\tmov.u32 $0, $1;",
+            "=r,r",
+            [tl.arange(0, THREADS)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+
+@triton.jit
+def release_flag_to(flag_ptrs_ptr, owner, index, epoch):
+    # flag `index` at rank `owner` := epoch, publishing this program's earlier writes (system scope)
+    flags = tl.load(flag_ptrs_ptr + owner).to(tl.pointer_type(tl.int64))
+    tl.atomic_xchg(flags + index, epoch, sem="release", scope="sys")
+
+
+# Integers that may be 1 stay runtime values: Triton would otherwise compile anew for 1 vs not-1.
+@triton.jit(do_not_specialize=["rows", "rank", "n_chunks", "chunk_rows", "first_seg", "gemm_programs", "pid_base",
+                               "num_programs"])  # fmt: skip
+def gemm_rs_kernel(
+    a_ptr,
+    b_ptr,
+    out_ptr,
+    dest_ptr,
+    dest_deltas_ptr,
+    src_ptr,
+    src_deltas_ptr,
+    flags_ptr,
+    flag_ptrs_ptr,
+    done_ptr,
+    fence_ptr,
+    state_ptr,
+    ws_ptr,
+    counts_ptr,
+    exit_ptrs_ptr,
+    exit_ptr,
+    N,
+    K,
+    R,
+    rows,
+    half_stride,
+    rank,
+    n_chunks,
+    chunk_rows,
+    first_seg,
+    gemm_programs,
+    pid_base,
+    num_programs,
+    stride_am,
+    stride_bk,
+    stride_bn,
+    stride_dm,
+    stride_om,
+    WORLD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    EPI: tl.constexpr,
+    GEMM: tl.constexpr,
+    REDUCE: tl.constexpr,
+    SOURCES: tl.constexpr,
+    WAIT_OWN: tl.constexpr,
+    ZERO_SRC: tl.constexpr,
+    READY: tl.constexpr,
+    EXIT: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    RED_M: tl.constexpr,
+    RED_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    THREADS: tl.constexpr,
+    FENCE: tl.constexpr,
+    EPOCH: tl.constexpr,
+):
+    pid = tl.program_id(0) + pid_base
+    if EPOCH > 0:
+        epoch = call_epoch(state_ptr, EPOCH)
+        half = (epoch % 2) * half_stride
+    else:
+        epoch = 0
+        half = 0
+    if GEMM:  # noqa: SIM102 (constexpr: a reduce-only launch has no GEMM code at all)
+        if pid < gemm_programs:
+            num_pid_n = tl.cdiv(N, BLOCK_N)
+            seg_tiles_m = tl.cdiv(R, BLOCK_M)
+            n_segs = tl.cdiv(rows, R)
+            tiles_per_seg = seg_tiles_m * num_pid_n
+            num_work = n_segs * tiles_per_seg * SPLIT_K
+            k_blocks = tl.cdiv(K, BLOCK_K)
+            k_per_split = tl.cdiv(k_blocks, SPLIT_K)
+            for work in range(pid, num_work, gemm_programs):
+                # work item = (tile, split); the splits of a tile are neighbours, so they run together
+                tile = work // SPLIT_K
+                split = work % SPLIT_K
+                seg = (tile // tiles_per_seg + first_seg) % n_segs
+                t = tile % tiles_per_seg
+                group_size = GROUP_M * num_pid_n
+                first_m = (t // group_size) * GROUP_M
+                group_m = tl.minimum(seg_tiles_m - first_m, GROUP_M)
+                pid_m = first_m + (t % group_size) % group_m
+                pid_n = (t % group_size) // group_m
+
+                offs_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the segment
+                offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+                seg_rows = tl.minimum(R, rows - seg * R)
+                mmask = offs_r < seg_rows
+                nmask = offs_n < N
+                a_rows = a_ptr + (seg * R + offs_r).to(tl.int64) * stride_am
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                kb_lo = split * k_per_split
+                kb_hi = tl.minimum(kb_lo + k_per_split, k_blocks)
+                for kb in range(kb_lo, kb_hi):
+                    offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+                    kmask = offs_k < K
+                    a = tl.load(a_rows[:, None] + offs_k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+                    b = tl.load(
+                        b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                        mask=kmask[:, None] & nmask[None, :],
+                        other=0.0,
+                    )
+                    if UPCAST:  # the CPU interpreter's bf16 dot is wrong (Triton 3.9); fp32 operands are exact
+                        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+                    else:
+                        acc = tl.dot(a, b, acc)
+                finished = True
+                if SPLIT_K > 1:
+                    # split-K: add into the tile's fp32 slot; the last split to arrive has the sum, and
+                    # leaves slot and counter at zero for the next call (no per-call clearing)
+                    in_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+                    slot_ptrs = ws_ptr + tile.to(tl.int64) * (BLOCK_M * BLOCK_N) + in_tile
+                    tl.atomic_add(slot_ptrs, acc, sem="acq_rel")
+                    tl.debug_barrier()
+                    arrived = tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel")
+                    finished = arrived == SPLIT_K - 1
+                    if finished:
+                        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                        acc = tl.atomic_add(slot_ptrs, zeros, sem="acquire")
+                        tl.store(slot_ptrs, zeros)
+                        tl.store(counts_ptr + tile, 0)
+                if finished:
+                    delta = tl.load(dest_deltas_ptr + seg)
+                    if EPI != 2:  # 16-element aligned: vector stores. Atomics stay scalar (see the module doc)
+                        delta = (delta // 16) * 16
+                    d_ptrs = dest_ptr + half + delta + offs_r[:, None].to(tl.int64) * stride_dm + offs_n[None, :]
+                    dmask = mmask[:, None] & nmask[None, :]
+                    if EPI == 2:
+                        tl.atomic_add(d_ptrs, acc, mask=dmask, sem="relaxed", scope="sys")
+                    else:
+                        tl.store(d_ptrs, acc.to(dest_ptr.dtype.element_ty), mask=dmask)
+                    if EPI > 0:
+                        # count the tile towards its chunk (chunks are whole tiles: chunk_rows is a
+                        # multiple of BLOCK_M, or the whole segment); the one completing it releases
+                        chunk = (pid_m * BLOCK_M) // chunk_rows
+                        in_chunk = tl.minimum(chunk_rows, seg_rows - chunk * chunk_rows)
+                        expected = tl.cdiv(in_chunk, BLOCK_M) * num_pid_n
+                        if EPI == 2:
+                            system_fence(THREADS, FENCE)
+                        thread_fence(fence_ptr, pid, THREADS, FENCE)
+                        tl.debug_barrier()
+                        done = tl.atomic_add(done_ptr + seg * n_chunks + chunk, 1, sem="acq_rel", scope="sys")
+                        if done == expected - 1:
+                            tl.store(done_ptr + seg * n_chunks + chunk, 0)
+                            release_flag_to(flag_ptrs_ptr, seg, rank * n_chunks + chunk, epoch)
+    if READY:  # noqa: SIM102 (constexpr)
+        # pull_cublas: the partial a library GEMM wrote (earlier on the stream) is ready for every peer
+        if pid == gemm_programs:
+            release_flag(flag_ptrs_ptr, rank, rank, epoch, WORLD)
+    if REDUCE:  # noqa: SIM102 (constexpr)
+        if pid >= gemm_programs:
+            # ---- reduce: this rank's R rows, per (chunk, column block), once every source's chunk is in ----
+            # work item = (chunk, row block, column block): as many items as the rows allow, whatever the chunking
+            rpid = pid - gemm_programs
+            num_nb = tl.cdiv(N, RED_N)
+            num_rb = tl.cdiv(chunk_rows, RED_M)
+            for work in range(rpid, n_chunks * num_rb * num_nb, num_programs - gemm_programs):
+                chunk = work // (num_rb * num_nb)
+                rb = (work // num_nb) % num_rb
+                nb = work % num_nb
+                for s in range(0, WORLD):
+                    if WAIT_OWN or s != rank:
+                        wait_flag(flags_ptr + s * n_chunks + chunk, epoch)
+                tl.debug_barrier()
+                thread_fence(fence_ptr, pid, THREADS, FENCE)
+                cols = nb * RED_N + tl.arange(0, RED_N)
+                cmask = cols < N
+                row_hi = tl.minimum(R, chunk * chunk_rows + chunk_rows)
+                rws = chunk * chunk_rows + rb * RED_M + tl.arange(0, RED_M)
+                mask = (rws < row_hi)[:, None] & cmask[None, :]
+                in_slot = rws[:, None].to(tl.int64) * N + cols[None, :]
+                total = tl.zeros((RED_M, RED_N), dtype=tl.float32)
+                for s in range(0, SOURCES):
+                    delta = tl.load(src_deltas_ptr + s)
+                    if ALIGNED:  # every source 16-element aligned: say so, for vector loads
+                        delta = (delta // 16) * 16
+                    total += tl.load(src_ptr + half + delta + in_slot, mask=mask, other=0.0).to(tl.float32)
+                o_ptrs = out_ptr + rws[:, None].to(tl.int64) * stride_om + cols[None, :]
+                tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+                if ZERO_SRC:
+                    tl.store(src_ptr + half + in_slot, tl.zeros((RED_M, RED_N), dtype=tl.float32), mask=mask)
+    if EPOCH == 1:
+        if EXIT:
+            # pull_cublas: the last program to finish tells every peer "done reading your partial of call
+            # e" and waits until each peer said the same, so the next call's GEMM may overwrite this rank's
+            # partial as soon as this launch ends; then it publishes the epoch
+            tl.debug_barrier()
+            arrived = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_programs - 1:
+                tl.store(state_ptr + 1, 0)
+                release_flag(exit_ptrs_ptr, rank, rank, epoch, WORLD)
+                for j in range(1, WORLD):
+                    wait_flag(exit_ptr + (rank + j) % WORLD, epoch)
+                tl.atomic_xchg(state_ptr, epoch, sem="release", scope="gpu")
+        else:
+            close_call(state_ptr, epoch, num_programs)
+
+
+@triton.jit(do_not_specialize=["owner", "index"])
+def release_flag_kernel(flag_ptrs_ptr, state_ptr, owner, index):
+    # Queued behind copy-engine copies into `owner`: stream order puts them first, the release publishes them.
+    release_flag_to(flag_ptrs_ptr, owner, index, tl.load(state_ptr))
+
+
+__all__ = ["gemm_rs_kernel", "release_flag_kernel", "release_flag_to", "triton"]
