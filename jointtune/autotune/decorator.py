@@ -13,6 +13,12 @@ I/O, no locks). A new key goes through the chain local store -> service -> miss 
 space default when none), `default`, `tune` (a short collective study, saved and published) or
 `error`. In a distributed job all ranks decide together (`agreement`), then cache locally.
 
+Non-deterministic modes (`Space.nondeterministic`, e.g. gemm_rs's atomic: results that may differ in
+the last bits between identical calls) are used only with `allow_nondeterministic=True`. Without it a
+record (store, service, nearest shape, online tuning) of such a mode counts as a miss of its source, with
+one warning, and online tuning leaves those modes out. The check runs when a key is resolved, never on
+the hot path.
+
 Timing policies (`policies`): a call asks for records measured the way it runs, `graph` while a CUDA
 graph is being captured and `eager` otherwise (or `timing=` fixed), falling back to other policies only
 along an explicit chain (`timing_fallback=`, $JOINTTUNE_TIMING_FALLBACK). A key first seen outside capture
@@ -93,10 +99,20 @@ class JointAutotuned:
         tune_settings: TuneSettings | None = None,
         timing: str | None = None,
         timing_fallback: Mapping[str, Sequence[str]] | str | None = None,
+        allow_nondeterministic: bool = False,
     ) -> None:
         from jointtune.search_spaces import get_space
 
         policies.check_timing(timing, timing_fallback)
+        if not isinstance(allow_nondeterministic, bool):
+            raise TuningError(
+                f"allow_nondeterministic: {allow_nondeterministic!r} is not allowed; it must be True or False"
+            )
+        if tune_settings is not None and tune_settings.allow_nondeterministic and not allow_nondeterministic:
+            raise TuningError(
+                "tune_settings.allow_nondeterministic: True is not allowed with allow_nondeterministic=False; "
+                "pass allow_nondeterministic=True to joint_autotune (it decides which configs a call may run)"
+            )
         if on_miss not in ON_MISS:
             raise TuningError(f"on_miss: {on_miss!r} is not allowed; allowed: {', '.join(ON_MISS)}")
         if not callable(key):
@@ -114,6 +130,8 @@ class JointAutotuned:
         self.tune_settings = tune_settings
         self.timing = timing
         self.timing_fallback = timing_fallback
+        #: whether configs of the space's non-deterministic modes may run (checked when a key is resolved)
+        self.allow_nondeterministic = allow_nondeterministic
         #: (shape items, dtype, world size or 0 for the job's, timing policy) -> read-only config
         self.cache: dict[tuple[Any, ...], Mapping[str, Any]] = {}
         #: same keys -> where the config came from
@@ -214,7 +232,7 @@ class JointAutotuned:
         limits = current_limits()
         mode = env_mode()
         if mode == "off":
-            found = Found(self.space.default(problem, limits), "default (JOINTTUNE_MODE=off)")
+            found = Found(self._default(problem, limits), "default (JOINTTUNE_MODE=off)")
         else:
             ident = Identity(
                 kernel=self.kernel,
@@ -235,7 +253,8 @@ class JointAutotuned:
                 policy = "nearest"
 
             def accept(config: Mapping[str, Any]) -> str | None:
-                return "; ".join(self.space.violations(config, problem, limits)) or None
+                refused = self._refused_mode(config)
+                return refused or "; ".join(self.space.violations(config, problem, limits)) or None
 
             found = self._find(ident, problem, accept, policy, limits)
         config = MappingProxyType(dict(found.config))
@@ -248,6 +267,16 @@ class JointAutotuned:
             print(f"jointtune: {self.kernel} {dims} {problem.dtype} w{problem.world_size} timing {timing}: "
                   f"{dict(config)} from {source}{detail}", flush=True)  # fmt: skip
         return config
+
+    def _refused_mode(self, config: Mapping[str, Any]) -> str | None:
+        """Why `config` may not run here: a non-deterministic mode the caller did not allow (else None)."""
+        mode = config.get("mode")
+        if self.allow_nondeterministic or not isinstance(mode, str) or mode not in self.space.nondeterministic:
+            return None
+        return (
+            f"mode: {mode!r} is non-deterministic (results may differ in the last bits between identical calls) "
+            "and is not allowed without joint_autotune(..., allow_nondeterministic=True)"
+        )
 
     def _find(self, ident: Identity, problem: Any, accept: Any, policy: str, limits: Any) -> Found:
         sources = self.sources_for()
@@ -273,14 +302,24 @@ class JointAutotuned:
                 f"{self.kernel}: no tuned shape near {shape} ({ident.dtype}, world_size {ident.world_size}); "
                 "using the space default",
             )
-        return Found(self.space.default(problem, limits), "default")
+        return Found(self._default(problem, limits), "default")
+
+    def _default(self, problem: Any, limits: Any) -> dict[str, Any]:
+        """The space default; where that is a mode the caller did not allow, the nearest allowed config."""
+        config = self.space.default(problem, limits)
+        if self._refused_mode(config) is None:
+            return config
+        allowed = [m for m in self.space.modes if m not in self.space.nondeterministic]
+        return self.space.restrict({"mode": allowed}).default(problem, limits)
 
     def _tune(self, ident: Identity, problem: Any, accept: Any) -> Found | None:
         from jointtune.autotune.decorator_tune import ONLINE_SETTINGS, tune_online
         from jointtune.db import NewRecord, resolve_db_url
 
         sources = self.sources_for()
-        settings = (self.tune_settings or ONLINE_SETTINGS).replace(timing=ident.timing)
+        settings = (self.tune_settings or ONLINE_SETTINGS).replace(
+            timing=ident.timing, allow_nondeterministic=self.allow_nondeterministic
+        )
         try:
             tune_online(self.kernel, problem, db_url=resolve_db_url(self.db_url), settings=settings)
             error = None
@@ -351,10 +390,14 @@ def joint_autotune(
     tune_settings: TuneSettings | None = None,
     timing: str | None = None,
     timing_fallback: Mapping[str, Sequence[str]] | str | None = None,
+    allow_nondeterministic: bool = False,
     **triton_options: Any,
 ) -> Callable[[Any], Any]:
     """Decorate a launcher (`space=...`, `key=` a function -> shape dict) or a `@triton.jit` kernel
-    (`configs=[triton.Config...]`, `key=` argument names, and any `triton.autotune` option)."""
+    (`configs=[triton.Config...]`, `key=` argument names, and any `triton.autotune` option).
+
+    `allow_nondeterministic` (launchers only): let configs of the space's non-deterministic modes run
+    and be tuned (off by default; see the module docstring)."""
 
     def decorate(fn: Any) -> Any:
         if space is not None:
@@ -364,10 +407,12 @@ def joint_autotune(
             return JointAutotuned(
                 fn, space=space, key=key, on_miss=on_miss or "nearest", kernel=kernel, dtype=dtype,
                 db_url=db_url, server=server, store_timeout_s=store_timeout_s, tune_settings=tune_settings,
-                timing=timing, timing_fallback=timing_fallback,
+                timing=timing, timing_fallback=timing_fallback, allow_nondeterministic=allow_nondeterministic,
             )  # fmt: skip
         from jointtune.autotune.triton_compat import JointAutotuner
 
+        if allow_nondeterministic:
+            raise TuningError("allow_nondeterministic: only allowed with space=...; a config list has no modes")
         return JointAutotuner(
             fn, fn.arg_names, configs, key if key is not None else [], on_miss=on_miss or "benchmark",
             kernel=kernel, db_url=db_url, server=server, store_timeout_s=store_timeout_s, timing=timing,

@@ -34,6 +34,7 @@ from jointtune.autotune.studies import (
     StudyState,
     trial_config,
 )
+from jointtune.errors import TuningError
 from jointtune.search_spaces._config import canonical_json
 
 if TYPE_CHECKING:
@@ -54,12 +55,29 @@ def study_space(family: Family, settings: TuneSettings) -> Space:
     """The space a study searches: the family's, narrowed by the `restrict` setting.
 
     A restriction of `mode` keeps "baseline": every study measures the unfused path first, for its
-    speed-ups and its watchdog's time limits.
+    speed-ups and its watchdog's time limits. The space's non-deterministic modes (results that may
+    differ in the last bits between identical calls) stay out unless `allow_nondeterministic` is set;
+    a `restrict` that names one without it is an error. Leaving them out narrows the space, so its
+    version, and with it the study, differs from the one that allows them.
     """
     space = resolve_space(family)
-    if not settings.restrict:
-        return space
     restrict = {name: list(values) for name, values in settings.restrict}
+    if space.nondeterministic and not settings.allow_nondeterministic:
+        mode = space.param("mode")
+        if "mode" in restrict:
+            asked = [mode.canonical(v) for v in restrict["mode"]]
+            refused = [m for m in space.nondeterministic if m in asked]
+            if refused:
+                raise TuningError(
+                    f"restrict.mode: {refused[0]!r} is not allowed without allow_nondeterministic ({space.name} "
+                    f"mode {refused[0]!r} is non-deterministic: results may differ in the last bits between "
+                    "identical calls); allow it with --allow-nondeterministic on the command line, "
+                    "`allow_nondeterministic: true` in a sweep file or TuneSettings(allow_nondeterministic=True)"
+                )
+        else:
+            restrict["mode"] = [m for m in space.modes if m not in space.nondeterministic]
+    if not restrict:
+        return space
     if "mode" in restrict and "baseline" in space.modes and "baseline" not in restrict["mode"]:
         restrict["mode"].append("baseline")
     return space.restrict(restrict)

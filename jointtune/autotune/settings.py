@@ -56,9 +56,16 @@ class TuneSettings:
     restrict: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     #: how trials (and the baseline) are timed: one of TIMINGS; each policy is a study of its own
     timing: str = "gpu"
+    #: offer modes whose results may differ in the last bits between identical calls (the space's
+    #: `nondeterministic` modes, e.g. gemm_rs's atomic): off by default, and a study of its own
+    allow_nondeterministic: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "restrict", _restriction(self.restrict))
+        if not isinstance(self.allow_nondeterministic, bool):
+            raise TuningError(
+                f"allow_nondeterministic: {self.allow_nondeterministic!r} is not allowed; it must be true or false"
+            )
         if self.strategy not in STRATEGIES:
             raise TuningError(f"strategy: {self.strategy!r} is not allowed; allowed: {', '.join(STRATEGIES)}")
         if self.timing not in TIMINGS:

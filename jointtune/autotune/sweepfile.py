@@ -20,8 +20,10 @@ profiles:
 Tuning fields: trials, time_budget, patience, strategy (tpe | random | exhaustive), seed, warmup,
 iters, warm_start, n_startup, lookahead, max_invalid_streak, max_duplicate_streak,
 restrict ({param: [values]}: search only that sub-space), timing (gpu | eager | graph, or a list:
-each policy is tuned as a job of its own; graph needs the gpu profile), watchdog: {compile_s, factor,
-slack_s, first_trial_s}. A job's fields override its profile's `tuning`, which overrides the file's.
+each policy is tuned as a job of its own; graph needs the gpu profile), allow_nondeterministic (true |
+false, default false: offer modes whose results may differ in the last bits between identical calls,
+e.g. gemm_rs's atomic; a study of its own), watchdog: {compile_s, factor, slack_s, first_trial_s}.
+A job's fields override its profile's `tuning`, which overrides the file's.
 Every error names its line and field:
 "sweep.yaml: line 9: profiles.cpu.jobs[0].trials: Input should be greater than or equal to 1 (got 0)";
 broken YAML says where it broke: "sweep.yaml:4:12: not valid YAML: mapping values are not allowed here".
@@ -40,7 +42,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from jointtune.autotune.settings import TIMINGS, Job, TuneSettings
 from jointtune.errors import JointtuneError, TuningError
@@ -79,6 +81,7 @@ class TuningModel(_Strict):
     max_duplicate_streak: int | None = Field(None, ge=1)
     restrict: dict[str, list[int | str | bool] | int | str | bool] | None = None
     timing: Timing | Annotated[list[Timing], Field(min_length=1)] | None = None
+    allow_nondeterministic: StrictBool | None = None
     watchdog: WatchdogModel | None = None
 
     def timings(self) -> list[str] | None:

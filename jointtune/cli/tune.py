@@ -160,6 +160,14 @@ def tune(
     imports: Annotated[
         list[str] | None, typer.Option("--import", help="module to import first (plug-in family)")
     ] = None,
+    allow_nondeterministic: Annotated[
+        bool,
+        typer.Option(
+            "--allow-nondeterministic",
+            help="also search modes whose results may differ in the last bits between identical calls "
+            "(e.g. gemm_rs mode=atomic); off by default",
+        ),
+    ] = False,
 ) -> None:
     """Tune one kernel for one shape on this node."""
     from jointtune.autotune.handles import study_space
@@ -180,6 +188,7 @@ def tune(
         seed=seed,
         restrict=parse_restrictions(restrict or []),
         timing=timing,
+        allow_nondeterministic=allow_nondeterministic,
     ).replace(**{k: v for k, v in changes.items() if v is not None})
     options = _options(None, None)
     url = resolve_db_url(db)
