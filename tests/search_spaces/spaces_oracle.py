@@ -1,7 +1,8 @@
 """The three spaces' rules written out a second time, straight from the spec, as a test oracle.
 
 Deliberately naive (no shared code with the package): which fields a config must have, and which
-rules it breaks. Property tests compare the spaces' own answers against these.
+rules it breaks, by the name each space gives the rule. Property tests compare the spaces' own
+answers against these.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from jointtune.search_spaces import DeviceLimits, Problem
 
 TILES = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "SPLIT_K")
 DECODE = ("kv_split", "BLOCK_N", "heads_per_program", "num_warps", "num_stages", "combine_chunks")
+#: gemm_rs modes whose tile GEMM shares its launch with the reduce programs
+GEMM_RS_FUSED = ("pull", "push", "atomic")
 
 
 def np2(n: int) -> int:
@@ -22,30 +25,38 @@ def np2(n: int) -> int:
 
 
 def active_fields(space: str, cfg: dict[str, Any]) -> set[str]:
-    """The fields a config with these mode/ce_consumer values must have, per the spec."""
+    """The fields a config with these mode/ce_consumer/push_by/gemm_order values must have, per the spec."""
     mode = cfg.get("mode")
     if space == "flash_decode":
         return {"mode", *DECODE} if mode in ("pull", "push") else {"mode"}
     out = {"mode"}
     if mode == "ce":
         out |= {"ce_consumer", "ce_chunks"}
-    if mode in ("pull", "push") or (mode == "ce" and cfg.get("ce_consumer") == "triton"):
+    triton_ce = mode == "ce" and cfg.get("ce_consumer") == "triton"
+    if space == "ag_gemm":
+        if mode in ("pull", "push") or triton_ce:
+            out |= set(TILES)
+        if mode == "push":
+            out |= {"comm_sms", "chunk_m"}
+        if mode == "push_cublas":
+            out |= {"push_by", "gemm_order"}
+            if cfg.get("push_by") == "sm":
+                out.add("comm_sms")
+            if cfg.get("gemm_order") == "local_first":
+                out.add("chunk_m")
+        return out
+    # gemm_rs
+    if mode in GEMM_RS_FUSED or triton_ce:
         out |= set(TILES)
-    if mode == "push":
-        out |= {"comm_sms", "chunk_m"}
-    if space == "ag_gemm" and mode == "push_cublas":
-        out |= {"push_by", "gemm_order"}
-        if cfg.get("push_by") == "sm":
-            out.add("comm_sms")
-        if cfg.get("gemm_order") == "local_first":
-            out.add("chunk_m")
-    if space == "gemm_rs" and mode == "pull":
-        out.add("chunk_m")
+    if mode in GEMM_RS_FUSED:
+        out |= {"chunk_m", "tile_order"}
+    if mode in (*GEMM_RS_FUSED, "pull_cublas", "ce"):
+        out.add("reduce_sms")
     return out
 
 
 def broken_rules(space: str, cfg: dict[str, Any], problem: Problem, lim: DeviceLimits) -> list[str]:
-    """Names of the constraints a structurally valid config breaks."""
+    """Names of the constraints a structurally valid config breaks (each space's own rule names)."""
     d, w, nbytes = problem.dims, problem.world_size, problem.dtype_bytes
     bad = []
     if space == "flash_decode":
@@ -53,19 +64,19 @@ def broken_rules(space: str, cfg: dict[str, Any], problem: Problem, lim: DeviceL
             return []
         s_r = -(-d["S"] // w)
         if cfg["kv_split"] > max(256, np2(s_r)):
-            bad.append("kv_split")
+            bad.append("kv_split_fits_shard")
         if cfg["BLOCK_N"] > cfg["kv_split"]:
-            bad.append("block")
+            bad.append("block_fits_split")
         if cfg["num_stages"] > cfg["kv_split"] // cfg["BLOCK_N"]:
-            bad.append("stages")
+            bad.append("stages_need_steps")
         if cfg["num_warps"] * 8 > cfg["BLOCK_N"]:
-            bad.append("warps")
+            bad.append("warps_fit_block")
         if 2 * cfg["BLOCK_N"] * d["D"] * nbytes * cfg["num_stages"] > lim.max_shared_mem:
-            bad.append("smem")
+            bad.append("shared_memory")
         if (d["H"] // d["H_KV"]) % cfg["heads_per_program"]:
-            bad.append("heads")
+            bad.append("heads_divide_group")
         if (d["B"] * d["H"]) % cfg["combine_chunks"]:
-            bad.append("combine")
+            bad.append("chunks_divide_rows")
         return bad
     rows = d["M"] // w
     cols = d["N"] // w if space == "ag_gemm" else d["N"]
@@ -73,19 +84,36 @@ def broken_rules(space: str, cfg: dict[str, Any], problem: Problem, lim: DeviceL
     if "BLOCK_M" in cfg:
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         if (bm * bk + bk * bn) * nbytes * cfg["num_stages"] > lim.max_shared_mem:
-            bad.append("smem")
-        if bm > max(16, np2(d["M"])) or bn > max(32, np2(cols)) or bk > max(32, np2(depth)):
-            bad.append("tile")
+            bad.append("shared_memory")
+        if bm > max(16, np2(d["M"])):
+            bad.append("BLOCK_M_fits_problem")
+        if bn > max(32, np2(cols)):
+            bad.append("BLOCK_N_fits_problem")
+        if bk > max(32, np2(depth)):
+            bad.append("BLOCK_K_fits_problem")
         if cfg["num_warps"] == 8 and bm * bn < 8192:
-            bad.append("warps")
+            bad.append("warps_fit_tile")
         if cfg["GROUP_M"] != 1 and cfg["GROUP_M"] > -(-d["M"] // bm):
-            bad.append("group")
+            bad.append("group_fits_rows")
         if cfg["SPLIT_K"] != 1 and -(-depth // cfg["SPLIT_K"]) < 2 * bk:
-            bad.append("split_k")
-    if "chunk_m" in cfg and rows % cfg["chunk_m"] and cfg["chunk_m"] != np2(rows):
-        bad.append("chunk_m")
-    if "comm_sms" in cfg and cfg["comm_sms"] > lim.num_sms // 4:
-        bad.append("comm_sms")
+            bad.append("split_k_fits_depth")
+    if space == "ag_gemm":
+        # the all-gather's chunks must tile the rank's rows exactly (or be one chunk of next_pow2(R))
+        if "chunk_m" in cfg and rows % cfg["chunk_m"] and cfg["chunk_m"] != np2(rows):
+            bad.append("chunk_divides_rows")
+        if "comm_sms" in cfg and cfg["comm_sms"] > lim.num_sms // 4:
+            bad.append("comm_sms_budget")
+    else:
+        # gemm_rs takes a ragged last chunk: a chunk only may not be longer than the rows, rounded up
+        if "chunk_m" in cfg and cfg["chunk_m"] > max(16, np2(rows)):
+            bad.append("chunk_fits_rows")
+        # reduce programs beside a fused GEMM get a quarter of the SMs; after cuBLAS or beside the copy engine, all
+        if "reduce_sms" in cfg:
+            budget = lim.num_sms // 4 if cfg["mode"] in GEMM_RS_FUSED else lim.num_sms
+            if cfg["reduce_sms"] > budget:
+                bad.append("reduce_sms_budget")
+        if cfg["mode"] == "atomic" and (cfg["BLOCK_M"] * cfg["BLOCK_N"] > 8192 or cfg["num_warps"] != 4):
+            bad.append("atomic_tile")
     if "ce_chunks" in cfg and cfg["ce_chunks"] > rows:
-        bad.append("ce_chunks")
+        bad.append("ce_chunks_fit_rows")
     return bad

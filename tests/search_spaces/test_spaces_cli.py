@@ -44,34 +44,63 @@ def test_list_and_show(invoke) -> None:
         "params": 14,
         "kernels": ["ag_gemm"],
     }
+    assert rows[2] == {
+        "name": "gemm_rs",
+        "version": get_space("gemm_rs").version,
+        "revision": 3,
+        "dims": ["M", "N", "K"],
+        "params": 13,
+        "kernels": ["gemm_rs"],
+    }
     # which spaces have a kernel comes from the family registry: a family registered now shows at once
     assert {r["name"]: r["kernels"] for r in rows if r["name"] in builtin} == {
         "ag_gemm": ["ag_gemm"],
         "flash_decode": [],
-        "gemm_rs": [],
+        "gemm_rs": ["gemm_rs"],
     }
     table = invoke("list")
-    assert get_space("gemm_rs").version in table and "flash_decode" in table and "none yet" in table
+    lines = {name: [line for line in table.splitlines() if f" {name} " in line] for name in builtin}
+    assert all(len(found) == 1 for found in lines.values()), table  # one row per space
+    assert get_space("gemm_rs").version in lines["gemm_rs"][0] and "none yet" not in lines["gemm_rs"][0]
+    assert "none yet" in lines["flash_decode"][0] and table.count("none yet") == 1  # only flash_decode lacks one
     assert json.loads(invoke("show", "flash_decode", "--json")) == get_space("flash_decode").to_json()
     shown = invoke("show", "ag_gemm")
     assert "comm_sms" in shown and "shared_memory" in shown and 'mode == "push"' in shown
     assert "kernel: ag_gemm (tune it with `jointtune tune --kernel ag_gemm ...`)" in shown
-    assert "kernel: none yet; the space can be counted and validated, not tuned or run" in invoke("show", "gemm_rs")
+    shown = invoke("show", "gemm_rs")
+    assert "kernel: gemm_rs (tune it with `jointtune tune --kernel gemm_rs ...`)" in shown and "none yet" not in shown
+    assert "reduce_sms" in shown and "tile_order" in shown and "atomic_tile" in shown and "comm_sms" not in shown
+    assert "kernel: none yet; the space can be counted and validated, not tuned or run" in invoke(
+        "show", "flash_decode"
+    )
 
 
 def test_a_new_family_gives_its_space_a_kernel(invoke) -> None:
     from jointtune.kernels import get_family, register_family, unregister_family
 
+    class FlashDecodeStandIn(type(get_family("ag_gemm"))):
+        name = "flash_decode_standin"
+        space = "flash_decode"
+
     class GemmRsStandIn(type(get_family("ag_gemm"))):
         name = "gemm_rs_standin"
         space = "gemm_rs"
 
+    register_family(FlashDecodeStandIn())
     register_family(GemmRsStandIn())
     try:
         rows = {r["name"]: r["kernels"] for r in json.loads(invoke("list", "--json"))}
-        assert rows["gemm_rs"] == ["gemm_rs_standin"]
+        # a space without a kernel gets one; a second family for a space is listed beside the first
+        assert rows["flash_decode"] == ["flash_decode_standin"]
+        assert rows["gemm_rs"] == ["gemm_rs", "gemm_rs_standin"]
+        assert "none yet" not in invoke("list")
+        shown = invoke("show", "flash_decode")
+        assert "kernel: flash_decode_standin (tune it with" in shown and "none yet" not in shown
     finally:
+        unregister_family("flash_decode_standin")
         unregister_family("gemm_rs_standin")
+    rows = {r["name"]: r["kernels"] for r in json.loads(invoke("list", "--json"))}
+    assert rows["flash_decode"] == [] and rows["gemm_rs"] == ["gemm_rs"]
 
 
 def test_count_one_problem_matches_the_api(invoke) -> None:

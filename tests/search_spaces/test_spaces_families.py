@@ -51,14 +51,59 @@ def test_ag_gemm_params_are_exactly_the_kernel_contract() -> None:
         assert conditions[tile] == 'mode in ["pull", "push"] or (mode == "ce" and ce_consumer == "triton")'
 
 
+def test_gemm_rs_params_are_exactly_the_kernel_contract() -> None:
+    space = get_space("gemm_rs")
+    assert {p.name: p.choices for p in space.params} == {
+        "mode": ("pull", "push", "atomic", "pull_cublas", "ce", "baseline"),
+        "ce_consumer": ("triton", "cublas"),
+        "ce_chunks": (1, 2, 4, 8),
+        "BLOCK_M": (16, 32, 64, 128, 256),
+        "BLOCK_N": (32, 64, 128, 256),
+        "BLOCK_K": (32, 64, 128, 256),
+        "GROUP_M": (1, 4, 8, 16),
+        "num_warps": (4, 8),
+        "num_stages": (2, 3, 4, 5, 6),
+        "SPLIT_K": (1, 2, 4, 8),
+        "chunk_m": (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+        "reduce_sms": (1, 2, 4, 8, 16, 32, 64, 128),
+        "tile_order": ("peers_first", "own_first"),
+    }
+    conditions = {p.name: p.when.describe() if p.when else None for p in space.params}
+    assert conditions["mode"] is None
+    assert conditions["ce_consumer"] == conditions["ce_chunks"] == 'mode == "ce"'
+    for tile in TILES:
+        assert conditions[tile] == 'mode in ["pull", "push", "atomic"] or (mode == "ce" and ce_consumer == "triton")'
+    assert conditions["chunk_m"] == conditions["tile_order"] == 'mode in ["pull", "push", "atomic"]'
+    assert conditions["reduce_sms"] == 'mode in ["pull", "push", "atomic", "pull_cublas", "ce"]'
+    assert {c.name for c in space.constraints} == {
+        "shared_memory",
+        "BLOCK_M_fits_problem",
+        "BLOCK_N_fits_problem",
+        "BLOCK_K_fits_problem",
+        "warps_fit_tile",
+        "group_fits_rows",
+        "split_k_fits_depth",
+        "chunk_fits_rows",
+        "reduce_sms_budget",
+        "ce_chunks_fit_rows",
+        "atomic_tile",
+    }
+    # only atomic mode's sums depend on the order of the adds
+    assert space.nondeterministic == ("atomic",)
+    assert get_space("ag_gemm").nondeterministic == get_space("flash_decode").nondeterministic == ()
+
+
 def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
     # If this fails you changed a space: bump its `revision` if constraint code changed meaning,
     # then update the pinned value. Stored records are keyed by these versions.
     assert {name: get_space(name).version for name in ("ag_gemm", "gemm_rs", "flash_decode")} == {
         "ag_gemm": "f157dc3fa290",
-        "gemm_rs": "1fd89d6bea81",
+        # revision 3 (the kernel's modes: atomic, pull_cublas, reduce_sms, tile_order; chunk_fits_rows,
+        # reduce_sms_budget, atomic_tile; no comm_sms) changed it from 1fd89d6bea81
+        "gemm_rs": "f8b5ac3391ee",
         "flash_decode": "b08fba860040",
     }
+    assert get_space("gemm_rs").revision == 3
 
 
 def _rebuild(space: Space, **changes) -> Space:
@@ -89,10 +134,29 @@ def test_to_json_describes_params_conditions_and_rules() -> None:
     data = json.loads(json.dumps(get_space("gemm_rs").to_json()))
     assert data["name"] == "gemm_rs" and data["version"] == get_space("gemm_rs").version
     chunk = next(p for p in data["params"] if p["name"] == "chunk_m")
-    assert chunk["when"] == [{"mode": ["pull", "push"]}] and chunk["kind"] == "pow2" and chunk["doc"]
+    assert chunk["when"] == [{"mode": ["pull", "push", "atomic"]}] and chunk["kind"] == "pow2" and chunk["doc"]
+    reduce = next(p for p in data["params"] if p["name"] == "reduce_sms")
+    assert reduce["when"] == [{"mode": ["pull", "push", "atomic", "pull_cublas", "ce"]}] and reduce["doc"]
+    assert reduce["kind"] == "pow2" and reduce["choices"] == [1, 2, 4, 8, 16, 32, 64, 128]
     rules = {c["name"]: c for c in data["constraints"]}
     assert rules["BLOCK_K_fits_problem"]["rule"] == "BLOCK_K <= max(32, next_pow2(K_r))"
     assert rules["shared_memory"]["fields"] == ["BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages"]
+    assert rules["chunk_fits_rows"] == {
+        "name": "chunk_fits_rows",
+        "fields": ["chunk_m"],
+        "rule": "chunk_m <= max(16, next_pow2(R))",
+    }
+    assert rules["reduce_sms_budget"]["fields"] == ["reduce_sms", "mode"]
+    assert rules["atomic_tile"] == {
+        "name": "atomic_tile",
+        "fields": ["mode", "BLOCK_M", "BLOCK_N", "num_warps"],
+        "rule": "mode != atomic or (BLOCK_M*BLOCK_N <= 8192 and num_warps == 4)",
+    }
+    # gemm_rs chunks may be ragged, and it has no comm_sms; ag_gemm keeps both rules
+    assert "chunk_divides_rows" not in rules and "comm_sms_budget" not in rules
+    assert all(p["name"] != "comm_sms" for p in data["params"])
+    ag_rules = {c["name"] for c in AG_GEMM.to_json()["constraints"]}
+    assert {"chunk_divides_rows", "comm_sms_budget"} <= ag_rules and "chunk_fits_rows" not in ag_rules
 
 
 @pytest.mark.parametrize(
@@ -179,14 +243,15 @@ def test_split_k_leaves_each_split_two_k_blocks_of_the_local_depth(name: str, sh
     # both GEMMs loop over a depth of 1020 (gemm_rs: K_r = 2040 / 2); cdiv rounds up: 1020 / 8 -> 128
     space, problem = get_space(name), _problem(name, shape)
     base = {"mode": "pull", "BLOCK_M": 64, "BLOCK_N": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
-    base |= {"chunk_m": 64} if name == "gemm_rs" else {}
+    comm = {"chunk_m": 64, "reduce_sms": 8, "tile_order": "peers_first"} if name == "gemm_rs" else {}
+    base |= comm
     assert space.violations({**base, "BLOCK_K": 64, "SPLIT_K": 8}, problem, HOPPER) == []
     assert space.violations({**base, "BLOCK_K": 128, "SPLIT_K": 2}, problem, HOPPER) == []
     assert space.violations({**base, "BLOCK_K": 128, "SPLIT_K": 4}, problem, HOPPER) == [
         f"SPLIT_K: 4 is not allowed with BLOCK_K=128 for {depth}; cdiv({depth.split('=')[0]}, SPLIT_K) = 255 "
         f"< 2 * BLOCK_K = 256; allowed: 1 or cdiv({depth.split('=')[0]}, SPLIT_K) >= 2 * BLOCK_K, here 1, 2"
     ]
-    pairs = {(c["SPLIT_K"], c["BLOCK_K"]) for c in space.enumerate(problem, HOPPER, where={"mode": "pull"})}
+    pairs = {(c["SPLIT_K"], c["BLOCK_K"]) for c in space.enumerate(problem, HOPPER, where={"mode": "pull", **comm})}
     assert pairs == {
         (1, 32),
         (1, 64),
@@ -241,9 +306,15 @@ def test_flash_decode_rules() -> None:
         ("ag_gemm", "96x96x48", {"mode": "ce"}),
         ("ag_gemm", "200x40x100", {"mode": "push", "comm_sms": 4}),
         ("ag_gemm", "256x256x1020", {"mode": "pull"}),
-        ("gemm_rs", "1024x8192x8192", {"mode": "pull"}),
-        ("gemm_rs", "256x256x2040", {"mode": "ce"}),
-        ("gemm_rs", "200x40x100", {"mode": "push", "comm_sms": 16}),
+        # gemm_rs: every reduce_sms of a fused mode (<= 64 // 4 allowed) with one chunk_m and tile order
+        ("gemm_rs", "1024x8192x8192", {"mode": "pull", "chunk_m": 256, "tile_order": "own_first"}),
+        # reduce_sms at the edge of what ce allows (num_sms = 64), a fused mode's budget would refuse it
+        ("gemm_rs", "256x256x2040", {"mode": "ce", "reduce_sms": 64}),
+        # push's reduce programs at the edge of their budget (64 // 4 = 16); R=100: ragged chunks up to 128
+        ("gemm_rs", "200x40x100", {"mode": "push", "reduce_sms": 16, "tile_order": "peers_first"}),
+        # atomic keeps to 4-warp tiles of <= 8192 elements
+        ("gemm_rs", "2048x1024x1024", {"mode": "atomic", "reduce_sms": 8, "tile_order": "peers_first"}),
+        ("gemm_rs", "200x40x100", {"mode": "pull_cublas"}),
         ("flash_decode", "16x24x8x30000x128", {"mode": "push"}),
     ],
 )

@@ -37,7 +37,16 @@ def _sampler(seed: int = 0) -> optuna.samplers.TPESampler:
 
 def _latency(config: dict) -> float:
     """A made-up but structured cost, so TPE has something to learn from."""
-    cost = {"pull": 3.0, "push": 1.0, "push_cublas": 1.5, "ce": 2.0, "baseline": 4.0}[config["mode"]]
+    modes = {
+        "pull": 3.0,
+        "push": 1.0,
+        "push_cublas": 1.5,
+        "atomic": 1.2,
+        "pull_cublas": 2.5,
+        "ce": 2.0,
+        "baseline": 4.0,
+    }
+    cost = modes[config["mode"]]
     for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "kv_split", "chunk_m"):
         if name in config:
             cost += abs(math.log2(config[name]) - 7) / 4

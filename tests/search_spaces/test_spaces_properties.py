@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -9,7 +10,7 @@ import optuna
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from spaces_oracle import active_fields, broken_rules, np2
+from spaces_oracle import GEMM_RS_FUSED, active_fields, broken_rules, np2
 
 from jointtune.errors import SpaceError
 from jointtune.search_spaces import DeviceLimits, Problem, Space, canonical_json, config_hash, get_space
@@ -21,6 +22,7 @@ LIMITS = [
     DeviceLimits(max_shared_mem=166912, num_sms=108, compute_capability=(8, 0)),
     DeviceLimits(max_shared_mem=101376, num_sms=84, compute_capability=(8, 9)),
     DeviceLimits(max_shared_mem=49152, num_sms=20, compute_capability=(7, 5)),
+    DeviceLimits(max_shared_mem=49152, num_sms=3, compute_capability=(7, 5)),  # too few SMs for a fused kernel
 ]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -64,13 +66,23 @@ def cases(draw: st.DrawFn) -> tuple[Space, Problem, DeviceLimits, dict[str, Any]
     return space, draw(problems(space.name)), draw(st.sampled_from(LIMITS)), draw(walks(space))
 
 
+def rules_the_space_finds_broken(
+    space: Space, cfg: dict[str, Any], problem: Problem, limits: DeviceLimits
+) -> list[str]:
+    ctx = space.context(problem, limits)
+    return sorted(c.name for c in space.constraints if all(f in cfg for f in c.fields) and c.check(cfg, ctx))
+
+
 @SETTINGS
 @given(cases())
 def test_violations_agree_with_validate_and_the_spec(case) -> None:
     space, problem, limits, cfg = case
     assert set(cfg) == active_fields(space.name, cfg)
     problems_found = space.violations(cfg, problem, limits)
-    assert bool(problems_found) == bool(broken_rules(space.name, cfg, problem, limits)), problems_found
+    expected = broken_rules(space.name, cfg, problem, limits)
+    # the very rules the spec names are the ones broken, and each gives one message
+    assert rules_the_space_finds_broken(space, cfg, problem, limits) == sorted(expected), problems_found
+    assert len(problems_found) == len(expected), problems_found
     if problems_found:
         with pytest.raises(SpaceError) as e:
             space.validate(cfg, problem, limits)
@@ -111,7 +123,9 @@ def test_structural_mistakes_are_named(case, mistake: str, data) -> None:
         expected = f"{p.name}: "
     elif mistake == "bad_value":
         field = data.draw(st.sampled_from(sorted(cfg)))
-        cfg[field] = data.draw(st.sampled_from([3, 12345, "zz", True, None, 2.5]))
+        choices = space.param(field).choices  # 3 is a real choice of num_stages: not a mistake there
+        bad = [v for v in (3, 12345, "zz", True, None, 2.5) if not any(type(v) is type(c) and v == c for c in choices)]
+        cfg[field] = data.draw(st.sampled_from(bad))
         expected = f"{field}: {cfg[field]!r} is not allowed"
     else:
         cfg["NOT_A_FIELD"] = 1
@@ -157,8 +171,9 @@ def test_enumerated_configs_are_valid_distinct_and_counted(data) -> None:
     space = get_space(data.draw(st.sampled_from(NAMES)))
     problem, limits = data.draw(problems(space.name)), data.draw(st.sampled_from(LIMITS))
     where: dict[str, Any] = {"mode": data.draw(st.sampled_from(space.modes))}
-    if where["mode"] == "push" and space.name != "flash_decode":
-        where["comm_sms"] = data.draw(st.sampled_from(space.param("comm_sms").choices))  # keep it small
+    for name in ("comm_sms", "reduce_sms", "tile_order"):  # pinned where they exist, to keep it small
+        if any(p.name == name for p in space.params) and space.param(name).when.holds(where):
+            where[name] = data.draw(st.sampled_from(space.param(name).choices))
     seen = set()
     for i, cfg in enumerate(space.enumerate(problem, limits, where=where)):
         assert set(cfg) == active_fields(space.name, cfg)
@@ -178,9 +193,7 @@ def test_default_is_always_valid(named, limits: DeviceLimits) -> None:
     default = space.default(problem, limits)
     assert space.violations(default, problem, limits) == []
     if name == "gemm_rs":
-        rows = problem.dim("M") // problem.world_size
-        expected = {"mode": "baseline"} if rows < 512 else {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1}
-        assert default == expected
+        assert default == _gemm_rs_default(problem.dim("M") // problem.world_size, problem.world_size, limits.num_sms)
     elif name == "ag_gemm":
         rows, w = problem.dim("M") // problem.world_size, problem.world_size
         if w == 1 or limits.num_sms < 4:
@@ -198,13 +211,53 @@ def test_default_is_always_valid(named, limits: DeviceLimits) -> None:
         assert default == {"mode": "baseline"}
 
 
+def _pow2_at_most(n: int) -> int:
+    p = 1
+    while 2 * p <= n:
+        p *= 2
+    return p
+
+
+def _gemm_rs_default(rows: int, world_size: int, num_sms: int) -> dict[str, Any]:
+    """The spec's gemm_rs default: cuBLAS alone on one rank (or too few SMs to share); cuBLAS + a pull-and-sum
+    launch below 512 rows per rank; else cuBLAS + the copy engine in one chunk."""
+    if world_size == 1 or num_sms < 4:
+        return {"mode": "baseline"}
+    if rows < 512:
+        return {"mode": "pull_cublas", "reduce_sms": _pow2_at_most(min(64, num_sms))}
+    return {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "reduce_sms": _pow2_at_most(min(128, num_sms))}
+
+
+@pytest.mark.parametrize(
+    ("rows", "world_size", "num_sms", "expected"),
+    [
+        (4096, 1, 132, {"mode": "baseline"}),
+        (4096, 2, 3, {"mode": "baseline"}),
+        (1, 2, 4, {"mode": "pull_cublas", "reduce_sms": 4}),
+        (511, 8, 132, {"mode": "pull_cublas", "reduce_sms": 64}),
+        (511, 2, 20, {"mode": "pull_cublas", "reduce_sms": 16}),
+        (511, 2, 63, {"mode": "pull_cublas", "reduce_sms": 32}),
+        (512, 2, 132, {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "reduce_sms": 128}),
+        (512, 4, 127, {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "reduce_sms": 64}),
+        (9000, 2, 5, {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "reduce_sms": 4}),
+    ],
+)
+def test_gemm_rs_default_follows_rows_world_size_and_sms(rows, world_size, num_sms, expected) -> None:
+    space = get_space("gemm_rs")
+    problem = space.make_problem({"M": world_size * rows, "N": 4096, "K": world_size * 1024}, world_size=world_size)
+    limits = DeviceLimits(max_shared_mem=232448, num_sms=num_sms, compute_capability=(9, 0))
+    assert _gemm_rs_default(rows, world_size, num_sms) == expected  # the spec helper itself, at its edges
+    assert space.default(problem, limits) == expected
+    assert space.violations(expected, problem, limits) == []
+
+
 @pytest.mark.parametrize("name", ["ag_gemm", "gemm_rs"])
 def test_split_k_agrees_with_the_spec_on_both_sides_of_every_edge(name: str) -> None:
     # random walks rarely land on a depth where cdiv and floor division disagree, so walk every edge:
     # depth d is the one the local GEMM loops over (ag_gemm: K; gemm_rs: K / W, here W = 2)
     space, limits = get_space(name), LIMITS[0]
     tiles = {"mode": "pull", "BLOCK_M": 16, "BLOCK_N": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
-    tiles |= {"chunk_m": 64} if name == "gemm_rs" else {}
+    tiles |= {"chunk_m": 64, "reduce_sms": 8, "tile_order": "peers_first"} if name == "gemm_rs" else {}
     for split in space.param("SPLIT_K").choices:
         for bk in space.param("BLOCK_K").choices:
             first = split * (2 * bk - 1) + 1  # the least d with cdiv(d, split) >= 2 * bk
@@ -213,5 +266,130 @@ def test_split_k_agrees_with_the_spec_on_both_sides_of_every_edge(name: str) -> 
                 problem = space.make_problem({"M": 128, "N": 64, "K": k}, dtype="bf16", world_size=2)
                 cfg = {**tiles, "BLOCK_K": bk, "SPLIT_K": split}
                 expected = broken_rules(name, cfg, problem, limits)
-                assert expected == (["split_k"] if split > 1 and d < first else []), (cfg, d)
+                assert expected == (["split_k_fits_depth"] if split > 1 and d < first else []), (cfg, d)
                 assert bool(space.violations(cfg, problem, limits)) == bool(expected), (cfg, d)
+
+
+GEMM_RS_TILE = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+GEMM_RS_TILE["SPLIT_K"] = 1
+
+
+@pytest.mark.parametrize("mode", GEMM_RS_FUSED)
+@pytest.mark.parametrize(
+    ("rows", "longest"),
+    [(1, 16), (15, 16), (16, 16), (17, 32), (100, 128), (128, 128), (129, 256), (4097, 8192), (8192, 8192)],
+)
+def test_gemm_rs_chunks_may_be_ragged_but_no_longer_than_the_rows_rounded_up(mode: str, rows: int, longest: int):
+    # chunk_fits_rows: chunk_m <= max(16, next_pow2(R)); the kernel takes a shorter last chunk, so a chunk
+    # need not divide R (ag_gemm's chunk_divides_rows still holds there)
+    space, limits = get_space("gemm_rs"), LIMITS[0]
+    problem = space.make_problem({"M": 2 * rows, "N": 64, "K": 128}, dtype="bf16", world_size=2)
+    base = {"mode": mode, **GEMM_RS_TILE, "reduce_sms": 8, "tile_order": "own_first"}
+    for chunk in space.param("chunk_m").choices:
+        cfg = {**base, "chunk_m": chunk}
+        fits = chunk <= longest
+        assert broken_rules("gemm_rs", cfg, problem, limits) == ([] if fits else ["chunk_fits_rows"]), cfg
+        assert space.violations(cfg, problem, limits) == (
+            []
+            if fits
+            else [
+                f"chunk_m: {chunk} is not allowed for R={rows} rows per rank (M / world_size); "
+                f"allowed: <= max(16, next_pow2(R)) = {longest}"
+            ]
+        )
+
+
+def test_a_ragged_last_chunk_is_fine_for_gemm_rs_not_for_ag_gemm() -> None:
+    # 100 rows per rank in chunks of 32: the last chunk has 4 rows
+    limits = LIMITS[0]
+    rs = get_space("gemm_rs")
+    rs_problem = rs.make_problem({"M": 200, "N": 64, "K": 128}, dtype="bf16", world_size=2)
+    push = {"mode": "push", **GEMM_RS_TILE, "chunk_m": 32, "reduce_sms": 8, "tile_order": "peers_first"}
+    assert broken_rules("gemm_rs", push, rs_problem, limits) == [] == rs.violations(push, rs_problem, limits)
+    ag = get_space("ag_gemm")
+    ag_problem = ag.make_problem({"M": 200, "N": 128, "K": 64}, dtype="bf16", world_size=2)
+    push = {"mode": "push", **GEMM_RS_TILE, "comm_sms": 8, "chunk_m": 32}
+    assert broken_rules("ag_gemm", push, ag_problem, limits) == ["chunk_divides_rows"]
+    assert ag.violations(push, ag_problem, limits) == [
+        "chunk_m: 32 is not allowed for R=100 rows per rank (M / world_size); "
+        "allowed: a divisor of R, or 128 (one chunk per rank)"
+    ]
+
+
+REDUCE_MODES = [
+    ({"mode": "pull", **GEMM_RS_TILE, "chunk_m": 64, "tile_order": "peers_first"}, "quarter"),
+    ({"mode": "push", **GEMM_RS_TILE, "chunk_m": 64, "tile_order": "peers_first"}, "quarter"),
+    ({"mode": "atomic", **GEMM_RS_TILE, "chunk_m": 64, "tile_order": "own_first"}, "quarter"),
+    ({"mode": "pull_cublas"}, "all"),
+    ({"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 2}, "all"),
+    ({"mode": "ce", "ce_consumer": "triton", "ce_chunks": 2, **GEMM_RS_TILE}, "all"),
+]
+
+
+@pytest.mark.parametrize(("base", "share"), REDUCE_MODES)
+@pytest.mark.parametrize("num_sms", [3, 4, 20, 63, 64, 65, 132, 200])
+def test_gemm_rs_reduce_programs_get_a_quarter_of_the_sms_beside_a_fused_gemm_else_all(base, share, num_sms):
+    # reduce_sms_budget: <= num_sms // 4 in pull, push, atomic (the reduce programs share the GEMM's grid);
+    # <= num_sms in pull_cublas and ce (they run after cuBLAS or beside the copy engine)
+    space = get_space("gemm_rs")
+    problem = space.make_problem({"M": 1024, "N": 1024, "K": 1024}, dtype="bf16", world_size=2)
+    limits = DeviceLimits(max_shared_mem=232448, num_sms=num_sms, compute_capability=(9, 0))
+    limit = num_sms // 4 if share == "quarter" else num_sms
+    allowed = []
+    for sms in space.param("reduce_sms").choices:
+        cfg = {**base, "reduce_sms": sms}
+        fits = sms <= limit
+        allowed += [sms] if fits else []
+        assert broken_rules("gemm_rs", cfg, problem, limits) == ([] if fits else ["reduce_sms_budget"]), cfg
+        found = space.violations(cfg, problem, limits)
+        if fits:
+            assert found == [], cfg
+        else:
+            (message,) = found
+            assert message.startswith(f"reduce_sms: {sms} is not allowed with mode={base['mode']}"), message
+            rule = "num_sms // 4 beside a fused GEMM" if share == "quarter" else "num_sms"
+            assert message.endswith(f"num_sms={num_sms}; allowed: <= {rule} = {limit}"), message
+    where = {k: v for k, v in base.items() if k != "reduce_sms"}
+    assert sorted({c["reduce_sms"] for c in space.enumerate(problem, limits, where=where)}) == allowed
+
+
+def test_gemm_rs_atomic_mode_keeps_to_small_four_warp_tiles() -> None:
+    # atomic_tile: mode atomic needs BLOCK_M*BLOCK_N <= 8192 and num_warps == 4; the other fused modes do not
+    space, limits = get_space("gemm_rs"), LIMITS[0]
+    problem = space.make_problem({"M": 8192, "N": 8192, "K": 16384}, dtype="bf16", world_size=2)
+    fused = {"GROUP_M": 1, "BLOCK_K": 32, "num_stages": 2, "SPLIT_K": 1, "chunk_m": 256, "reduce_sms": 16}
+    fused["tile_order"] = "peers_first"
+    atomic_ok = set()
+    for bm, bn, warps in itertools.product(
+        space.param("BLOCK_M").choices, space.param("BLOCK_N").choices, space.param("num_warps").choices
+    ):
+        tile = {**fused, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps}
+        pull = broken_rules("gemm_rs", {"mode": "pull", **tile}, problem, limits)
+        atomic = broken_rules("gemm_rs", {"mode": "atomic", **tile}, problem, limits)
+        small = bm * bn <= 8192 and warps == 4
+        assert atomic == pull + ([] if small else ["atomic_tile"]), (bm, bn, warps)
+        for mode, rules in (("pull", pull), ("atomic", atomic)):
+            found = space.violations({"mode": mode, **tile}, problem, limits)
+            assert rules_the_space_finds_broken(space, {"mode": mode, **tile}, problem, limits) == sorted(rules)
+            assert len(found) == len(rules), found
+        if not small:
+            message = (
+                f"BLOCK_M, BLOCK_N, num_warps: {bm}x{bn} with {warps} warps is not allowed with mode=atomic; "
+                "allowed: BLOCK_M*BLOCK_N <= 8192 and num_warps=4"
+            )
+            assert message in space.violations({"mode": "atomic", **tile}, problem, limits)
+        elif not atomic:
+            atomic_ok.add((bm, bn))
+    # every tile of at most 64x128 elements, 8 warps never (a 64x128 tile with 8 warps is fine in pull)
+    assert atomic_ok == {(bm, bn) for bm in (16, 32, 64, 128, 256) for bn in (32, 64, 128, 256) if bm * bn <= 8192}
+    wide = {"mode": "pull", **fused, "BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8}
+    assert space.violations(wide, problem, limits) == []
+    assert space.violations({**wide, "mode": "atomic"}, problem, limits) == [
+        "BLOCK_M, BLOCK_N, num_warps: 64x128 with 8 warps is not allowed with mode=atomic; "
+        "allowed: BLOCK_M*BLOCK_N <= 8192 and num_warps=4"
+    ]
+    modes = space.count_by_mode(problem, limits)
+    pinned = {k: fused[k] for k in ("BLOCK_K", "chunk_m", "reduce_sms", "tile_order")}
+    tiles = list(space.enumerate(problem, limits, where={"mode": "atomic", **pinned}))
+    assert tiles and all(c["BLOCK_M"] * c["BLOCK_N"] <= 8192 and c["num_warps"] == 4 for c in tiles)
+    assert 0 < modes["atomic"] < modes["pull"] == modes["push"]

@@ -69,3 +69,30 @@ def test_the_default_of_a_restricted_space_lies_inside_it() -> None:
 def test_bad_restrictions_name_the_field(restriction: dict, message: str) -> None:
     with pytest.raises(SpaceError, match=message.replace(".", r"\.")):
         get_space("ag_gemm").restrict(restriction)
+
+
+@pytest.mark.parametrize(
+    ("restriction", "nondeterministic"),
+    [
+        (
+            {"mode": ["atomic", "pull_cublas"], "BLOCK_N": [128, 256], "chunk_m": [64], "reduce_sms": [4, 64]},
+            ("atomic",),
+        ),
+        ({"mode": ["pull", "ce"], "reduce_sms": [8, 128], "BLOCK_K": [64], "num_stages": [3]}, ()),
+        ({"tile_order": ["own_first"], "num_warps": [8], "BLOCK_M": [64], "reduce_sms": [32]}, ("atomic",)),
+    ],
+)
+def test_a_restricted_gemm_rs_keeps_its_rules_and_its_nondeterministic_modes(restriction, nondeterministic) -> None:
+    # the mode-dependent rules (reduce_sms_budget, atomic_tile) still hold inside a restriction, and only the
+    # atomic mode, where it is left, stays non-deterministic
+    full = get_space("gemm_rs")
+    problem = full.make_problem("128x128x256", dtype="bf16", world_size=2)
+    sub = full.restrict(restriction)
+    assert sub.nondeterministic == nondeterministic and full.nondeterministic == ("atomic",)
+    expected = {canonical_json(c) for c in full.enumerate(problem, LIMITS) if _obeys(c, restriction)}
+    got = [canonical_json(c) for c in sub.enumerate(problem, LIMITS)]
+    assert len(got) == len(set(got)) == sub.count(problem, LIMITS)
+    assert set(got) == expected and expected
+    atomic = [c for c in sub.enumerate(problem, LIMITS) if c["mode"] == "atomic"]
+    assert all(c["BLOCK_M"] * c["BLOCK_N"] <= 8192 and c["num_warps"] == 4 for c in atomic)
+    assert all(c["reduce_sms"] <= LIMITS.num_sms // 4 for c in atomic)
