@@ -80,6 +80,9 @@ def candidates(M: int, K: int, W: int) -> dict[str, list[dict]]:
     ]
     if R >= 512:
         out["ce_cublas"].append(dict(mode="ce", ce_consumer="cublas", ce_chunks=4, reduce_sms=128))
+    # the same copy-engine path with our tile GEMM instead of cuBLAS: the two differ only in the GEMM
+    out["ce_triton"] = [dict(mode="ce", ce_consumer="triton", ce_chunks=1, reduce_sms=128,
+                             **(BIG if R >= 512 else _small(R, SPLIT_K=2)))]  # fmt: skip
     return out
 
 
