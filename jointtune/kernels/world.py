@@ -310,6 +310,9 @@ class CudaWorld(World):
         self._local_ranks = (self.rank,)
         self.device = torch.device("cuda", torch.cuda.current_device())
         self._side = torch.cuda.Stream(device=self.device)
+        #: work was issued on the side stream since the last join (a join without a fork would make a captured
+        #: stream wait on one outside the capture, which invalidates the capture: a world of one rank sends nothing)
+        self._side_used = False
         self._group_name = self.group.group_name
 
     @property
@@ -378,6 +381,7 @@ class CudaWorld(World):
 
     def side_stream(self, i: int) -> contextlib.AbstractContextManager[Any]:
         self._side.wait_stream(torch.cuda.current_stream(self.device))
+        self._side_used = True
         return torch.cuda.stream(self._side)
 
     def record_event(self, event: Any = None) -> Any:
@@ -389,7 +393,9 @@ class CudaWorld(World):
         torch.cuda.current_stream(self.device).wait_event(event)
 
     def wait_side_stream(self) -> None:
-        torch.cuda.current_stream(self.device).wait_stream(self._side)
+        if self._side_used:
+            torch.cuda.current_stream(self.device).wait_stream(self._side)
+            self._side_used = False
 
 
 def _rank_independent(value: Any) -> Any:
