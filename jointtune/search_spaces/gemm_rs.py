@@ -95,7 +95,10 @@ GEMM_RS = Space(
     revision=3,  # 2: SPLIT_K and its depth rule; 3: the kernel's modes (atomic, pull_cublas, reduce_sms, tile_order)
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
-        mode_param("how partial rows reach their owner: fused push/pull/atomic, copy engine, or cuBLAS + NCCL", MODES),
+        mode_param(
+            "how partial rows reach their owner: fused push/pull/atomic, cuBLAS + pull, copy engine, or cuBLAS + NCCL",
+            MODES,
+        ),
         *ce_params(
             "what computes each chunk of partial rows in ce mode: a Triton tile GEMM or cuBLAS",
             "chunks per destination rank's rows (more chunks = earlier sends, more launches)",
