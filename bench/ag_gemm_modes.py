@@ -289,12 +289,17 @@ STRESS = [
 ]
 
 
-def stress(world, iterations: int) -> dict:
+def stress(world, iterations: int, cases=None, make_rig=None) -> dict:
     """Graphs of mixed modes and shapes replayed back to back (same random order on every rank) with fresh
-    data before each replay and an eager call of the same config every 4th step; every output checked."""
+    data before each replay and an eager call of the same config every 4th step; every output checked.
+
+    `cases`: ((M, N, K), config) pairs (AG+GEMM's STRESS by default); `make_rig(k, M, N, K, seed)`: the tensors
+    of case k, with `refill`, `error_on_device` and `call(config)` (AG+GEMM's Rig by default)."""
+    cases = STRESS if cases is None else cases
+    make_rig = make_rig or (lambda k, M, N, K, seed: Rig(world, M, N, K, seed=seed))
     rigs, graphs, eager_rigs = [], [], []
-    for (M, N, K), cfg in STRESS:
-        rig, spare = Rig(world, M, N, K, seed=len(rigs) * 1000), Rig(world, M, N, K, seed=len(rigs) * 1000 + 500)
+    for k, ((M, N, K), cfg) in enumerate(cases):
+        rig, spare = make_rig(k, M, N, K, k * 1000), make_rig(k, M, N, K, k * 1000 + 500)
         rig.call(cfg)()
         torch.cuda.synchronize()
         graphs.append(capture(rig.call(cfg), calls=1))
@@ -312,7 +317,7 @@ def stress(world, iterations: int) -> dict:
         if step % 4 == 3:
             spare = eager_rigs[k]
             spare.refill()
-            spare.call(STRESS[k][1])()
+            spare.call(cases[k][1])()
             eager_errors.append(spare.error_on_device())
     torch.cuda.synchronize()
     dog.cancel()
@@ -320,11 +325,13 @@ def stress(world, iterations: int) -> dict:
     eager = torch.cat(eager_errors)
     wrong, wrong_eager = float((errs > TOL).sum()), float((eager > TOL).sum())
     worst = max_over_ranks([errs.max().item(), eager.max().item(), wrong, wrong_eager])
+    # per case: replays, and the worst error and wrong replays over ranks (a fault may show on one rank only)
+    mine = [[errs[i].item() for i, o in enumerate(order) if o == k] for k in range(len(cases))]
+    worst_k = max_over_ranks([max(m, default=0.0) for m in mine] + [float(sum(e > TOL for e in m)) for m in mine])
     per_config = {}
-    for k, ((M, N, K), cfg) in enumerate(STRESS):
-        mine = [errs[i].item() for i, o in enumerate(order) if o == k]
-        per_config[f"{M}x{N}x{K} {json.dumps(cfg, sort_keys=True)}"] = {"replays": len(mine),
-                                                                        "worst": max(mine, default=0.0)}  # fmt: skip
+    for k, ((M, N, K), cfg) in enumerate(cases):
+        per_config[f"{M}x{N}x{K} {json.dumps(cfg, sort_keys=True)}"] = {
+            "replays": len(mine[k]), "worst": worst_k[k], "wrong": int(worst_k[len(cases) + k])}  # fmt: skip
     return {"replays": iterations, "eager_calls": len(eager_errors), "worst_replay_error": worst[0],
             "worst_eager_error": worst[1], "wrong_replays": int(worst[2]), "wrong_eager": int(worst[3]),
             "seconds": time.time() - t0, "per_config": per_config}  # fmt: skip

@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ag_gemm_bench import Bench, init_cuda_world, spin_up
-from ag_gemm_modes import CALLS, TOL, _watchdog, capture, max_over_ranks, measure, measure_only
+from ag_gemm_modes import CALLS, TOL, _watchdog, measure, measure_only
+from ag_gemm_modes import stress as modes_stress
 
 from jointtune.kernels.gemm_rs import gemm_rs
 
@@ -237,44 +238,9 @@ STRESS = [
 
 
 def stress(world, iterations: int) -> dict:
-    """Graphs of mixed modes and shapes replayed back to back (the same random order on every rank) with fresh
-    data before each, and an eager call of the same config every 4th step; every output checked."""
-    rigs, graphs, spares = [], [], []
-    for (M, N, K), cfg in STRESS:
-        rig = RsRig(world, M, N, K, seed=len(rigs) * 1000, symmetric=len(rigs) % 2 == 0)
-        rig.call(cfg)()
-        torch.cuda.synchronize()
-        graphs.append(capture(rig.call(cfg), calls=1))
-        rigs.append(rig)
-        spares.append(RsRig(world, M, N, K, seed=len(rigs) * 1000 + 500))
-    order = torch.randint(len(rigs), (iterations,), generator=torch.Generator().manual_seed(7)).tolist()
-    errors, eager_errors = [], []
-    dog = _watchdog("stress", 240)
-    t0 = time.time()
-    for step, k in enumerate(order):
-        rigs[k].refill()
-        graphs[k].replay()
-        errors.append(rigs[k].error_on_device())
-        if step % 4 == 3:
-            spares[k].refill()
-            spares[k].call(STRESS[k][1])()
-            eager_errors.append(spares[k].error_on_device())
-    torch.cuda.synchronize()
-    dog.cancel()
-    errs, eager = torch.cat(errors), torch.cat(eager_errors)
-    worst = max_over_ranks(
-        [errs.max().item(), eager.max().item(), float((errs > TOL).sum()), float((eager > TOL).sum())]
-    )
-    per_config = {}
-    for k, ((M, N, K), cfg) in enumerate(STRESS):
-        mine = [errs[i].item() for i, o in enumerate(order) if o == k]
-        per_config[f"{M}x{N}x{K} {json.dumps(cfg, sort_keys=True)}"] = {
-            "replays": len(mine),
-            "worst": max(mine, default=0),
-        }
-    return {"replays": iterations, "eager_calls": len(eager_errors), "worst_replay_error": worst[0],
-            "worst_eager_error": worst[1], "wrong_replays": int(worst[2]), "wrong_eager": int(worst[3]),
-            "seconds": time.time() - t0, "per_config": per_config}  # fmt: skip
+    """ag_gemm_modes' stress run over STRESS: A in symmetric memory for every other case, a plain tensor else."""
+    return modes_stress(world, iterations, STRESS,
+                        lambda k, M, N, K, seed: RsRig(world, M, N, K, seed=seed, symmetric=k % 2 == 0))  # fmt: skip
 
 
 def main() -> None:
