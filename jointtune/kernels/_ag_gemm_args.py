@@ -4,11 +4,12 @@ functions for a plan's launches and for ahead-of-time compiles (`standin_launche
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from jointtune.kernels._calls import config_of
 from jointtune.kernels._runtime import interpreted
 from jointtune.kernels._symm import cdiv
 from jointtune.kernels.world import World
@@ -38,8 +39,7 @@ class AgGemmConfig:
 
     @classmethod
     def of(cls, canonical: dict[str, Any]) -> AgGemmConfig:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in canonical.items() if k in names})
+        return config_of(cls, canonical)
 
 
 @dataclass(frozen=True)

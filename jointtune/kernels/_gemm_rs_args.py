@@ -3,12 +3,13 @@ name, built by one function for a plan's launches and for ahead-of-time compiles
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import triton
 
+from jointtune.kernels._calls import config_of
 from jointtune.kernels._runtime import interpreted
 from jointtune.kernels._symm import cdiv
 
@@ -38,8 +39,7 @@ class GemmRsConfig:
 
     @classmethod
     def of(cls, canonical: dict[str, Any]) -> GemmRsConfig:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in canonical.items() if k in names})
+        return config_of(cls, canonical)
 
     def chunk_rows(self, R: int) -> int:
         """Rows per flag in the fused modes: whole tiles (at least BLOCK_M), at most the segment."""
@@ -74,10 +74,12 @@ def kernel_args(cfg: GemmRsConfig, s: RsShape, *, a: Any, b: Any, out: Any, dumm
                 counts: Any = None, half_stride: int = 0, n_chunks: int = 1, chunk_rows: int = 1, first_seg: int = 0,
                 gemm_programs: int = 0, pid_base: int = 0, num_programs: int = 1, stride_dm: int = 0,
                 wait_own: bool = True, zero_src: bool = False, epoch: int = 0, ready: bool = False,
-                exit_flags: tuple[Any, Any] | None = None, aligned: bool = True) -> dict[str, Any]:  # fmt: skip
+                exit_flags: tuple[Any, Any] | None = None, aligned: bool = True,
+                num_warps: int | None = None) -> dict[str, Any]:  # fmt: skip
     """`gemm_rs_kernel`'s arguments by name (pointers not used by this launch point at `dummy`); `exit_flags` =
     (every rank's exit flags, this rank's) ends the call with the exit handshake (pull_cublas)."""
     red_m, red_n = red_block(s)
+    warps = num_warps or cfg.num_warps  # a reduce-only launch beside cuBLAS has no tiles of its own: 4 warps
     return dict(
         a_ptr=a, b_ptr=b, out_ptr=out, dest_ptr=dummy if dest is None else dest,
         dest_deltas_ptr=dummy if dest_deltas is None else dest_deltas, src_ptr=dummy if src is None else src,
@@ -92,8 +94,8 @@ def kernel_args(cfg: GemmRsConfig, s: RsShape, *, a: Any, b: Any, out: Any, dumm
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, SPLIT_K=cfg.SPLIT_K,
         EPI=epi, GEMM=gemm, REDUCE=reduce, SOURCES=sources, WAIT_OWN=wait_own, ZERO_SRC=zero_src, READY=ready,
         EXIT=exit_flags is not None, ALIGNED=aligned, RED_M=red_m,
-        RED_N=red_n, UPCAST=interpreted(), THREADS=32 * cfg.num_warps, FENCE=not interpreted(), EPOCH=epoch,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        RED_N=red_n, UPCAST=interpreted(), THREADS=32 * warps, FENCE=not interpreted(), EPOCH=epoch,
+        num_warps=warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 

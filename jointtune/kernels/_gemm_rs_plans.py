@@ -176,9 +176,8 @@ class CePlan:
                 cfg, s, a=a0, b=b0, out=out0, dummy=dummy, rank=r, rows=R, seg_rows=R, epi=EPI_STORE, gemm=False,
                 reduce=True, src=self.box.base(i), src_deltas=slots, sources=W, flags_local=fl.local(i), fence=fence,
                 state=state.counters[i], n_chunks=n_chunks, chunk_rows=chunk_rows, num_programs=cfg.reduce_sms,
-                wait_own=False, epoch=2,
+                wait_own=False, epoch=2, num_warps=4,
             )  # fmt: skip
-            args["num_warps"], args["THREADS"] = 4, 128
             self.reduce.append(Launch(gemm_rs_kernel, cfg.reduce_sms, args, slots=("out_ptr",)))
 
     @staticmethod

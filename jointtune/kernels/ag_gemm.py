@@ -26,7 +26,6 @@ Three ways in:
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,18 +36,15 @@ import triton
 from jointtune.errors import ShapeError
 from jointtune.kernels._ag_gemm_args import AgGemmConfig, Shape, gemm_args, push_args
 from jointtune.kernels._ag_gemm_plans import build_plan
+from jointtune.kernels._calls import DTYPES, as_list, parse_config, usable
+from jointtune.kernels._calls import config_json as config_json  # the op's config text, as users import it from here
 from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels._launch import split_options
 from jointtune.kernels._plan import config_key, resolve_config
 from jointtune.kernels._symm import slot_elems
 from jointtune.kernels.world import World, world_named
 
-_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _OWNED_MODES = ("pull", "ce")  # modes whose plan reads A from the caller's symmetric buffer in place
-
-
-def _as_list(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    return [x] if isinstance(x, torch.Tensor) else list(x)
 
 
 def _check(a: list[torch.Tensor], b: list[torch.Tensor], world: World) -> tuple[int, int, int]:
@@ -65,7 +61,7 @@ def _check(a: list[torch.Tensor], b: list[torch.Tensor], world: World) -> tuple[
                 f"shapes: a must be [R, K] and b [K, N_r] alike on every rank, all sizes >= 1; rank index {i} has "
                 f"a{list(ai.shape)}, b{list(bi.shape)} against a[{R}, {K}], b[{K}, {N_r}]"
             )
-        if ai.dtype not in _DTYPES or bi.dtype != ai.dtype:
+        if ai.dtype not in DTYPES or bi.dtype != ai.dtype:
             raise ShapeError(f"dtype: a {ai.dtype} and b {bi.dtype}; both must be bfloat16 or float16")
         if ai.device != world.device or bi.device != world.device:
             raise ShapeError(f"device: tensors must be on {world.device}, got {ai.device} and {bi.device}")
@@ -86,13 +82,6 @@ def _owner(world: World, a: list[torch.Tensor]) -> tuple[Any, int]:
     return buf, off
 
 
-def _usable(x: torch.Tensor) -> torch.Tensor:
-    """Row-major and 16-byte aligned, as the kernels read A (a copy otherwise)."""
-    if x.is_contiguous() and x.data_ptr() % 16 == 0:
-        return x
-    return x.clone(memory_format=torch.contiguous_format)
-
-
 def ag_gemm(
     a: torch.Tensor | Sequence[torch.Tensor],
     b: torch.Tensor | Sequence[torch.Tensor],
@@ -109,7 +98,7 @@ def ag_gemm(
     `out` (optional, row-major [M, N_r] per rank) receives C instead of a new tensor. The config must
     be valid in the `ag_gemm` space for this shape (SpaceError names the fields otherwise).
     """
-    a_l, b_l = _as_list(a), _as_list(b)
+    a_l, b_l = as_list(a), as_list(b)
     if len(a_l) != 1 or len(b_l) != 1 or len(world.local_ranks) != 1:
         _check(a_l, b_l, world)  # simulated ranks: every rank's tensors, every call (the CPU's path)
     a0, b0 = a_l[0], b_l[0]
@@ -118,13 +107,13 @@ def ag_gemm(
     if plan is None:
         plan = world.plan(key, functools.partial(_build, world, a_l, b_l, config, owner, off, return_gathered))
     if owner is None:
-        a_l = [_usable(x) for x in a_l]
+        a_l = [usable(x) for x in a_l]
     R, N_r = a0.shape[0], b0.shape[1]
     M = R * world.world_size
     if out is None:
         c_l = [torch.empty((M, N_r), dtype=a0.dtype, device=world.device) for _ in a_l]
     else:
-        c_l = _as_list(out)
+        c_l = as_list(out)
         if len(c_l) != len(a_l) or any(c.shape != (M, N_r) or c.dtype != a0.dtype or c.stride() != (N_r, 1)
                                        or c.device != world.device for c in c_l):  # fmt: skip
             raise ShapeError(f"out: must be one row-major [{M}, {N_r}] {a0.dtype} tensor per local rank")
@@ -155,8 +144,8 @@ def prepare(
     out: torch.Tensor | Sequence[torch.Tensor] | None = None,
 ) -> PreparedAgGemm:
     """Run `ag_gemm` once (building its plan) and return the call, bound to these tensors, to re-issue."""
-    a_l, b_l = _as_list(a), _as_list(b)
-    c_l = _as_list(ag_gemm(a_l, b_l, world=world, config=config, out=out))
+    a_l, b_l = as_list(a), as_list(b)
+    c_l = as_list(ag_gemm(a_l, b_l, world=world, config=config, out=out))
     a_l = [x if x.is_contiguous() and x.data_ptr() % 16 == 0 else None for x in a_l]
     if any(x is None for x in a_l):
         raise ShapeError("a: must be row-major and 16-byte aligned to be bound to a prepared call")
@@ -181,7 +170,7 @@ def _build(world: World, a: list[torch.Tensor], b: list[torch.Tensor], config: M
            off: int, want_gathered: bool) -> Any:  # fmt: skip
     R, K, N_r = _check(a, b, world)
     shape = {"M": R * world.world_size, "N": N_r * world.world_size, "K": K}
-    cfg = AgGemmConfig.of(resolve_config("ag_gemm", config, shape, _DTYPES[a[0].dtype], world))
+    cfg = AgGemmConfig.of(resolve_config("ag_gemm", config, shape, DTYPES[a[0].dtype], world))
     s = Shape(world, R, K, N_r, a[0].dtype, tuple(b[0].stride()))
     return build_plan(s, cfg, owner, off, want_gathered)
 
@@ -195,26 +184,10 @@ def reference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> list[torc
 # ---------------------------------------------------------------------------------------------- op
 
 
-def config_json(config: Mapping[str, Any]) -> str:
-    """The config as the torch op takes it (canonical JSON text: a constant under torch.compile)."""
-    return json.dumps(dict(config), sort_keys=True, separators=(",", ":"))
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_config(text: str) -> dict[str, Any]:
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ShapeError(f"config: {text[:80]!r} is not JSON ({exc.msg}); pass config_json(config)") from None
-    if not isinstance(config, dict):
-        raise ShapeError(f"config: {text[:80]!r} is not a JSON object of field -> value")
-    return config
-
-
 @torch.library.custom_op("jointtune::ag_gemm", mutates_args=())
 def _ag_gemm_op(a: list[torch.Tensor], b: list[torch.Tensor], world: str, config: str) -> list[torch.Tensor]:
     """torch.ops.jointtune.ag_gemm(a, b, world_name, config_json) -> C per local rank."""
-    return list(ag_gemm(list(a), list(b), world=world_named(world), config=_parse_config(config)))
+    return list(ag_gemm(list(a), list(b), world=world_named(world), config=parse_config(config)))
 
 
 @_ag_gemm_op.register_fake
@@ -278,7 +251,7 @@ class AgGemmFamily(Family):
         return reference(inputs.all_a, inputs.b)
 
     def key(self, a: Any, b: Any, *, world: World, **_: Any) -> dict[str, int]:
-        a0, b0 = _as_list(a)[0], _as_list(b)[0]
+        a0, b0 = as_list(a)[0], as_list(b)[0]
         W = world.world_size
         return {"M": a0.shape[0] * W, "N": b0.shape[1] * W, "K": a0.shape[1]}
 

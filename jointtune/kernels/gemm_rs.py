@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from jointtune.errors import ShapeError
+from jointtune.kernels._calls import DTYPES, as_list, config_json, parse_config, usable
 from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels._gemm_rs_args import EPI_ATOMIC, EPI_SIGNAL, EPI_STORE, GemmRsConfig, RsShape, kernel_args
 from jointtune.kernels._gemm_rs_args import tile_work as _work
@@ -46,16 +47,9 @@ from jointtune.kernels._gemm_rs_plans import build_plan
 from jointtune.kernels._plan import config_key, resolve_config
 from jointtune.kernels._runtime import num_sms
 from jointtune.kernels._symm import cdiv
-from jointtune.kernels.ag_gemm import _parse_config, config_json
 from jointtune.kernels.world import World, world_named
 
-_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
 __all__ = ["GemmRsFamily", "PreparedGemmRs", "config_json", "gemm_rs", "prepare", "reference"]
-
-
-def _as_list(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    return [x] if isinstance(x, torch.Tensor) else list(x)
 
 
 def _check(a: list[torch.Tensor], b: list[torch.Tensor], world: World) -> tuple[int, int, int]:
@@ -73,7 +67,7 @@ def _check(a: list[torch.Tensor], b: list[torch.Tensor], world: World) -> tuple[
                 f"shapes: a must be [M, K_r] and b [K_r, N] alike on every rank, all sizes >= 1; rank index {i} has "
                 f"a{list(ai.shape)}, b{list(bi.shape)} against a[{M}, {K_r}], b[{K_r}, {N}]"
             )
-        if ai.dtype not in _DTYPES or bi.dtype != ai.dtype:
+        if ai.dtype not in DTYPES or bi.dtype != ai.dtype:
             raise ShapeError(f"dtype: a {ai.dtype} and b {bi.dtype}; both must be bfloat16 or float16")
         if ai.device != world.device or bi.device != world.device:
             raise ShapeError(f"device: tensors must be on {world.device}, got {ai.device} and {bi.device}")
@@ -82,13 +76,6 @@ def _check(a: list[torch.Tensor], b: list[torch.Tensor], world: World) -> tuple[
     if M % W:
         raise ShapeError(f"a: M={M} rows are not allowed with world_size={W}; M must be divisible by world_size")
     return M, K_r, N
-
-
-def _usable(x: torch.Tensor) -> torch.Tensor:
-    """Row-major and 16-byte aligned, as the kernels read A (a copy otherwise)."""
-    if x.is_contiguous() and x.data_ptr() % 16 == 0:
-        return x
-    return x.clone(memory_format=torch.contiguous_format)
 
 
 def gemm_rs(
@@ -106,7 +93,7 @@ def gemm_rs(
     row-major [M/W, N] per rank) receives the rows instead of a new tensor. The config must be valid in the
     `gemm_rs` space for this shape (SpaceError names the fields otherwise).
     """
-    a_l, b_l = _as_list(a), _as_list(b)
+    a_l, b_l = as_list(a), as_list(b)
     if len(a_l) != 1 or len(b_l) != 1 or len(world.local_ranks) != 1:
         _check(a_l, b_l, world)  # simulated ranks: every rank's tensors, every call (the CPU's path)
     a0, b0 = a_l[0], b_l[0]
@@ -114,12 +101,12 @@ def gemm_rs(
     plan = world.plans.get(key)
     if plan is None:
         plan = world.plan(key, functools.partial(_build, world, a_l, b_l, config))
-    a_l = [_usable(x) for x in a_l]
+    a_l = [usable(x) for x in a_l]
     R, N = a0.shape[0] // world.world_size, b0.shape[1]
     if out is None:
         o_l = [torch.empty((R, N), dtype=a0.dtype, device=world.device) for _ in a_l]
     else:
-        o_l = _as_list(out)
+        o_l = as_list(out)
         if len(o_l) != len(a_l) or any(o.shape != (R, N) or o.dtype != a0.dtype or o.stride() != (N, 1)
                                        or o.device != world.device for o in o_l):  # fmt: skip
             raise ShapeError(f"out: must be one row-major [{R}, {N}] {a0.dtype} tensor per local rank")
@@ -148,10 +135,10 @@ def prepare(
     out: torch.Tensor | Sequence[torch.Tensor] | None = None,
 ) -> PreparedGemmRs:
     """Run `gemm_rs` once (building its plan) and return the call, bound to these tensors, to re-issue."""
-    a_l, b_l = _as_list(a), _as_list(b)
+    a_l, b_l = as_list(a), as_list(b)
     if any(not x.is_contiguous() or x.data_ptr() % 16 for x in a_l):
         raise ShapeError("a: must be row-major and 16-byte aligned to be bound to a prepared call")
-    o_l = _as_list(gemm_rs(a_l, b_l, world=world, config=config, out=out))
+    o_l = as_list(gemm_rs(a_l, b_l, world=world, config=config, out=out))
     return PreparedGemmRs(world.plans[_plan_key(a_l, b_l, config)], a_l, b_l, o_l)
 
 
@@ -165,7 +152,7 @@ def _plan_key(a: list[torch.Tensor], b: list[torch.Tensor], config: Mapping[str,
 def _build(world: World, a: list[torch.Tensor], b: list[torch.Tensor], config: Mapping[str, Any]) -> Any:
     M, K_r, N = _check(a, b, world)
     shape = {"M": M, "N": N, "K": K_r * world.world_size}
-    cfg = GemmRsConfig.of(resolve_config("gemm_rs", config, shape, _DTYPES[a[0].dtype], world))
+    cfg = GemmRsConfig.of(resolve_config("gemm_rs", config, shape, DTYPES[a[0].dtype], world))
     return build_plan(world, RsShape(world.world_size, M, K_r, N, a[0].dtype, tuple(b[0].stride())), cfg)
 
 
@@ -183,7 +170,7 @@ def reference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> list[torc
 @torch.library.custom_op("jointtune::gemm_rs", mutates_args=())
 def _gemm_rs_op(a: list[torch.Tensor], b: list[torch.Tensor], world: str, config: str) -> list[torch.Tensor]:
     """torch.ops.jointtune.gemm_rs(a, b, world_name, config_json) -> this rank's rows per local rank."""
-    return list(gemm_rs(list(a), list(b), world=world_named(world), config=_parse_config(config)))
+    return list(gemm_rs(list(a), list(b), world=world_named(world), config=parse_config(config)))
 
 
 @_gemm_rs_op.register_fake
@@ -249,7 +236,7 @@ class GemmRsFamily(Family):
         return [every[r] for r in inputs.ranks]
 
     def key(self, a: Any, b: Any, *, world: World, **_: Any) -> dict[str, int]:
-        a0, b0 = _as_list(a)[0], _as_list(b)[0]
+        a0, b0 = as_list(a)[0], as_list(b)[0]
         return {"M": a0.shape[0], "N": b0.shape[1], "K": a0.shape[1] * world.world_size}
 
     def flops(self, problem: Any) -> float:
@@ -305,8 +292,7 @@ def standin_launches(cfg: GemmRsConfig, *, M: int, N: int, K: int, world_size: i
         reduce = kernel_args(cfg, s, rows=R, seg_rows=R, epi=EPI_STORE, gemm=False, reduce=True, src=t,
                              src_deltas=i64, sources=W, flags_local=i64, fence=i32, state=i64,
                              n_chunks=cdiv(R, chunk_rows), chunk_rows=chunk_rows, num_programs=cfg.reduce_sms,
-                             wait_own=False, epoch=2, **common)  # fmt: skip
-        reduce["num_warps"], reduce["THREADS"] = 4, 128
+                             wait_own=False, epoch=2, num_warps=4, **common)  # fmt: skip
         launches.append(reduce)
     out = []
     for args in launches:

@@ -1,0 +1,54 @@
+"""What every family's entry point does alike: per-rank tensor lists, the dtypes the GEMM kernels take, A made
+row-major and aligned, configs carried as JSON text by the torch ops, and config dataclasses built from the
+canonical config a space validated (knobs a mode doesn't read keep their defaults)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from jointtune.errors import ShapeError
+
+#: the input dtypes of the GEMM families, by their names in keys and records
+DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+C = TypeVar("C")
+
+
+def as_list(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """One tensor (a CUDA rank's) or one per simulated rank, as a list."""
+    return [x] if isinstance(x, torch.Tensor) else list(x)
+
+
+def usable(x: torch.Tensor) -> torch.Tensor:
+    """Row-major and 16-byte aligned, as the kernels read A (a copy otherwise)."""
+    if x.is_contiguous() and x.data_ptr() % 16 == 0:
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def config_json(config: Mapping[str, Any]) -> str:
+    """The config as the torch ops take it (canonical JSON text: a constant under torch.compile)."""
+    return json.dumps(dict(config), sort_keys=True, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=1024)
+def parse_config(text: str) -> dict[str, Any]:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ShapeError(f"config: {text[:80]!r} is not JSON ({exc.msg}); pass config_json(config)") from None
+    if not isinstance(config, dict):
+        raise ShapeError(f"config: {text[:80]!r} is not a JSON object of field -> value")
+    return config
+
+
+def config_of(cls: type[C], canonical: Mapping[str, Any]) -> C:
+    """A config dataclass from a validated config: its fields that the config has, defaults for the rest."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in canonical.items() if k in names})
