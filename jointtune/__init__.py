@@ -3,7 +3,7 @@ multi-GPU kernels, tuned on all ranks at once, stored and served per kernel, sha
 
 The names people use come from here, as `triton.autotune` users expect:
 
-    from jointtune import joint_autotune, ag_gemm, gemm_rs, create_world
+    from jointtune import joint_autotune, ag_gemm, gemm_rs, flash_decode, create_world
 
 They are imported on first use (module `__getattr__`), so `import jointtune` and the `jointtune`
 command stay fast: nothing here imports torch, Triton or Optuna until a name that needs it is
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from jointtune.autotune.decorator import JointAutotuned, NoConfigError, joint_autotune
     from jointtune.autotune.settings import TuneSettings
     from jointtune.kernels.ag_gemm import ag_gemm
+    from jointtune.kernels.flash_decode import flash_decode
     from jointtune.kernels.gemm_rs import gemm_rs
     from jointtune.kernels.world import World, create_world
 
@@ -39,6 +40,7 @@ _EXPORTS: dict[str, tuple[str, bool]] = {
     # the kernel families' ops, and the world they run in
     "ag_gemm": ("jointtune.kernels.ag_gemm", True),
     "gemm_rs": ("jointtune.kernels.gemm_rs", True),
+    "flash_decode": ("jointtune.kernels.flash_decode", True),
     "create_world": ("jointtune.kernels.world", True),
     "World": ("jointtune.kernels.world", True),
 }
@@ -52,6 +54,7 @@ __all__ = [
     "__version__",
     "ag_gemm",
     "create_world",
+    "flash_decode",
     "gemm_rs",
     "joint_autotune",
 ]

@@ -42,9 +42,9 @@ def test_each_python_block_runs_as_written(index: int, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, f"README block {index}:\n{PYTHON_BLOCKS[index]}\n{done.stdout}\n{done.stderr}"
     assert "Traceback" not in done.stderr
-    # every example prints each simulated rank's result: [256, 256] (AG+GEMM: all M rows, N / W columns;
-    # GEMM+RS: M / W rows, all N columns)
-    assert "[(256, 256), (256, 256)]" in done.stdout
+    # every example prints each simulated rank's result shape: [256, 256] (AG+GEMM: all M rows, N / W columns;
+    # GEMM+RS: M / W rows, all N columns), Flash-Decode's [B, H, D] on every rank
+    assert "[(256, 256), (256, 256)]" in done.stdout or "[(2, 8, 64), (2, 8, 64)]" in done.stdout
 
 
 def test_the_exhaustive_restrict_example_counts_what_it_says() -> None:

@@ -140,10 +140,7 @@ def list_spaces(as_json: AsJson = False) -> None:
             str(n_rules),
             ", ".join(row["kernels"]) or "none yet",
         )
-    console = Console()
-    if not console.is_terminal:  # piped: wide enough for one line per row
-        console = Console(width=max(console.width, 132))
-    console.print(table)
+    _print_table(table)
 
 
 @spaces_app.command("show")
@@ -172,6 +169,16 @@ def show(name: Annotated[str, typer.Argument(help="Space name.")], as_json: AsJs
         rules.add_row(c.name, ", ".join(c.fields), c.rule)
     console.print(params)
     console.print(rules)
+
+
+def _print_table(table: Table) -> None:
+    """On a terminal as wide as the terminal; piped (a log, a test), as wide as the table needs, so every row stays
+    on one line whatever the number of modes."""
+    console = Console()
+    if not console.is_terminal:
+        natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+        console = Console(width=max(console.width, natural))
+    console.print(table)
 
 
 def _choices(p: Param) -> str:
@@ -215,10 +222,7 @@ def count(
     for row in rows:
         per_mode = [str(row["modes"][m]) if m in row["modes"] else "-" for m in modes]
         table.add_row(row["space"], "x".join(str(v) for v in _ordered(row)), str(row["total"]), *per_mode)
-    console = Console()
-    if not console.is_terminal:  # piped: wide enough for one line per row
-        console = Console(width=max(console.width, 132))
-    console.print(table)
+    _print_table(table)
 
 
 def _ordered(row: dict[str, Any]) -> list[int]:

@@ -10,12 +10,10 @@ from typing import Any
 import torch
 
 from jointtune.kernels._calls import config_of
+from jointtune.kernels._push import CP_K, CP_M, PushArgs
 from jointtune.kernels._runtime import interpreted
 from jointtune.kernels._symm import cdiv
 from jointtune.kernels.world import World
-
-#: rows x columns of one copy piece of the push (one program's unit of work)
-CP_M, CP_K = 32, 256
 
 
 @dataclass(frozen=True)
@@ -150,53 +148,12 @@ def gemm_args(cfg: AgGemmConfig, W: int, *, a: Any, b: Any, c: Any, K: int, N_r:
     )  # fmt: skip
 
 
-@dataclass
-class PushArgs:
-    """`allgather_push_kernel`'s arguments, by name."""
-
-    src_ptr: Any
-    inbox_ptr: Any
-    inbox_deltas_ptr: Any
-    own_ptr: Any
-    flag_ptrs_ptr: Any
-    flags_ptr: Any
-    done_ptr: Any
-    fence_ptr: Any
-    state_ptr: Any
-    entered_ptrs_ptr: Any
-    entered_ptr: Any
-    K: int
-    R: int
-    slot: int
-    half_stride: int
-    rank: int
-    n_chunks: int
-    num_programs: int
-    WORLD: int
-    PROGRAMS: int
-    CHUNK_M: int
-    OWN: bool
-    CP_M: int
-    CP_K: int
-    THREADS: int
-    FENCE: bool
-    EPOCH: int
-    WAIT_ALL: bool
-    ENTER: bool
-    num_warps: int
-
-
 def push_args(cfg: AgGemmConfig, W: int, *, src: Any, inbox_base: Any, inbox_deltas: Any, own: Any, flag_ptrs: Any,
               flags_local: Any, done: Any, fence: Any, state: Any, K: int, R: int, slot: int, half_stride: int,
               rank: int, n_chunks: int, chunk_m: int, epoch: int, wait_all: bool, own_rows: bool,
               enter: tuple[Any, Any] | None = None) -> PushArgs:  # fmt: skip
     """`allgather_push_kernel`'s arguments; `enter` = (every rank's entry flags, this rank's) to open the call."""
-    entered_ptrs, entered = enter if enter is not None else (state, state)
-    return PushArgs(
-        src_ptr=src, inbox_ptr=inbox_base, inbox_deltas_ptr=inbox_deltas, own_ptr=own, flag_ptrs_ptr=flag_ptrs,
-        flags_ptr=flags_local, done_ptr=done, fence_ptr=fence, state_ptr=state,
-        entered_ptrs_ptr=entered_ptrs, entered_ptr=entered, K=K, R=R, slot=slot, half_stride=half_stride, rank=rank,
-        n_chunks=n_chunks, num_programs=cfg.comm_sms, WORLD=W, PROGRAMS=cfg.comm_sms, CHUNK_M=chunk_m, OWN=own_rows,
-        CP_M=CP_M, CP_K=CP_K, THREADS=32 * cfg.num_warps, FENCE=not interpreted(), EPOCH=epoch,
-        WAIT_ALL=wait_all, ENTER=enter is not None, num_warps=cfg.num_warps,
-    )  # fmt: skip
+    return PushArgs.build(W, cfg.comm_sms, cfg.num_warps, src=src, inbox_base=inbox_base, inbox_deltas=inbox_deltas,
+                          own=own, flag_ptrs=flag_ptrs, flags_local=flags_local, done=done, fence=fence, state=state,
+                          K=K, R=R, slot=slot, half_stride=half_stride, rank=rank, n_chunks=n_chunks, chunk_m=chunk_m,
+                          epoch=epoch, wait_all=wait_all, own_rows=own_rows, enter=enter)  # fmt: skip

@@ -52,6 +52,21 @@ def thread_fence(fence_ptr, pid, THREADS: tl.constexpr, FENCE: tl.constexpr):
 
 
 @triton.jit
+def gpu_fence(THREADS: tl.constexpr, FENCE: tl.constexpr):
+    # fence.acq_rel.gpu on every thread (one element of a THREADS block each): the thread's earlier stores are
+    # visible GPU-wide before its later accesses (the "last program to arrive" pattern over local scratch)
+    if FENCE:
+        tl.inline_asm_elementwise(
+            "fence.acq_rel.gpu;\n\tmov.u32 $0, $1;",
+            "=r,r",
+            [tl.arange(0, THREADS)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+
+@triton.jit
 def release_flag(flag_ptrs_ptr, rank, index, epoch, WORLD: tl.constexpr):
     # flag `index` (this rank's) at every peer := epoch, publishing this rank's earlier writes
     for j in range(1, WORLD):
@@ -249,6 +264,7 @@ __all__ = [
     "allgather_push_kernel",
     "call_epoch",
     "close_call",
+    "gpu_fence",
     "open_call_kernel",
     "push_rows",
     "release_chunk_kernel",

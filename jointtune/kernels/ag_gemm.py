@@ -217,6 +217,7 @@ class AgGemmFamily(Family):
         "jointtune.kernels._ag_gemm_args",
         "jointtune.kernels._ag_gemm_plans",
         "jointtune.kernels._ag_gemm_kernel",
+        "jointtune.kernels._push",
         "jointtune.kernels._signals",
         "jointtune.kernels._symm",
         "jointtune.kernels.world",

@@ -1,12 +1,18 @@
-"""`flash_decode`: decode attention over a KV cache sharded by sequence across ranks.
+"""`flash_decode`: decode attention over a KV cache sharded by sequence across ranks (context parallelism).
 
-Dims: B (batch), H (query heads), H_KV (kv heads), S (total KV length), D (head dim). Rank r holds
-S_r = cdiv(S, W) keys; each program handles `heads_per_program` query heads of one GQA group
-(G = H / H_KV) over `kv_split` keys in `BLOCK_N`-key steps, producing a partial output and its
-log-sum-exp; the ranks' partials (B*H rows) are exchanged and combined. Modes:
-  pull      each rank reads its peers' partials in `combine_chunks` chunks as their flags arrive;
-  push      each rank writes its partials into every peer in `combine_chunks` chunks with a flag each;
-  baseline  torch attention per rank, NCCL all_gather of the partials, torch combine (no knobs).
+Dims: B (batch), H (query heads), H_KV (kv heads), S (global KV capacity: every rank holds S_r = cdiv(S, W)
+positions of every sequence), D (head dim). One decode item is `heads_per_program` query heads of one GQA
+group (G = H / H_KV) of one sequence; `kv_split` keys of it are one program of the split-KV decode kernel,
+which steps through them `BLOCK_N` keys at a time. The last split of an item to finish combines the item's
+splits into the rank's partial (O, LSE); the ranks' partials are then combined, weighted by LSE. Modes:
+  fused     the decode kernel pushes each finished group of `items_per_flag` items into every rank's
+            inbox with a flag; combine programs of the same launch start on a group when all its
+            partials are there (one launch per call);
+  pull      as fused, but partials stay in the rank's own symmetric buffer and the combine reads peers'
+            over NVLink;
+  wait      the decode kernel, then our own all-gather push (`push_programs` programs, a flag per group),
+            then a combine that waits per group instead of on a collective;
+  baseline  the same decode kernel, NCCL all-gather of the partials, then the combine (the collective path).
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ from jointtune.search_spaces._problem import Problem
 from jointtune.search_spaces._space import Space
 
 HEAD_DIMS = (64, 128, 256)
-KV_SPLIT_MIN = 256
+KV_SPLIT_MIN = 64
+MODES = ("fused", "pull", "wait", "baseline")
+#: the default's pull region: at most this many decode items, keys per rank (measured, see `_default`)
+PULL_MAX_ITEMS, PULL_MAX_KEYS = 16, 65536
 
 
 def _check_problem(problem: Problem) -> None:
@@ -107,31 +116,65 @@ def _heads(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     )
 
 
-def _combine(cfg: Mapping[str, Value], ctx: Context) -> str | None:
-    if ctx["rows"] % cfg["combine_chunks"] == 0:
+def _items_per_flag(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    items = ctx["rows"] // cfg["heads_per_program"]
+    limit = next_pow2(items)
+    if cfg["items_per_flag"] <= limit:
         return None
     return (
-        f"combine_chunks: {cfg['combine_chunks']} is not allowed for rows={ctx['rows']} "
-        f"partial rows (B * H); "
-        f"allowed: a divisor of rows"
+        f"items_per_flag: {cfg['items_per_flag']} is not allowed for {items} decode items "
+        f"(B * H / heads_per_program = {ctx['rows']} / {cfg['heads_per_program']}); "
+        f"allowed: <= next_pow2(items) = {limit}"
     )
 
 
-_KERNEL = when(mode=("pull", "push"))
+def _pow2_at_most(value: int) -> int:
+    return 1 << (max(value, 1).bit_length() - 1)
+
+
+def _default(ctx: Context) -> dict[str, Value]:
+    """Valid for any shape, and what measured best on 2x H200 (bench/results/flash_decode_*_2xH200_2026-11-24.json):
+    a whole GQA group per program (K and V are read once per kv head), splits for about two programs per SM, 64-key
+    steps; `pull` where few decode items share a short shard (batch 1 up to 64K keys per rank: 1.6x / 1.4x / 1.2x
+    the user's SDPA + NCCL path in a graph at 8K / 32K / 128K), else the collective path, which the fused modes
+    did not beat once the decode kernel is bound by HBM (batch 8 and 32, or batch 1 at 512K)."""
+    hpp = _pow2_at_most(min(ctx["G"] & -ctx["G"], 16))  # the largest power of two dividing G, at most 16
+    items = ctx["B"] * ctx["H_KV"] * (ctx["G"] // hpp)
+    splits = cdiv(2 * ctx["num_sms"], items)
+    kv_split = min(max(KV_SPLIT_MIN, next_pow2(cdiv(ctx["S_r"], splits))), max(KV_SPLIT_MIN, next_pow2(ctx["S_r"])))
+    kv_split = min(kv_split, 16384)
+    block_n = min(64, kv_split)
+    while block_n > 16 and 2 * block_n * ctx["D"] * ctx["dtype_bytes"] > ctx["max_shared_mem"]:
+        block_n //= 2
+    stages = 2 if 2 * block_n * ctx["D"] * ctx["dtype_bytes"] * 2 <= ctx["max_shared_mem"] else 1
+    tiles: dict[str, Value] = {
+        "kv_split": kv_split,
+        "BLOCK_N": block_n,
+        "heads_per_program": hpp,
+        "num_warps": min(4, block_n // 8),
+        "num_stages": min(stages, kv_split // block_n),
+    }
+    if ctx["W"] > 1 and items <= PULL_MAX_ITEMS and ctx["S_r"] <= PULL_MAX_KEYS:
+        return {"mode": "pull", **tiles, "items_per_flag": 1}
+    return {"mode": "baseline", **tiles}
+
+
+_COMM = when(mode=("fused", "pull", "wait"))
 
 FLASH_DECODE = Space(
     "flash_decode",
     dims=("B", "H", "H_KV", "S", "D"),
-    revision=1,
+    revision=2,  # 2: the kernel's modes (fused, pull, wait, baseline), items_per_flag, push_programs
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
-        categorical("mode", ("pull", "push", "baseline"), doc="how partial results are exchanged"),
-        pow2("kv_split", 256, 16384, when=_KERNEL, doc="keys per program (split-K over the sequence)"),
-        pow2("BLOCK_N", 16, 256, when=_KERNEL, doc="keys per step of a program's loop"),
-        pow2("heads_per_program", 1, 16, when=_KERNEL, doc="query heads of one GQA group per program"),
-        choice("num_warps", (1, 2, 4, 8), when=_KERNEL, doc="warps per program"),
-        choice("num_stages", (1, 2, 3, 4), when=_KERNEL, doc="software-pipeline depth of the key loop"),
-        pow2("combine_chunks", 1, 16, when=_KERNEL, doc="chunks the partial results are exchanged in"),
+        categorical("mode", MODES, doc="how the ranks' partial results meet: fused push, pull, wait, or NCCL"),
+        pow2("kv_split", KV_SPLIT_MIN, 16384, doc="keys per program (split-KV over the rank's sequence)"),
+        pow2("BLOCK_N", 16, 256, doc="keys per step of a program's loop"),
+        pow2("heads_per_program", 1, 16, doc="query heads of one GQA group per program (K, V read G / this times)"),
+        choice("num_warps", (1, 2, 4, 8), doc="warps per decode program"),
+        choice("num_stages", (1, 2, 3, 4), doc="software-pipeline depth of the key loop"),
+        pow2("items_per_flag", 1, 64, when=_COMM, doc="decode items per flag: the unit that is sent and combined"),
+        pow2("push_programs", 1, 32, when=when(mode="wait"), doc="programs of the all-gather push in wait mode"),
     ],
     constraints=[
         Constraint(
@@ -155,9 +198,14 @@ FLASH_DECODE = Space(
             _smem,
         ),
         Constraint("heads_divide_group", ("heads_per_program",), "G % heads_per_program == 0", _heads),
-        Constraint("chunks_divide_rows", ("combine_chunks",), "rows % combine_chunks == 0", _combine),
+        Constraint(
+            "items_per_flag_fit",
+            ("items_per_flag", "heads_per_program"),
+            "items_per_flag <= next_pow2(B * H / heads_per_program)",
+            _items_per_flag,
+        ),
     ],
     derive=_derive,
     check_problem=_check_problem,
-    default=lambda ctx: {"mode": "baseline"},
+    default=_default,
 )

@@ -1,10 +1,11 @@
-"""Compile the fused kernels (AG+GEMM, GEMM+RS) for Hopper (sm_90) on a machine without a GPU.
+"""Compile the fused kernels (AG+GEMM, GEMM+RS, Flash-Decode) for Hopper (sm_90) on a machine without a GPU.
 
 Triton's NVIDIA backend lowers to PTX and runs its bundled ptxas with no driver, so compile
 failures that only a GPU run used to show (a pass pipeline that breaks on one Triton version)
 are caught on the CPU, with the launcher's own arguments and constants (`standin_launches`, as the tuner's
 precompile uses). The small kernels every family shares (open a call, release a chunk, wait for chunks)
-are compiled once per run. A config names its family in a `family` field (ag_gemm when it has none).
+are compiled once per run. A config names its family in a `family` field (ag_gemm when it has none), and may name its
+problem's dims in `shape` and its dtype in `dtype`.
 
     python tests/kernels/aot_compile.py '[{"mode": "push", ...}, ...]'   # prints one line per config
 
@@ -39,7 +40,8 @@ def compile_config(config: dict, *, M: int = 1024, N: int = 2048, K: int = 1024,
     text, raises on failure."""
     config = dict(config)
     family = get_family(config.pop("family", "ag_gemm"))
-    problem = Problem.of({"M": M, "N": N, "K": K}, dtype="bfloat16", world_size=world_size)
+    dims = config.pop("shape", {"M": M, "N": N, "K": K})
+    problem = Problem.of(dims, dtype=config.pop("dtype", "bfloat16"), world_size=world_size)
     launches = family.standin_launches(config, problem, torch.device("cpu"))
     return "; ".join(compile_kernel(kernel, named, options) for kernel, named, options in launches)
 
@@ -59,6 +61,8 @@ def compile_kernel(kernel, named: dict, options: dict) -> str:
         if isinstance(value, torch.Tensor):
             signature[name] = _TYPES[value.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
         elif value == 1 and name not in fixed:
             signature[name] = "constexpr"
             constexprs[name] = 1

@@ -1,4 +1,5 @@
-"""The fused kernels (AG+GEMM, GEMM+RS) compile for Hopper in every mode, with this Triton and with the GPU image's.
+"""The fused kernels (AG+GEMM, GEMM+RS, Flash-Decode) compile for Hopper in every mode, with this Triton and the GPU
+image's.
 
 The CPU interpreter never compiles, so a kernel that lowers on one Triton and not on another used
 to surface only on a lent GPU. `aot_compile.py` lowers it to sm_90 PTX without a GPU; `make test`
@@ -19,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 GPU_TRITON = Path(os.environ.get("JOINTTUNE_GPU_TRITON_DIR", ROOT / ".venv" / "gpu-triton"))
 
+FD_TILE = dict(kv_split=1024, BLOCK_N=64, heads_per_program=8, num_warps=4, num_stages=2, items_per_flag=4)
 TILE = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=6)
 CONFIGS = [
     dict(mode="ce", ce_consumer="triton", ce_chunks=4, SPLIT_K=8, **TILE),
@@ -51,6 +53,25 @@ CONFIGS = [
     dict(family="gemm_rs", mode="ce", ce_consumer="triton", ce_chunks=4, reduce_sms=16, SPLIT_K=4, **TILE),
     dict(family="gemm_rs", mode="ce", ce_consumer="cublas", ce_chunks=2, reduce_sms=4),
     dict(family="gemm_rs", mode="pull_cublas", reduce_sms=16),
+    # Flash-Decode: every mode (its decode, combine and one-launch kernels, and the push of wait mode), GQA groups
+    # of 8 and 1 head per program, both dtypes, head dims 64 and 128
+    *[
+        dict(family="flash_decode", shape=dict(B=4, H=64, H_KV=8, S=65536, D=128), mode=mode, **FD_TILE)
+        for mode in ("fused", "pull", "baseline")
+    ],
+    dict(family="flash_decode", shape=dict(B=4, H=64, H_KV=8, S=65536, D=128), mode="wait", push_programs=8, **FD_TILE),
+    dict(
+        family="flash_decode",
+        shape=dict(B=3, H=12, H_KV=4, S=1000, D=64),
+        dtype="float16",
+        mode="fused",
+        kv_split=256,
+        BLOCK_N=32,
+        heads_per_program=1,
+        num_warps=4,
+        num_stages=3,
+        items_per_flag=2,
+    ),
 ]
 SMALL_KERNELS = 5  # the shared wait, release (with and without its wait) and open-call kernels, once per run
 

@@ -1,5 +1,5 @@
-"""`torch.ops.jointtune.ag_gemm`: a real torch op (schema, fake tensor, no autograd surprises) that
-torch.compile traces without graph breaks, on the local world."""
+"""`torch.ops.jointtune.ag_gemm`, `gemm_rs` and `flash_decode`: real torch ops (schema, fake tensor, no autograd
+surprises) that torch.compile traces without graph breaks, on the local world."""
 
 from __future__ import annotations
 
@@ -111,3 +111,42 @@ def test_gemm_rs_compiles_with_fullgraph_and_fakes_its_shape():
         fb = [torch.empty(16, 24, dtype=torch.bfloat16) for _ in range(W)]
         out = torch.ops.jointtune.gemm_rs(fa, fb, world.name, config_json(dict(mode="baseline")))
     assert [tuple(o.shape) for o in out] == [(16, 24)] * W
+
+
+class DecodeAttention(torch.nn.Module):
+    """A decode step: `torch.ops.jointtune.flash_decode` between ordinary torch work, lengths as a device tensor."""
+
+    def __init__(self, world, config):
+        super().__init__()
+        self.world, self.config = world.name, config_json(config)
+
+    def forward(self, q, k, v, lens):
+        out = torch.ops.jointtune.flash_decode([x * 1.0 for x in q], k, v, lens, self.world, self.config)
+        return [x.float() * 2.0 for x in out]
+
+
+def test_flash_decode_compiles_with_fullgraph_and_fakes_its_shape():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from jointtune.kernels.flash_decode import reference as fd_reference
+
+    torch._dynamo.reset()
+    W = 2
+    world = create_world("local", world_size=W)
+    gen = torch.Generator().manual_seed(4)
+    config = dict(mode="fused", kv_split=64, BLOCK_N=32, heads_per_program=2, num_warps=2, num_stages=1,
+                  items_per_flag=1)  # fmt: skip
+    compiled = torch.compile(DecodeAttention(world, config), fullgraph=True, backend="aot_eager")
+    k = [torch.randn(1, 1, 40, 64, generator=gen).bfloat16() for _ in range(W)]
+    v = [torch.randn(1, 1, 40, 64, generator=gen).bfloat16() for _ in range(W)]
+    for step in range(2):  # two calls, new lengths: the second replays the compiled graph
+        q = [torch.randn(1, 2, 64, generator=gen).bfloat16()] * W
+        lens = [torch.tensor([40 - 17 * step], dtype=torch.int32), torch.tensor([3 + step], dtype=torch.int32)]
+        want = 2.0 * fd_reference(q, k, v, lens)
+        for got in compiled(q, k, v, lens):
+            assert ((got - want).norm() / want.norm()).item() < 2e-2
+    with FakeTensorMode():
+        fq = [torch.empty(3, 8, 128, dtype=torch.bfloat16) for _ in range(W)]
+        fk = [torch.empty(3, 2, 50, 128, dtype=torch.bfloat16) for _ in range(W)]
+        out = torch.ops.jointtune.flash_decode(fq, fk, fk, [], world.name, config_json(dict(config, mode="baseline")))
+    assert [tuple(o.shape) for o in out] == [(3, 8, 128)] * W

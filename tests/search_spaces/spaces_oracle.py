@@ -12,7 +12,10 @@ from typing import Any
 from jointtune.search_spaces import DeviceLimits, Problem
 
 TILES = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "SPLIT_K")
-DECODE = ("kv_split", "BLOCK_N", "heads_per_program", "num_warps", "num_stages", "combine_chunks")
+#: flash_decode's decode-kernel knobs: every mode has them (the baseline runs the same decode kernel)
+DECODE = ("kv_split", "BLOCK_N", "heads_per_program", "num_warps", "num_stages")
+#: flash_decode modes whose partials travel in groups of `items_per_flag` decode items, each with a flag
+DECODE_FLAGGED = ("fused", "pull", "wait")
 #: gemm_rs modes whose tile GEMM shares its launch with the reduce programs
 GEMM_RS_FUSED = ("pull", "push", "atomic")
 
@@ -28,7 +31,12 @@ def active_fields(space: str, cfg: dict[str, Any]) -> set[str]:
     """The fields a config with these mode/ce_consumer/push_by/gemm_order values must have, per the spec."""
     mode = cfg.get("mode")
     if space == "flash_decode":
-        return {"mode", *DECODE} if mode in ("pull", "push") else {"mode"}
+        out = {"mode", *DECODE}
+        if mode in DECODE_FLAGGED:
+            out.add("items_per_flag")
+        if mode == "wait":
+            out.add("push_programs")  # the programs of wait mode's own all-gather push
+        return out
     out = {"mode"}
     if mode == "ce":
         out |= {"ce_consumer", "ce_chunks"}
@@ -60,10 +68,8 @@ def broken_rules(space: str, cfg: dict[str, Any], problem: Problem, lim: DeviceL
     d, w, nbytes = problem.dims, problem.world_size, problem.dtype_bytes
     bad = []
     if space == "flash_decode":
-        if "kv_split" not in cfg:
-            return []
-        s_r = -(-d["S"] // w)
-        if cfg["kv_split"] > max(256, np2(s_r)):
+        s_r = -(-d["S"] // w)  # every rank holds cdiv(S, W) positions of every sequence
+        if cfg["kv_split"] > max(64, np2(s_r)):
             bad.append("kv_split_fits_shard")
         if cfg["BLOCK_N"] > cfg["kv_split"]:
             bad.append("block_fits_split")
@@ -75,8 +81,11 @@ def broken_rules(space: str, cfg: dict[str, Any], problem: Problem, lim: DeviceL
             bad.append("shared_memory")
         if (d["H"] // d["H_KV"]) % cfg["heads_per_program"]:
             bad.append("heads_divide_group")
-        if (d["B"] * d["H"]) % cfg["combine_chunks"]:
-            bad.append("chunks_divide_rows")
+        # a decode item is heads_per_program query heads of one sequence: B * H / heads_per_program of them
+        # (whole only when heads_per_program divides G; otherwise heads_divide_group is broken already and the
+        # count is the spec's floor); a flag's group holds at most all of them, rounded up to a power of two
+        if "items_per_flag" in cfg and cfg["items_per_flag"] > np2(d["B"] * d["H"] // cfg["heads_per_program"]):
+            bad.append("items_per_flag_fit")
         return bad
     rows = d["M"] // w
     cols = d["N"] // w if space == "ag_gemm" else d["N"]

@@ -12,7 +12,15 @@ import typer
 from typer.testing import CliRunner
 
 from jointtune.cli import spaces as spaces_cli
-from jointtune.search_spaces import ANCHORS, DeviceLimits, get_space
+from jointtune.search_spaces import (
+    ANCHORS,
+    DeviceLimits,
+    Space,
+    categorical,
+    get_space,
+    register_space,
+    unregister_space,
+)
 
 HOPPER = DeviceLimits.nominal_hopper()
 SCRIPT = Path(sys.executable).parent / "jointtune"
@@ -32,7 +40,24 @@ def invoke():
     return run
 
 
-def test_list_and_show(invoke) -> None:
+@pytest.fixture
+def kernelless():
+    """A space no family runs (every built-in space has a kernel now): "jt_*", as other tests' spaces are named."""
+    space = Space(
+        "jt_cli_kernelless",
+        dims=("N",),
+        params=[categorical("mode", ("a", "b"), doc="a toy mode")],
+        revision=1,
+        default=lambda ctx: {"mode": "a"},
+    )
+    register_space(space)
+    try:
+        yield space
+    finally:
+        unregister_space(space.name)
+
+
+def test_list_and_show(invoke, kernelless) -> None:
     rows = json.loads(invoke("list", "--json"))
     builtin = [r["name"] for r in rows if not r["name"].startswith("jt_")]  # jt_*: other tests' spaces
     assert builtin == ["ag_gemm", "flash_decode", "gemm_rs"]
@@ -52,19 +77,30 @@ def test_list_and_show(invoke) -> None:
         "params": 13,
         "kernels": ["gemm_rs"],
     }
-    # which spaces have a kernel comes from the family registry: a family registered now shows at once
+    assert rows[1] == {
+        "name": "flash_decode",
+        "version": get_space("flash_decode").version,
+        "revision": 2,
+        "dims": ["B", "H", "H_KV", "S", "D"],
+        "params": 8,
+        "kernels": ["flash_decode"],
+    }
+    # which spaces have a kernel comes from the family registry: every built-in space has its own now
     assert {r["name"]: r["kernels"] for r in rows if r["name"] in builtin} == {
         "ag_gemm": ["ag_gemm"],
-        "flash_decode": [],
+        "flash_decode": ["flash_decode"],
         "gemm_rs": ["gemm_rs"],
     }
+    assert {r["name"]: r["kernels"] for r in rows}[kernelless.name] == []
     table = invoke("list")
-    lines = {name: [line for line in table.splitlines() if f" {name} " in line] for name in builtin}
+    names = [*builtin, kernelless.name]
+    lines = {name: [line for line in table.splitlines() if f" {name} " in line] for name in names}
     assert all(len(found) == 1 for found in lines.values()), table  # one row per space
     assert get_space("gemm_rs").version in lines["gemm_rs"][0] and "none yet" not in lines["gemm_rs"][0]
-    # of the built-in spaces only flash_decode lacks a kernel (other tests may register kernel-less spaces of their own)
-    assert "none yet" in lines["flash_decode"][0]
-    assert all("none yet" not in lines[name][0] for name in builtin if name != "flash_decode")
+    assert get_space("flash_decode").version in lines["flash_decode"][0]
+    # no built-in space lacks a kernel; one no family runs says so
+    assert all("none yet" not in lines[name][0] for name in builtin)
+    assert "none yet" in lines[kernelless.name][0]
     assert json.loads(invoke("show", "flash_decode", "--json")) == get_space("flash_decode").to_json()
     shown = invoke("show", "ag_gemm")
     assert "comm_sms" in shown and "shared_memory" in shown and 'mode == "push"' in shown
@@ -72,40 +108,45 @@ def test_list_and_show(invoke) -> None:
     shown = invoke("show", "gemm_rs")
     assert "kernel: gemm_rs (tune it with `jointtune tune --kernel gemm_rs ...`)" in shown and "none yet" not in shown
     assert "reduce_sms" in shown and "tile_order" in shown and "atomic_tile" in shown and "comm_sms" not in shown
+    shown = invoke("show", "flash_decode")
+    assert "kernel: flash_decode (tune it with `jointtune tune --kernel flash_decode ...`)" in shown
+    assert "none yet" not in shown and "combine_chunks" not in shown
+    assert "items_per_flag" in shown and "push_programs" in shown and 'mode == "wait"' in shown
+    assert "items_per_flag_fit" in shown and "heads_divide_group" in shown
     assert "kernel: none yet; the space can be counted and validated, not tuned or run" in invoke(
-        "show", "flash_decode"
+        "show", kernelless.name
     )
 
 
-def test_a_new_family_gives_its_space_a_kernel(invoke) -> None:
+def test_a_new_family_gives_its_space_a_kernel(invoke, kernelless) -> None:
     from jointtune.kernels import get_family, register_family, unregister_family
+
+    class KernellessStandIn(type(get_family("ag_gemm"))):
+        name = "jt_cli_kernelless_standin"
+        space = kernelless.name
 
     class FlashDecodeStandIn(type(get_family("ag_gemm"))):
         name = "flash_decode_standin"
         space = "flash_decode"
 
-    class GemmRsStandIn(type(get_family("ag_gemm"))):
-        name = "gemm_rs_standin"
-        space = "gemm_rs"
-
+    register_family(KernellessStandIn())
     register_family(FlashDecodeStandIn())
-    register_family(GemmRsStandIn())
     try:
         rows = {r["name"]: r["kernels"] for r in json.loads(invoke("list", "--json"))}
         # a space without a kernel gets one; a second family for a space is listed beside the first
-        assert rows["flash_decode"] == ["flash_decode_standin"]
-        assert rows["gemm_rs"] == ["gemm_rs", "gemm_rs_standin"]
+        assert rows[kernelless.name] == ["jt_cli_kernelless_standin"]
+        assert rows["flash_decode"] == ["flash_decode", "flash_decode_standin"]
         table = invoke("list")
-        assert all(
-            "none yet" not in line for line in table.splitlines() if " flash_decode " in line or " gemm_rs " in line
-        )
+        assert all("none yet" not in line for line in table.splitlines() if f" {kernelless.name} " in line)
+        shown = invoke("show", kernelless.name)
+        assert "kernel: jt_cli_kernelless_standin (tune it with" in shown and "none yet" not in shown
         shown = invoke("show", "flash_decode")
-        assert "kernel: flash_decode_standin (tune it with" in shown and "none yet" not in shown
+        assert "kernel: flash_decode, flash_decode_standin (tune it with" in shown  # the first is what to tune
     finally:
+        unregister_family("jt_cli_kernelless_standin")
         unregister_family("flash_decode_standin")
-        unregister_family("gemm_rs_standin")
     rows = {r["name"]: r["kernels"] for r in json.loads(invoke("list", "--json"))}
-    assert rows["flash_decode"] == [] and rows["gemm_rs"] == ["gemm_rs"]
+    assert rows[kernelless.name] == [] and rows["flash_decode"] == ["flash_decode"]
 
 
 def test_count_one_problem_matches_the_api(invoke) -> None:

@@ -101,9 +101,12 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
         # revision 3 (the kernel's modes: atomic, pull_cublas, reduce_sms, tile_order; chunk_fits_rows,
         # reduce_sms_budget, atomic_tile; no comm_sms) changed it from 1fd89d6bea81
         "gemm_rs": "f8b5ac3391ee",
-        "flash_decode": "b08fba860040",
+        # revision 2 (the kernel's modes: fused, pull, wait, baseline; the decode tiles in every mode, baseline
+        # included; items_per_flag, push_programs; items_per_flag_fit; no combine_chunks) changed it from b08fba860040
+        "flash_decode": "42db48894d7e",
     }
     assert get_space("gemm_rs").revision == 3
+    assert get_space("flash_decode").revision == 2
 
 
 def _rebuild(space: Space, **changes) -> Space:
@@ -273,29 +276,190 @@ def test_split_k_leaves_each_split_two_k_blocks_of_the_local_depth(name: str, sh
     }
 
 
-def test_flash_decode_rules() -> None:
-    space, problem = get_space("flash_decode"), _problem("flash_decode", "B=3,H=24,H_KV=8,S=1000,D=256")
-    base = {
-        "mode": "pull",
-        "kv_split": 256,
-        "BLOCK_N": 32,
-        "heads_per_program": 1,
-        "num_warps": 4,
-        "num_stages": 2,
-        "combine_chunks": 4,
+DECODE_TILE = {"kv_split": 256, "BLOCK_N": 32, "heads_per_program": 1, "num_warps": 4, "num_stages": 2}
+#: each flash_decode mode's exchange knobs (the baseline's exchange is NCCL's: none)
+DECODE_EXCHANGE = {
+    "fused": {"items_per_flag": 4},
+    "pull": {"items_per_flag": 4},
+    "wait": {"items_per_flag": 4, "push_programs": 8},
+    "baseline": {},
+}
+
+
+def test_flash_decode_params_are_exactly_the_kernel_contract() -> None:
+    space = get_space("flash_decode")
+    assert {p.name: p.choices for p in space.params} == {
+        "mode": ("fused", "pull", "wait", "baseline"),
+        "kv_split": (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+        "BLOCK_N": (16, 32, 64, 128, 256),
+        "heads_per_program": (1, 2, 4, 8, 16),
+        "num_warps": (1, 2, 4, 8),
+        "num_stages": (1, 2, 3, 4),
+        "items_per_flag": (1, 2, 4, 8, 16, 32, 64),
+        "push_programs": (1, 2, 4, 8, 16, 32),
     }
+    conditions = {p.name: p.when.describe() if p.when else None for p in space.params}
+    # the baseline runs the same decode kernel: its tiles exist in every mode
+    assert conditions == {
+        "mode": None,
+        "kv_split": None,
+        "BLOCK_N": None,
+        "heads_per_program": None,
+        "num_warps": None,
+        "num_stages": None,
+        "items_per_flag": 'mode in ["fused", "pull", "wait"]',
+        "push_programs": 'mode == "wait"',
+    }
+    rules = {c["name"]: (c["fields"], c["rule"]) for c in space.to_json()["constraints"]}
+    assert rules == {
+        "kv_split_fits_shard": (["kv_split"], "kv_split <= max(64, next_pow2(S_r))"),
+        "block_fits_split": (["BLOCK_N", "kv_split"], "BLOCK_N <= kv_split"),
+        "stages_need_steps": (["num_stages", "kv_split", "BLOCK_N"], "num_stages <= kv_split // BLOCK_N"),
+        "warps_fit_block": (["num_warps", "BLOCK_N"], "num_warps * 8 <= BLOCK_N"),
+        "shared_memory": (["BLOCK_N", "num_stages"], "2 * BLOCK_N * D * dtype_bytes * num_stages <= max_shared_mem"),
+        "heads_divide_group": (["heads_per_program"], "G % heads_per_program == 0"),
+        "items_per_flag_fit": (
+            ["items_per_flag", "heads_per_program"],
+            "items_per_flag <= next_pow2(B * H / heads_per_program)",
+        ),
+    }
+
+
+@pytest.mark.parametrize("mode", ["fused", "pull", "wait", "baseline"])
+def test_flash_decode_rules(mode: str) -> None:
+    # S_r = cdiv(1000, 2) = 500 keys per rank, G = 24 / 8 = 3, B * H = 72 query heads (decode items at 1 head each)
+    space, problem = get_space("flash_decode"), _problem("flash_decode", "B=3,H=24,H_KV=8,S=1000,D=256")
+    base = {"mode": mode, **DECODE_TILE, **DECODE_EXCHANGE[mode]}
     assert space.violations(base, problem, HOPPER) == []
-    assert (
-        "kv_split: 1024 is not allowed for S_r=500" in space.violations({**base, "kv_split": 1024}, problem, HOPPER)[0]
-    )
-    assert "a divisor of G" in space.violations({**base, "heads_per_program": 2}, problem, HOPPER)[0]  # G = 3
-    assert "allowed: a divisor of rows" in space.violations({**base, "combine_chunks": 16}, problem, HOPPER)[0]
-    assert (
-        "num_warps: 8 is not allowed with BLOCK_N=32" in space.violations({**base, "num_warps": 8}, problem, HOPPER)[0]
-    )
-    heavy = {**base, "kv_split": 512, "BLOCK_N": 256, "num_warps": 8, "num_stages": 2}
-    assert "2 * 256 * 256 * 2 * 2 = 524288 bytes" in space.violations(heavy, problem, HOPPER)[0]
-    assert space.count(problem, HOPPER, where={"mode": "baseline"}) == 1
+    assert space.validate(base, problem, HOPPER) == base
+    # every tile rule holds in every mode, the baseline's included (it runs the same decode kernel); each broken
+    # rule gives one message naming the field(s) and the value(s) it refused, and what is allowed
+    cases = [
+        (
+            "kv_split_fits_shard",
+            {"kv_split": 1024},
+            "kv_split: 1024 is not allowed for S_r=500 keys per rank (cdiv(S, world_size)); "
+            "allowed: <= max(64, next_pow2(S_r)) = 512",
+        ),
+        (
+            "stages_need_steps",
+            {"kv_split": 64, "num_stages": 3},
+            "num_stages: 3 is not allowed with kv_split=64, BLOCK_N=32 (2 steps per split); "
+            "allowed: <= kv_split // BLOCK_N = 2",
+        ),
+        (
+            "warps_fit_block",
+            {"num_warps": 8},
+            "num_warps: 8 is not allowed with BLOCK_N=32; allowed: <= BLOCK_N // 8 = 4 "
+            "(each warp takes >= 8 keys of a block)",
+        ),
+        (
+            "shared_memory",
+            {"kv_split": 512, "BLOCK_N": 256, "num_warps": 8, "num_stages": 2},
+            "shared memory: 2 * BLOCK_N * D * dtype_bytes * num_stages = 2 * 256 * 256 * 2 * 2 = 524288 bytes "
+            "with BLOCK_N=256, num_stages=2 is not allowed; allowed: <= max_shared_mem = 232448",
+        ),
+        (
+            "heads_divide_group",
+            {"heads_per_program": 2},
+            "heads_per_program: 2 is not allowed for a GQA group of G=3 (H / H_KV); allowed: a divisor of G",
+        ),
+    ]
+    for rule, change, message in cases:
+        cfg = {**base, **change}
+        assert broken_rules("flash_decode", cfg, problem, HOPPER) == [rule], cfg
+        assert space.violations(cfg, problem, HOPPER) == [message]
+        with pytest.raises(SpaceError) as e:
+            space.validate(cfg, problem, HOPPER)
+        assert str(e.value) == f"flash_decode config: {message}"
+    # a block longer than the split leaves it no whole step, so its stages break too: two rules, two messages
+    cfg = {**base, "kv_split": 64, "BLOCK_N": 128, "num_stages": 1}
+    assert broken_rules("flash_decode", cfg, problem, HOPPER) == ["block_fits_split", "stages_need_steps"]
+    assert space.violations(cfg, problem, HOPPER) == [
+        "BLOCK_N: 128 is not allowed with kv_split=64; allowed: <= kv_split",
+        "num_stages: 1 is not allowed with kv_split=64, BLOCK_N=128 (0 steps per split); "
+        "allowed: <= kv_split // BLOCK_N = 0",
+    ]
+    # 72 items at one head each: every items_per_flag (<= 64 <= next_pow2(72)) fits this problem
+    flagged = ("fused", "pull", "wait")
+    if mode in flagged:
+        assert all(not space.violations({**base, "items_per_flag": n}, problem, HOPPER) for n in (1, 16, 64))
+    # the exchange's knobs exist only where the exchange is ours: items_per_flag in fused, pull and wait,
+    # push_programs in wait (its own all-gather push)
+    if mode not in flagged:
+        assert space.violations({**base, "items_per_flag": 1}, problem, HOPPER) == [
+            f'items_per_flag: 1 is not allowed with mode="{mode}"; '
+            'items_per_flag only exists when mode in ["fused", "pull", "wait"]'
+        ]
+    else:
+        without = {k: v for k, v in base.items() if k != "items_per_flag"}
+        assert space.violations(without, problem, HOPPER) == [
+            f'items_per_flag: missing (required with mode="{mode}"); allowed: 1, 2, 4, 8, 16, 32, 64'
+        ]
+    if mode != "wait":
+        assert space.violations({**base, "push_programs": 8}, problem, HOPPER) == [
+            f'push_programs: 8 is not allowed with mode="{mode}"; push_programs only exists when mode == "wait"'
+        ]
+    else:
+        without = {k: v for k, v in base.items() if k != "push_programs"}
+        assert space.violations(without, problem, HOPPER) == [
+            'push_programs: missing (required with mode="wait"); allowed: 1, 2, 4, 8, 16, 32'
+        ]
+        # push_programs has no rule of its own: every choice fits any problem
+        assert all(not space.violations({**base, "push_programs": n}, problem, HOPPER) for n in (1, 32))
+
+
+@pytest.mark.parametrize(
+    ("shape", "hpp", "items", "largest"),
+    [
+        ("B=1,H=8,H_KV=2,S=4096,D=128", 1, 8, 8),
+        ("B=1,H=8,H_KV=2,S=4096,D=128", 2, 4, 4),
+        ("B=1,H=8,H_KV=2,S=4096,D=128", 4, 2, 2),
+        ("B=1,H=1,H_KV=1,S=4096,D=128", 1, 1, 1),  # one item: one flag for it
+        ("B=3,H=2,H_KV=2,S=4096,D=128", 1, 6, 8),  # 6 items: a group may be rounded up to 8
+        ("B=5,H=24,H_KV=2,S=4096,D=128", 4, 30, 32),
+        ("B=3,H=48,H_KV=1,S=4096,D=128", 16, 9, 16),
+        ("B=9,H=64,H_KV=8,S=4096,D=128", 8, 72, 64),  # next_pow2(72) = 128: every choice up to 64
+    ],
+)
+def test_flash_decode_items_per_flag_fit_the_decode_items(shape: str, hpp: int, items: int, largest: int) -> None:
+    # items_per_flag_fit: items_per_flag <= next_pow2(B * H / heads_per_program), in every mode that has it
+    space, problem = get_space("flash_decode"), _problem("flash_decode", shape)
+    rows = problem.dim("B") * problem.dim("H")
+    assert rows // hpp == items
+    for mode in ("fused", "pull", "wait"):
+        base = {"mode": mode, **DECODE_TILE, "heads_per_program": hpp}
+        base |= {"push_programs": 4} if mode == "wait" else {}
+        for n in space.param("items_per_flag").choices:
+            cfg = {**base, "items_per_flag": n}
+            fits = n <= largest
+            assert broken_rules("flash_decode", cfg, problem, HOPPER) == ([] if fits else ["items_per_flag_fit"])
+            assert space.violations(cfg, problem, HOPPER) == (
+                []
+                if fits
+                else [
+                    f"items_per_flag: {n} is not allowed for {items} decode items "
+                    f"(B * H / heads_per_program = {rows} / {hpp}); allowed: <= next_pow2(items) = "
+                    f"{1 << (items - 1).bit_length()}"
+                ]
+            )
+        allowed = {c["items_per_flag"] for c in space.enumerate(problem, HOPPER, where={**base, "mode": mode})}
+        assert allowed == {n for n in space.param("items_per_flag").choices if n <= largest}
+
+
+def test_flash_decode_counts_per_mode() -> None:
+    # the tiles are the same in every mode; fused and pull add items_per_flag, wait also push_programs (no rule)
+    space = get_space("flash_decode")
+    few = _problem("flash_decode", "B=1,H=8,H_KV=2,S=4096,D=128")  # 8, 4 or 2 items: items_per_flag is capped
+    many = _problem("flash_decode", "B=3,H=24,H_KV=8,S=1000,D=256")  # G = 3: 72 items, never capped
+    for problem in (few, many):
+        modes = space.count_by_mode(problem, HOPPER)
+        assert list(modes) == ["fused", "pull", "wait", "baseline"]
+        assert modes["fused"] == modes["pull"] and modes["wait"] == 6 * modes["pull"]
+        assert 0 < modes["baseline"] < modes["pull"] <= 7 * modes["baseline"]
+        assert modes["baseline"] == sum(1 for _ in space.enumerate(problem, HOPPER, where={"mode": "baseline"}))
+    assert space.count_by_mode(many, HOPPER)["pull"] == 7 * space.count_by_mode(many, HOPPER)["baseline"]
+    assert space.count_by_mode(few, HOPPER)["pull"] < 7 * space.count_by_mode(few, HOPPER)["baseline"]
 
 
 @pytest.mark.parametrize(
@@ -315,7 +479,12 @@ def test_flash_decode_rules() -> None:
         # atomic keeps to 4-warp tiles of <= 8192 elements
         ("gemm_rs", "2048x1024x1024", {"mode": "atomic", "reduce_sms": 8, "tile_order": "peers_first"}),
         ("gemm_rs", "200x40x100", {"mode": "pull_cublas"}),
-        ("flash_decode", "16x24x8x30000x128", {"mode": "push"}),
+        # flash_decode: the decode tiles in every mode; items_per_flag capped by few items (B * H = 8); kv_split by
+        # a short shard (S_r = 1500, 50); push_programs pinned (it has no rule)
+        ("flash_decode", "16x24x8x30000x128", {"mode": "baseline"}),
+        ("flash_decode", "1x8x2x3000x128", {"mode": "pull"}),
+        ("flash_decode", "1x8x2x100x64", {"mode": "fused"}),
+        ("flash_decode", "3x12x4x3000x256", {"mode": "wait", "push_programs": 32}),
     ],
 )
 def test_enumeration_is_the_brute_force_filter_of_the_cross_product(name: str, shape: str, where: dict) -> None:

@@ -44,6 +44,8 @@ def _latency(config: dict) -> float:
         "atomic": 1.2,
         "pull_cublas": 2.5,
         "ce": 2.0,
+        "fused": 1.1,
+        "wait": 2.2,
         "baseline": 4.0,
     }
     cost = modes[config["mode"]]

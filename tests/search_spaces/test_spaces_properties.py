@@ -35,7 +35,7 @@ def problems(draw: st.DrawFn, name: str) -> Problem:
         h_kv = draw(st.sampled_from([1, 2, 4, 8]))
         dims = {
             "B": draw(st.integers(1, 128)),
-            "H": h_kv * draw(st.sampled_from([1, 2, 3, 4, 6, 8, 16])),
+            "H": h_kv * draw(st.sampled_from([1, 2, 3, 4, 6, 8, 16, 24, 32])),  # G = H / H_KV
             "H_KV": h_kv,
             "S": draw(st.integers(w, 300_000)),
             "D": draw(st.sampled_from([64, 128, 256])),
@@ -171,7 +171,7 @@ def test_enumerated_configs_are_valid_distinct_and_counted(data) -> None:
     space = get_space(data.draw(st.sampled_from(NAMES)))
     problem, limits = data.draw(problems(space.name)), data.draw(st.sampled_from(LIMITS))
     where: dict[str, Any] = {"mode": data.draw(st.sampled_from(space.modes))}
-    for name in ("comm_sms", "reduce_sms", "tile_order"):  # pinned where they exist, to keep it small
+    for name in ("comm_sms", "reduce_sms", "tile_order", "push_programs"):  # pinned where they exist: keep it small
         if any(p.name == name for p in space.params) and space.param(name).when.holds(where):
             where[name] = data.draw(st.sampled_from(space.param(name).choices))
     seen = set()
@@ -208,7 +208,60 @@ def test_default_is_always_valid(named, limits: DeviceLimits) -> None:
             assert default == {"mode": "push_cublas", "push_by": "ce", "gemm_order": "local_first", "chunk_m": chunk}
             assert rows % chunk == 0 or chunk == np2(rows)  # a chunk the kernel takes
     else:
-        assert default == {"mode": "baseline"}
+        _check_flash_decode_default(default, problem, limits)
+
+
+def _check_flash_decode_default(default: dict[str, Any], problem: Problem, limits: DeviceLimits) -> None:
+    """The spec's flash_decode default, by its documented properties: a whole GQA group per program (the largest
+    power of two dividing G, at most 16); splits for about two programs per SM; 64-key steps where one stage of them
+    fits in shared memory; mode pull (one decode item per flag) where several ranks share few decode items
+    (B * H_KV * (G / heads_per_program) <= 16) over a short shard (S_r <= 65536 keys per rank), else baseline."""
+    d, w = problem.dims, problem.world_size
+    g, s_r = d["H"] // d["H_KV"], -(-d["S"] // w)
+    hpp = default["heads_per_program"]
+    assert hpp == max(p for p in (1, 2, 4, 8, 16) if g % p == 0)
+    items = d["B"] * d["H_KV"] * (g // hpp)
+    if w > 1 and items <= 16 and s_r <= 65536:
+        assert default["mode"] == "pull" and default["items_per_flag"] == 1
+    else:
+        assert default["mode"] == "baseline"
+    assert set(default) == active_fields("flash_decode", default)  # the mode's fields, no others
+    # about two programs per SM: at least one per SM unless the splits are already the shortest (64 keys), fewer
+    # than two per SM plus one split of each item unless they are already the longest (16384 keys)
+    kv_split = default["kv_split"]
+    programs = items * -(-s_r // kv_split)
+    assert kv_split == 64 or programs >= limits.num_sms, (kv_split, programs)
+    assert kv_split == 16384 or programs < 2 * limits.num_sms + items, (kv_split, programs)
+    assert default["BLOCK_N"] == 64 or 2 * 64 * d["D"] * problem.dtype_bytes > limits.max_shared_mem
+
+
+@pytest.mark.parametrize(
+    ("shape", "world_size", "mode", "hpp"),
+    [
+        # batch 1 of a 32-head, 8-kv-head model: 8 decode items; pull up to 64K keys per rank
+        ({"B": 1, "H": 32, "H_KV": 8, "S": 8192}, 2, "pull", 4),
+        ({"B": 1, "H": 32, "H_KV": 8, "S": 131072}, 2, "pull", 4),  # S_r = 65536
+        ({"B": 1, "H": 32, "H_KV": 8, "S": 131073}, 2, "baseline", 4),  # S_r = 65537
+        ({"B": 1, "H": 32, "H_KV": 8, "S": 262144}, 4, "pull", 4),
+        ({"B": 1, "H": 32, "H_KV": 8, "S": 8192}, 1, "baseline", 4),  # one rank: nothing to exchange
+        ({"B": 2, "H": 64, "H_KV": 8, "S": 8192}, 2, "pull", 8),  # 16 items
+        ({"B": 3, "H": 64, "H_KV": 8, "S": 8192}, 2, "baseline", 8),  # 24 items
+        ({"B": 8, "H": 32, "H_KV": 8, "S": 8192}, 2, "baseline", 4),  # 64 items
+        ({"B": 5, "H": 3, "H_KV": 1, "S": 8192}, 2, "pull", 1),  # G = 3: one head per program, 15 items
+        ({"B": 6, "H": 3, "H_KV": 1, "S": 8192}, 2, "baseline", 1),  # 18 items
+        ({"B": 1, "H": 24, "H_KV": 1, "S": 8192}, 2, "pull", 8),  # G = 24: 8 divides it, 16 does not
+        ({"B": 1, "H": 64, "H_KV": 2, "S": 8192}, 2, "pull", 16),  # G = 32: capped at 16 heads
+        ({"B": 4, "H": 64, "H_KV": 2, "S": 8192}, 2, "pull", 16),  # 4 * 2 * (32 / 16) = 16 items
+        ({"B": 5, "H": 64, "H_KV": 2, "S": 8192}, 2, "baseline", 16),  # 20 items
+    ],
+)
+def test_flash_decode_default_pulls_for_few_items_on_short_shards(shape, world_size, mode, hpp) -> None:
+    space, limits = get_space("flash_decode"), LIMITS[0]
+    problem = space.make_problem({**shape, "D": 128}, dtype="bf16", world_size=world_size)
+    default = space.default(problem, limits)
+    assert default["mode"] == mode and default["heads_per_program"] == hpp
+    assert space.violations(default, problem, limits) == []
+    _check_flash_decode_default(default, problem, limits)
 
 
 def _pow2_at_most(n: int) -> int:

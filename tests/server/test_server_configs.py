@@ -93,3 +93,19 @@ def test_health_ready_docs(server: LiveServer) -> None:
         assert ready["status"] == "ready" and ready["revision"]
         assert http.get("/docs").status_code == 200
         assert "/v1/configs/{kernel}" in http.get("/openapi.json").json()["paths"]
+
+
+def test_flash_decode_records_by_their_five_dims_and_timing(server: LiveServer) -> None:
+    """A flash_decode record as the GPU sweep stored it (graph timing, B, H, H_KV, S, D): an exact lookup, and the
+    nearest KV bucket for a longer cache of the same batch and heads."""
+    shape = {"B": 1, "H": 64, "H_KV": 8, "S": 32768, "D": 128}
+    config = {"mode": "pull", "kv_split": 512, "BLOCK_N": 64, "heads_per_program": 8, "num_warps": 4,
+              "num_stages": 4, "items_per_flag": 1}  # fmt: skip
+    _publish(server, kernel="flash_decode", shape=shape, config=config, timing="graph", latency_p50_us=48.3,
+             baseline_us=49.6, study_name="flash_decode-b1")  # fmt: skip
+    with server.client() as http:
+        exact = http.get("/v1/configs/flash_decode", params={**LOOKUP, **shape, "timing": "graph"}).json()
+        assert exact["match"] == "exact" and exact["config"] == config
+        longer = http.get("/v1/configs/flash_decode", params={**LOOKUP, **shape, "S": 65536, "timing": "graph"}).json()
+        assert longer["match"] == "nearest" and longer["distance"] == 1.0 and longer["config"] == config
+        assert http.get("/v1/configs/flash_decode", params={**LOOKUP, **shape}).status_code == 404  # gpu timing

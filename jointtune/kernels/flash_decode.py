@@ -1,0 +1,361 @@
+"""Distributed Flash-Decode: decode attention over a KV cache sharded by sequence across ranks, with the exchange
+of partial results fused in.
+
+Queries q [B, H, D] are on every rank; rank r holds K and V [B, H_KV, S_r, D] for its share of every sequence's
+positions, and `kv_lens` [B] (int32 or int64, on the device) says how many of them are valid on this rank, per
+sequence (a ragged batch; positions past it are ignored; None means all S_r). Attention does not depend on the
+order of keys, so any split of a sequence over the ranks works: contiguous shards, round-robin, or what a cache
+manager hands out. Grouped-query attention: H is a multiple of H_KV. Each rank computes split-KV partial outputs
+and base-2 log-sum-exps in float32; the ranks' partials are combined, weighted by LSE, into the full output
+[B, H, D] on every rank. A sequence with no valid keys on any rank gets zeros (SDPA would give NaN).
+
+`mode` picks how the partials meet (see `_flash_decode_plans`): `fused` (pushed from the decode kernel, combined in
+the same launch), `pull`, `wait` (our own all-gather push, per-chunk waits) or `baseline` (NCCL all-gather).
+Lengths live in device memory, so a captured CUDA graph serves any lengths; nothing a later call needs comes
+from the host (capture after one eager call of the same shapes and config).
+
+Three ways in:
+    flash_decode(q, k, v, kv_lens, world=world, config=cfg)                     # eager, the cheapest host path
+    torch.ops.jointtune.flash_decode([q], [k], [v], [kv_lens], world.name, cfg_json)  # torch.compile / graphs
+    get_family("flash_decode")                                                  # tuner, decorator, benchmarks
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from jointtune.errors import ShapeError
+from jointtune.kernels._calls import DTYPES, as_list, config_json, parse_config
+from jointtune.kernels._family import Family, StandinLaunch, register_family
+from jointtune.kernels._flash_decode_args import DecodeShape, FlashDecodeConfig, Work, default_scale, kernel_args
+from jointtune.kernels._flash_decode_plans import build_plan
+from jointtune.kernels._plan import config_key, resolve_config
+from jointtune.kernels.world import World, world_named
+
+__all__ = ["FlashDecodeFamily", "PreparedFlashDecode", "config_json", "flash_decode", "prepare", "reference"]
+
+_LEN_DTYPES = (torch.int32, torch.int64)
+
+
+def _check(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor], lens: list[torch.Tensor | None],
+           world: World) -> None:  # fmt: skip
+    """ShapeError naming the argument for anything a plan can't run."""
+    n_local = len(world.local_ranks)
+    if not len(q) == len(k) == len(v) == len(lens) == n_local:
+        raise ShapeError(
+            f"q, k, v, kv_lens: expected one tensor per local rank ({n_local}), "
+            f"got {len(q)}, {len(k)}, {len(v)} and {len(lens)}"
+        )
+    for i, (qi, ki, vi, li) in enumerate(zip(q, k, v, lens)):
+        if qi.dim() != 3 or ki.dim() != 4 or vi.dim() != 4:
+            raise ShapeError(
+                f"q, k, v: q must be [B, H, D] and k, v [B, H_KV, S_r, D]; rank index {i} has "
+                f"q{list(qi.shape)}, k{list(ki.shape)}, v{list(vi.shape)}"
+            )
+        B, H, D = qi.shape
+        if ki.shape != vi.shape or ki.shape[0] != B or ki.shape[3] != D or min(B, H, D, *ki.shape) < 1:
+            raise ShapeError(
+                f"k, v: must both be [B={B}, H_KV, S_r, D={D}] (all sizes >= 1) with q [B, H, D]; rank index {i} has "
+                f"k{list(ki.shape)}, v{list(vi.shape)}"
+            )
+        if H % ki.shape[1]:
+            raise ShapeError(f"k: H_KV={ki.shape[1]} kv heads are not allowed with H={H}; H must be a multiple of H_KV")
+        if (qi.shape, ki.shape) != (q[0].shape, k[0].shape):
+            raise ShapeError(f"q, k, v: shapes must match on every rank; rank index {i} differs from rank index 0")
+        if qi.dtype not in DTYPES or ki.dtype != qi.dtype or vi.dtype != qi.dtype:
+            raise ShapeError(f"dtype: q {qi.dtype}, k {ki.dtype}, v {vi.dtype}; all must be bfloat16 or float16")
+        if any(x.stride(-1) != 1 for x in (qi, ki, vi)):
+            raise ShapeError("q, k, v: the head dim must be contiguous (stride 1)")
+        if (qi.stride(), ki.stride(), vi.stride()) != (q[0].stride(), k[0].stride(), v[0].stride()):
+            raise ShapeError(f"q, k, v: strides must match on every rank; rank index {i} differs from rank index 0")
+        if any(x.device != world.device for x in (qi, ki, vi)):
+            raise ShapeError(f"device: tensors must be on {world.device}, got {qi.device}, {ki.device}, {vi.device}")
+        if li is not None and (li.shape != (B,) or li.dtype not in _LEN_DTYPES or li.device != world.device):
+            raise ShapeError(
+                f"kv_lens: must be [{B}] int32 or int64 on {world.device} (this rank's valid keys per sequence); "
+                f"rank index {i} has {li.dtype}{list(li.shape)} on {li.device}"
+            )
+
+
+def _lens_list(kv_lens: Any, n: int) -> list[torch.Tensor | None]:
+    if kv_lens is None:
+        return [None] * n
+    return as_list(kv_lens)
+
+
+def flash_decode(
+    q: torch.Tensor | Sequence[torch.Tensor],
+    k: torch.Tensor | Sequence[torch.Tensor],
+    v: torch.Tensor | Sequence[torch.Tensor],
+    kv_lens: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    *,
+    world: World,
+    config: Mapping[str, Any],
+    out: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    scale: float | None = None,
+) -> Any:
+    """Attention of `q` [B, H, D] over every rank's `k`, `v` [B, H_KV, S_r, D] (the first `kv_lens[b]` positions of
+    sequence b on each rank; all S_r if None), softmax scale `scale` (default 1/sqrt(D)).
+
+    On the CUDA world the arguments are this rank's tensors and the result is its [B, H, D] output; on the local
+    world they are lists with one tensor per simulated rank, and so is the result. `out` (optional, row-major
+    [B, H, D] per rank) receives it instead of a new tensor. The config must be valid in the `flash_decode` space
+    for this shape (SpaceError names the fields otherwise).
+    """
+    q_l, k_l, v_l = as_list(q), as_list(k), as_list(v)
+    l_l = _lens_list(kv_lens, len(q_l))
+    if len(q_l) != 1 or len(world.local_ranks) != 1:
+        _check(q_l, k_l, v_l, l_l, world)  # simulated ranks: every rank's tensors, every call (the CPU's path)
+    key = _plan_key(q_l, k_l, v_l, config, scale)
+    plan = world.plans.get(key)
+    if plan is None:
+        plan = world.plan(key, functools.partial(_build, world, q_l, k_l, v_l, l_l, config, scale))
+    elif kv_lens is not None and any(x.shape != (q_l[0].shape[0],) or x.dtype not in _LEN_DTYPES
+                                     or x.device != world.device for x in l_l):  # fmt: skip
+        _check(q_l, k_l, v_l, l_l, world)  # lengths are not part of the plan: checked on every call
+    q0 = q_l[0]
+    if out is None:
+        o_l = [torch.empty(q0.shape, dtype=q0.dtype, device=world.device) for _ in q_l]
+    else:
+        o_l = as_list(out)
+        if len(o_l) != len(q_l) or any(o.shape != q0.shape or o.dtype != q0.dtype or not o.is_contiguous()
+                                       or o.device != world.device for o in o_l):  # fmt: skip
+            raise ShapeError(f"out: must be one row-major {list(q0.shape)} {q0.dtype} tensor per local rank")
+    plan(q_l, k_l, v_l, l_l, o_l)
+    return o_l[0] if isinstance(q, torch.Tensor) else o_l
+
+
+class PreparedFlashDecode:
+    """One call with its tensors bound: `run()` issues the same launches again, reading whatever the bound q, k, v
+    and lengths hold now and writing the bound out, as a CUDA graph replay of the call would."""
+
+    def __init__(self, plan: Any, q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
+                 lens: list[torch.Tensor | None], out: list[torch.Tensor]) -> None:  # fmt: skip
+        self._plan, self.q, self.k, self.v, self.kv_lens, self.out = plan, q, k, v, lens, out
+
+    def run(self) -> list[torch.Tensor]:
+        self._plan(self.q, self.k, self.v, self.kv_lens, self.out)
+        return self.out
+
+
+def prepare(
+    q: torch.Tensor | Sequence[torch.Tensor],
+    k: torch.Tensor | Sequence[torch.Tensor],
+    v: torch.Tensor | Sequence[torch.Tensor],
+    kv_lens: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    *,
+    world: World,
+    config: Mapping[str, Any],
+    out: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    scale: float | None = None,
+) -> PreparedFlashDecode:
+    """Run `flash_decode` once (building its plan) and return the call, bound to these tensors, to re-issue."""
+    q_l, k_l, v_l = as_list(q), as_list(k), as_list(v)
+    l_l = _lens_list(kv_lens, len(q_l))
+    o_l = as_list(flash_decode(q_l, k_l, v_l, kv_lens, world=world, config=config, out=out, scale=scale))
+    return PreparedFlashDecode(world.plans[_plan_key(q_l, k_l, v_l, config, scale)], q_l, k_l, v_l, l_l, o_l)
+
+
+def _plan_key(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor], config: Mapping[str, Any],
+              scale: float | None) -> tuple[Any, ...]:  # fmt: skip
+    """Everything a plan bakes in: config, shapes, dtype, strides, device, scale."""
+    q0, k0, v0 = q[0], k[0], v[0]
+    return ("flash_decode", config_key(config), q0.shape, k0.shape, q0.dtype, k0.dtype, v0.dtype, q0.stride(),
+            k0.stride(), v0.stride(), q0.device, len(q), scale)  # fmt: skip
+
+
+def _shape(q0: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, W: int, scale: float | None) -> DecodeShape:
+    B, H, D = q0.shape
+    return DecodeShape(W, B, H, k0.shape[1], k0.shape[2], D, q0.dtype, tuple(q0.stride()), tuple(k0.stride()),
+                       tuple(v0.stride()), default_scale(D) if scale is None else float(scale))  # fmt: skip
+
+
+def problem_shape(s: DecodeShape) -> dict[str, int]:
+    """The space's dims of a call: S is the global KV capacity, S_r per rank times the world size."""
+    return {"B": s.B, "H": s.H, "H_KV": s.H_KV, "S": s.S_r * s.W, "D": s.D}
+
+
+def _build(world: World, q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
+           lens: list[torch.Tensor | None], config: Mapping[str, Any], scale: float | None) -> Any:  # fmt: skip
+    _check(q, k, v, lens, world)
+    s = _shape(q[0], k[0], v[0], world.world_size, scale)
+    cfg = FlashDecodeConfig.of(resolve_config("flash_decode", config, problem_shape(s), DTYPES[q[0].dtype], world))
+    return build_plan(world, s, cfg)
+
+
+def reference(q: Sequence[torch.Tensor], k: Sequence[torch.Tensor], v: Sequence[torch.Tensor],
+              kv_lens: Sequence[torch.Tensor] | None = None, scale: float | None = None) -> torch.Tensor:  # fmt: skip
+    """float32 reference from every rank's tensors: scaled_dot_product_attention of q (rank 0's) over the union of
+    every rank's valid keys, sequence by sequence; zeros for a sequence without keys."""
+    q0 = q[0].float()
+    B, H, D = q0.shape
+    H_KV, S_r = k[0].shape[1], k[0].shape[2]
+    out = torch.zeros(B, H, D, dtype=torch.float32, device=q0.device)
+    for b in range(B):
+        ks, vs = [], []
+        for r in range(len(k)):
+            n = S_r if kv_lens is None else min(max(int(kv_lens[r][b]), 0), S_r)
+            ks.append(k[r][b, :, :n].float())
+            vs.append(v[r][b, :, :n].float())
+        kb, vb = torch.cat(ks, dim=1), torch.cat(vs, dim=1)  # [H_KV, L, D]
+        if kb.shape[1] == 0:
+            continue
+        kb, vb = kb.repeat_interleave(H // H_KV, dim=0), vb.repeat_interleave(H // H_KV, dim=0)
+        out[b] = torch.nn.functional.scaled_dot_product_attention(q0[b][:, None], kb, vb, scale=scale)[:, 0]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- op
+
+
+@torch.library.custom_op("jointtune::flash_decode", mutates_args=())
+def _flash_decode_op(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
+                     kv_lens: list[torch.Tensor], world: str, config: str) -> list[torch.Tensor]:  # fmt: skip
+    """torch.ops.jointtune.flash_decode(q, k, v, kv_lens, world_name, config_json) -> the output per local rank
+    (kv_lens: one [B] tensor per local rank, or an empty list for whole shards)."""
+    return list(flash_decode(list(q), list(k), list(v), list(kv_lens) or None, world=world_named(world),
+                             config=parse_config(config)))  # fmt: skip
+
+
+@_flash_decode_op.register_fake
+def _flash_decode_fake(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
+                       kv_lens: list[torch.Tensor], world: str, config: str) -> list[torch.Tensor]:  # fmt: skip
+    return [x.new_empty(x.shape) for x in q]
+
+
+# ---------------------------------------------------------------------------------------------- family
+
+
+@dataclass
+class FlashDecodeInputs:
+    """Every local rank's q, k, v and lengths, and all ranks' for the reference."""
+
+    problem: Any
+    q: list[torch.Tensor]
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    kv_lens: list[torch.Tensor]
+    all_k: list[torch.Tensor]
+    all_v: list[torch.Tensor]
+    all_lens: list[torch.Tensor]
+
+
+class FlashDecodeFamily(Family):
+    name = "flash_decode"
+    space = "flash_decode"
+    dims = ("B", "H", "H_KV", "S", "D")
+    source_modules = (
+        "jointtune.kernels._flash_decode_args",
+        "jointtune.kernels._flash_decode_plans",
+        "jointtune.kernels._flash_decode_kernel",
+        "jointtune.kernels._push",
+        "jointtune.kernels._signals",
+        "jointtune.kernels._symm",
+        "jointtune.kernels.world",
+    )
+
+    def make_inputs(self, problem: Any, world: World, *, seed: int, ragged: bool = False) -> FlashDecodeInputs:
+        """Random q, k, v (every rank draws every shard from one seed, so each can build the reference); lengths are
+        whole shards, or with `ragged` random per sequence and rank (zero included)."""
+        B, H, H_KV, S, D = (problem.dim(d) for d in self.dims)
+        W = world.world_size
+        if problem.world_size != W:
+            raise ShapeError(f"world_size: the problem says {problem.world_size}, the world has {W}")
+        S_r = -(-S // W)
+        dtype = getattr(torch, problem.dtype)
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        q = torch.randn(B, H, D, generator=gen).to(dtype).to(world.device)
+        all_k = [torch.randn(B, H_KV, S_r, D, generator=gen).to(dtype).to(world.device) for _ in range(W)]
+        all_v = [torch.randn(B, H_KV, S_r, D, generator=gen).to(dtype).to(world.device) for _ in range(W)]
+        if ragged:
+            lens = [torch.randint(0, S_r + 1, (B,), generator=gen, dtype=torch.int32) for _ in range(W)]
+        else:
+            lens = [torch.full((B,), S_r, dtype=torch.int32) for _ in range(W)]
+        all_lens = [x.to(world.device) for x in lens]
+        ranks = world.local_ranks
+        return FlashDecodeInputs(problem, [q.clone() for _ in ranks], [all_k[r] for r in ranks],
+                                 [all_v[r] for r in ranks], [all_lens[r] for r in ranks], all_k, all_v,
+                                 all_lens)  # fmt: skip
+
+    def run(self, inputs: FlashDecodeInputs, config: Mapping[str, Any], world: World) -> list[torch.Tensor]:
+        return flash_decode(inputs.q, inputs.k, inputs.v, inputs.kv_lens, world=world, config=config)
+
+    def baseline(self, inputs: FlashDecodeInputs, world: World) -> list[torch.Tensor]:
+        """Our decode kernel + NCCL all-gather + combine, with the space default's decode tiles."""
+        from jointtune.kernels._runtime import device_limits
+        from jointtune.search_spaces import get_space
+
+        space = get_space(self.space)
+        default = space.default(inputs.problem, device_limits(world.device))
+        shared = {p.name: default[p.name] for p in space.params if p.when is None and p.name in default}
+        return self.run(inputs, {**shared, "mode": "baseline"}, world)
+
+    def reference(self, inputs: FlashDecodeInputs) -> list[torch.Tensor]:
+        ref = reference(inputs.q, inputs.all_k, inputs.all_v, inputs.all_lens)
+        return [ref for _ in inputs.q]
+
+    def key(self, q: Any, k: Any, v: Any, kv_lens: Any = None, *, world: World, **_: Any) -> dict[str, int]:
+        """S is bucketed: the per-rank capacity S_r rounded up to a power of two, times the world size, so one record
+        serves every cache whose per-rank capacity lies in (S_r / 2, S_r] (a config valid for one is valid for all)."""
+        q0, k0 = as_list(q)[0], as_list(k)[0]
+        B, H, D = q0.shape
+        S_r = 1 << max(int(k0.shape[2]) - 1, 0).bit_length()
+        return {"B": B, "H": H, "H_KV": k0.shape[1], "S": S_r * world.world_size, "D": D}
+
+    def flops(self, problem: Any) -> float:
+        B, H, _, S, D = (problem.dim(d) for d in self.dims)
+        return 4.0 * B * H * S * D
+
+    def standin_launches(self, config: Mapping[str, Any], problem: Any, device: torch.device) -> list[StandinLaunch]:
+        B, H, H_KV, S, D = (problem.dim(d) for d in self.dims)
+        W = problem.world_size
+        S_r = -(-S // W)
+        dtype = getattr(torch, problem.dtype)
+        s = DecodeShape(W, B, H, H_KV, S_r, D, dtype, (H * D, D, 1), (H_KV * S_r * D, S_r * D, D, 1),
+                        (H_KV * S_r * D, S_r * D, D, 1), default_scale(D))  # fmt: skip
+        return standin_launches(FlashDecodeConfig.of(dict(config)), s, device)
+
+
+def standin_launches(cfg: FlashDecodeConfig, s: DecodeShape, device: torch.device) -> list[StandinLaunch]:
+    """(kernel, arguments, options) of the Triton launches a call of this shape makes, with 1-element stand-in
+    tensors and the call's real integers (as the plan builds them)."""
+    from jointtune.kernels._flash_decode_kernel import flash_decode_kernel
+    from jointtune.kernels._launch import split_options
+    from jointtune.kernels._push import PushArgs
+    from jointtune.kernels._signals import allgather_push_kernel
+
+    w = Work.of(cfg, s)
+    t = torch.empty(1, dtype=s.dtype, device=device)
+    i64, i32, f32 = (torch.zeros(1, dtype=d, device=device) for d in (torch.int64, torch.int32, torch.float32))
+    common = dict(q=t, k=t, v=t, lens=i32, out=t, parts=f32, counts=i32, dummy=i64, rank=0, fence=i32, state=i64)
+    launches = []
+    if cfg.mode in ("fused", "pull"):  # one launch where ranks run at once
+        push = cfg.mode == "fused"
+        launches.append(kernel_args(cfg, s, w, **common, decode=True, combine=True, dest=f32, dest_deltas=i64,
+                                    send_to=s.W if push else 1, signal=True, flag_ptrs=i64, flags_local=i64, src=f32,
+                                    src_deltas=i64, wait=True, ticket=i32, half_stride=16, epoch=1,
+                                    num_programs=w.n_decode + w.n_chunks))  # fmt: skip
+    else:
+        wait = cfg.mode == "wait"
+        launches.append(kernel_args(cfg, s, w, **common, decode=True, combine=False, dest=f32, dest_deltas=i64,
+                                    epoch=1 if wait else 0, num_programs=w.n_decode))  # fmt: skip
+        launches.append(kernel_args(cfg, s, w, **common, decode=False, combine=True, src=f32, src_deltas=i64,
+                                    flags_local=i64, wait=wait, wait_own=not wait, half_own=not wait,
+                                    half_stride=16 if wait else 0, epoch=2 if wait else 0,
+                                    num_programs=w.n_chunks))  # fmt: skip
+    out = [(flash_decode_kernel, *split_options(args)) for args in launches]
+    if cfg.mode == "wait":
+        push = PushArgs.build(s.W, cfg.push_programs, cfg.num_warps, src=f32, inbox_base=f32, inbox_deltas=i64,
+                              own=i64, flag_ptrs=i64, flags_local=i64, done=i32, fence=i32, state=i64, K=s.PW,
+                              R=s.rows, slot=s.slot, half_stride=16, rank=0, n_chunks=w.n_chunks,
+                              chunk_m=cfg.items_per_flag * cfg.heads_per_program, epoch=2)  # fmt: skip
+        out.append((allgather_push_kernel, *split_options(push)))
+    return out
+
+
+register_family(FlashDecodeFamily())
