@@ -81,6 +81,19 @@ def _first_dtype(*args: Any, **kwargs: Any) -> Any:
     return first.dtype
 
 
+def _family_key(name: str) -> Callable[..., Mapping[str, int]] | None:
+    """The key function of the built-in kernel family `name` (its launcher's arguments -> the shape it is tuned
+    under, e.g. flash_decode's bucketed KV capacity), or None where there is no such family."""
+    from jointtune.errors import UnknownNameError
+    from jointtune.kernels import Family, get_family
+
+    try:
+        family = get_family(name)
+    except UnknownNameError:
+        return None
+    return family.key if type(family).key is not Family.key else None
+
+
 class JointAutotuned:
     """A launcher whose `config` comes from the lookup chain; `cache` maps key -> config."""
 
@@ -89,7 +102,7 @@ class JointAutotuned:
         fn: Callable[..., Any],
         *,
         space: str,
-        key: Callable[..., Mapping[str, int]],
+        key: Callable[..., Mapping[str, int]] | None = None,
         on_miss: str = "nearest",
         kernel: str | None = None,
         dtype: Callable[..., Any] | None = None,
@@ -115,6 +128,8 @@ class JointAutotuned:
             )
         if on_miss not in ON_MISS:
             raise TuningError(f"on_miss: {on_miss!r} is not allowed; allowed: {', '.join(ON_MISS)}")
+        if key is None:
+            key = _family_key(kernel or space)
         if not callable(key):
             raise TuningError(f"key: {key!r} is not allowed; pass a function of the call's arguments -> shape dict")
         functools.update_wrapper(self, fn)
@@ -393,8 +408,9 @@ def joint_autotune(
     allow_nondeterministic: bool = False,
     **triton_options: Any,
 ) -> Callable[[Any], Any]:
-    """Decorate a launcher (`space=...`, `key=` a function -> shape dict) or a `@triton.jit` kernel
-    (`configs=[triton.Config...]`, `key=` argument names, and any `triton.autotune` option).
+    """Decorate a launcher (`space=...`, `key=` a function -> shape dict; without it, the built-in family's key,
+    e.g. `flash_decode`'s) or a `@triton.jit` kernel (`configs=[triton.Config...]`, `key=` argument names, and any
+    `triton.autotune` option).
 
     `allow_nondeterministic` (launchers only): let configs of the space's non-deterministic modes run
     and be tuned (off by default; see the module docstring)."""

@@ -112,8 +112,11 @@ def test_layered_tuning_settings_and_the_example_file(families):
     example = load_sweep_file(EXAMPLE)
     assert example.name == "readme-ag-gemm"
     cpu, gpu = example.jobs("cpu"), example.jobs("gpu")
-    assert all(j.kernel in ("ag_gemm", "gemm_rs") and j.world_size == 2 for j in (*cpu, *gpu))
-    assert {j.kernel for j in cpu} == {j.kernel for j in gpu} == {"ag_gemm", "gemm_rs"}
+    assert all(j.kernel in ("ag_gemm", "gemm_rs", "flash_decode") and j.world_size == 2 for j in (*cpu, *gpu))
+    assert {j.kernel for j in cpu} == {j.kernel for j in gpu} == {"ag_gemm", "gemm_rs", "flash_decode"}
+    (fd,) = [j for j in cpu if j.kernel == "flash_decode"]  # a small decode shape the interpreter runs in seconds
+    assert fd.problem.dims == {"B": 1, "H": 4, "H_KV": 1, "S": 256, "D": 64}
+    assert {j.settings.timing for j in gpu if j.kernel == "flash_decode"} == {"graph"}  # how decode steps run
     assert min(j.problem.dims["M"] for j in gpu if j.kernel == "ag_gemm") >= 128
     rs = [j for j in cpu if j.kernel == "gemm_rs"]
     assert len(rs) == 2 and max(j.problem.dims["M"] for j in rs) <= 128
