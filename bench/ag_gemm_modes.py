@@ -293,13 +293,14 @@ def stress(world, iterations: int, cases=None, make_rig=None) -> dict:
     """Graphs of mixed modes and shapes replayed back to back (same random order on every rank) with fresh
     data before each replay and an eager call of the same config every 4th step; every output checked.
 
-    `cases`: ((M, N, K), config) pairs (AG+GEMM's STRESS by default); `make_rig(k, M, N, K, seed)`: the tensors
-    of case k, with `refill`, `error_on_device` and `call(config)` (AG+GEMM's Rig by default)."""
+    `cases`: (shape, config) pairs, a shape being a tuple of dims ((M, N, K): AG+GEMM's STRESS by default);
+    `make_rig(k, *shape, seed)`: the tensors of case k, with `refill`, `error_on_device` and `call(config)`
+    (AG+GEMM's Rig by default)."""
     cases = STRESS if cases is None else cases
     make_rig = make_rig or (lambda k, M, N, K, seed: Rig(world, M, N, K, seed=seed))
     rigs, graphs, eager_rigs = [], [], []
-    for k, ((M, N, K), cfg) in enumerate(cases):
-        rig, spare = make_rig(k, M, N, K, k * 1000), make_rig(k, M, N, K, k * 1000 + 500)
+    for k, (shape, cfg) in enumerate(cases):
+        rig, spare = make_rig(k, *shape, k * 1000), make_rig(k, *shape, k * 1000 + 500)
         rig.call(cfg)()
         torch.cuda.synchronize()
         graphs.append(capture(rig.call(cfg), calls=1))
@@ -329,12 +330,35 @@ def stress(world, iterations: int, cases=None, make_rig=None) -> dict:
     mine = [[errs[i].item() for i, o in enumerate(order) if o == k] for k in range(len(cases))]
     worst_k = max_over_ranks([max(m, default=0.0) for m in mine] + [float(sum(e > TOL for e in m)) for m in mine])
     per_config = {}
-    for k, ((M, N, K), cfg) in enumerate(cases):
-        per_config[f"{M}x{N}x{K} {json.dumps(cfg, sort_keys=True)}"] = {
+    for k, (shape, cfg) in enumerate(cases):
+        per_config[f"{'x'.join(map(str, shape))} {json.dumps(cfg, sort_keys=True)}"] = {
             "replays": len(mine[k]), "worst": worst_k[k], "wrong": int(worst_k[len(cases) + k])}  # fmt: skip
     return {"replays": iterations, "eager_calls": len(eager_errors), "worst_replay_error": worst[0],
             "worst_eager_error": worst[1], "wrong_replays": int(worst[2]), "wrong_eager": int(worst[3]),
             "seconds": time.time() - t0, "per_config": per_config}  # fmt: skip
+
+
+def compiled_call_check(rig, call) -> dict:
+    """`call()` runs a torch.compile(fullgraph=True)'d module once and copies its result into `rig.out`: it is
+    compiled (two calls), checked eagerly, captured in a CUDA graph, and 5 replays are checked with fresh data."""
+    t0 = time.time()
+    call()
+    call()
+    torch.cuda.synchronize()
+    compile_s = time.time() - t0
+    rig.refill()
+    call()
+    eager_err = max_over_ranks([rig.error_on_device().item()])[0]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    errors = []
+    for _ in range(5):
+        rig.refill()
+        graph.replay()
+        errors.append(rig.error_on_device())
+    replay_err = max_over_ranks([torch.cat(errors).max().item()])[0]
+    return {"compile_s": compile_s, "eager_error": eager_err, "replay_error": replay_err, "replays": 5}
 
 
 def compiled_module_check(world) -> dict:
@@ -348,32 +372,22 @@ def compiled_module_check(world) -> dict:
             (c,) = torch.ops.jointtune.ag_gemm([a], [b], world.name, cfg)
             return c * 1.0
 
-    t0 = time.time()
     compiled = torch.compile(Layer(), fullgraph=True)
-    static = {}
+    return compiled_call_check(rig, lambda: rig.out.copy_(compiled(rig.a, rig.b)))
 
-    def fn():
-        static["c"] = compiled(rig.a, rig.b)
 
-    fn()
-    fn()
-    torch.cuda.synchronize()
-    compile_s = time.time() - t0
-    rig.refill()
-    fn()
-    rig.out.copy_(static["c"])
-    eager_err = max_over_ranks([rig.error_on_device().item()])[0]
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    errors = []
-    for _ in range(5):
-        rig.refill()
-        graph.replay()
-        rig.out.copy_(static["c"])
-        errors.append(rig.error_on_device())
-    replay_err = max_over_ranks([torch.cat(errors).max().item()])[0]
-    return {"compile_s": compile_s, "eager_error": eager_err, "replay_error": replay_err, "replays": 5}
+def run_header(world, script: str) -> dict:
+    """What every result file of these benchmarks starts with: device, versions, date, the exact command."""
+    import triton
+
+    return {
+        "device": f"{world.world_size}x {torch.cuda.get_device_name()}",
+        "versions": {"torch": torch.__version__, "triton": triton.__version__,
+                     "nccl": ".".join(map(str, torch.cuda.nccl.version())), "python": platform.python_version()},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": f"torchrun --nproc-per-node=2 {script} " + " ".join(sys.argv[1:]),
+        "dtype": "bfloat16", "calls_per_graph": CALLS, "shapes": [],
+    }  # fmt: skip
 
 
 def main() -> None:
@@ -398,16 +412,7 @@ def main() -> None:
         enable_symm_mem_for_group(group_name)
     except Exception:
         pass
-    import triton
-
-    result = {
-        "device": f"{world.world_size}x {torch.cuda.get_device_name()}",
-        "versions": {"torch": torch.__version__, "triton": triton.__version__,
-                     "nccl": ".".join(map(str, torch.cuda.nccl.version())), "python": platform.python_version()},
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "torchrun --nproc-per-node=2 bench/ag_gemm_modes.py " + " ".join(sys.argv[1:]),
-        "dtype": "bfloat16", "calls_per_graph": CALLS, "shapes": [],
-    }  # fmt: skip
+    result = run_header(world, "bench/ag_gemm_modes.py")
 
     def save() -> None:
         if world.rank == 0:

@@ -13,9 +13,7 @@ K is split across ranks: rank r holds A_r [M, K/W] and B_r [K/W, N] and gets [M/
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -27,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ag_gemm_bench import Bench, init_cuda_world, spin_up
-from ag_gemm_modes import CALLS, TOL, _watchdog, measure, measure_only
+from ag_gemm_modes import TOL, _watchdog, measure, measure_only, run_header
 from ag_gemm_modes import stress as modes_stress
 
 from jointtune.kernels.gemm_rs import gemm_rs
@@ -262,16 +260,7 @@ def main() -> None:
         enable_symm_mem_for_group(group_name)
     except Exception:
         pass
-    import triton
-
-    result = {
-        "device": f"{world.world_size}x {torch.cuda.get_device_name()}",
-        "versions": {"torch": torch.__version__, "triton": triton.__version__,
-                     "nccl": ".".join(map(str, torch.cuda.nccl.version())), "python": platform.python_version()},
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "torchrun --nproc-per-node=2 bench/gemm_rs_modes.py " + " ".join(sys.argv[1:]),
-        "dtype": "bfloat16", "calls_per_graph": CALLS, "shapes": [],
-    }  # fmt: skip
+    result = run_header(world, "bench/gemm_rs_modes.py")
 
     def save() -> None:
         if world.rank == 0:

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Flash-Decode checks and benchmarks on a lent 2-GPU machine, in phases that fit one device call each.
+#   bash bench/flash_decode_device.sh check    # torch.compile + capture through the op, the stress run, batch 1
+#   bash bench/flash_decode_device.sh b8 b32   # batch 8, batch 32 (S 8K..512K each)
+#   bash bench/flash_decode_device.sh sweep    # one jointtune sweep of flash_decode on the GPUs, then a decorator lookup
+# Carry .whl (../shared/tools/device-wheels.sh); results go to $OUT (or ./out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=$(realpath -m "${OUT:-out}")
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  SITE=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl
+  export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=$PWD:$PYTHONPATH
+nvidia-smi -L
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
+run() { timeout "$1" torchrun --nproc-per-node=2 "${@:2}"; echo "exit $? after: ${*:2}"; }
+B1=1x64x8x8192x128,1x64x8x32768x128,1x64x8x131072x128,1x64x8x524288x128
+B8=8x64x8x8192x128,8x64x8x32768x128,8x64x8x131072x128,8x64x8x524288x128
+B32=32x64x8x8192x128,32x64x8x32768x128,32x64x8x131072x128,32x64x8x524288x128
+for phase in "$@"; do
+case "$phase" in
+  check)
+    run "${CHECK_S:-480}" bench/flash_decode_modes.py --compile-check --stress "${STRESS:-600}" --shapes "$B1" \
+      --out "$OUT/flash_decode_check_b1.json"
+    ;;
+  b8)
+    run "${B8_S:-420}" bench/flash_decode_modes.py --stress 0 --shapes "$B8" --out "$OUT/flash_decode_b8.json"
+    ;;
+  b32)
+    run "${B32_S:-420}" bench/flash_decode_modes.py --stress 0 --shapes "$B32" --out "$OUT/flash_decode_b32.json"
+    ;;
+  sweep)
+    export JOINTTUNE_DB_URL="sqlite:///$OUT/flash_decode_sweep.db"
+    timeout "${SWEEP_S:-300}" python3 -m jointtune.cli sweep bench/flash_decode_sweep.yaml --profile gpu 2>&1 | tail -40
+    run 120 bench/flash_decode_decorator.py --db "$JOINTTUNE_DB_URL" --out "$OUT/flash_decode_decorator.json"
+    ;;
+esac
+done
