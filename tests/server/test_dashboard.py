@@ -129,3 +129,22 @@ def test_dashboard_follows_read_auth(tmp_path: Path) -> None:
             assert http.get("/dashboard").status_code == 401
         with server.client(READ) as http:
             assert http.get("/dashboard").status_code == 200
+
+
+def test_flash_decode_records_in_the_heatmap_and_table(server: LiveServer) -> None:
+    """A decode family's five dims read in the space's order (B H H_KV S D), rows by batch, then KV length."""
+    decode = [(8, 131072, 510.0, 530.0), (1, 32768, 47.2, 65.9), (1, 8192, 28.0, 44.7)]
+    with server.client(WRITE) as http:
+        for b, s, p50, baseline in decode:
+            body = record(kernel="flash_decode", shape={"B": b, "H": 64, "H_KV": 8, "S": s, "D": 128},
+                          config={"mode": "pull", "kv_split": 512}, timing="graph")  # fmt: skip
+            body.update(latency_p10_us=None, latency_p90_us=None, latency_p50_us=p50, baseline_us=baseline)
+            assert http.post("/v1/configs", json=body).status_code == 200
+    with server.client() as http:
+        page = http.get("/dashboard").text
+    card = page[page.index('data-kernel="flash_decode"') :]
+    rows = re.findall(r'<text class="hm-row"[^>]*>([^<]+)</text>', card)
+    assert rows == [f"B={b} H=64 H_KV=8 S={s} D=128" for b, s in ((1, 8192), (1, 32768), (8, 131072))]
+    assert re.findall(r'<text class="hm-col"[^>]*>([^<]+)</text>', card) == ["bfloat16 / w2 / graph"]
+    assert card.count('class="hm-cell"') == card.count('class="config-row"') == 3
+    assert ">1.40×<" in card  # 65.9 / 47.2

@@ -8,6 +8,7 @@ be read is reported on the page instead of failing it (the records are still wor
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -72,15 +73,27 @@ class DashboardData:
 
 
 def shape_order(shape: dict[str, int]) -> tuple[Any, ...]:
-    """Sort key for shapes: by M first (the dim that varies at run time), then the other dims by name."""
-    rest = tuple(shape[name] for name in sorted(shape) if name != "M")
-    return (shape.get("M", 0), tuple(sorted(shape)), rest)
+    """Sort key for shapes: shapes of one kind together, then by their dims in reading order (M first for the GEMMs,
+    batch B first for decode attention)."""
+    names = dim_names(shape)
+    return (tuple(sorted(shape)), tuple(shape[name] for name in names))
 
 
 def dim_names(shape: dict[str, int]) -> list[str]:
-    """Dims in reading order: M, N, K first when present, then the rest by name."""
-    first = [name for name in ("M", "N", "K") if name in shape]
-    return first + sorted(name for name in shape if name not in first)
+    """Dims in reading order: as the registered spaces name them (M, N, K; B, H, H_KV, S, D), the rest by name."""
+    order = _reading_order()
+    known = sorted((name for name in shape if name in order), key=order.index)
+    return known + sorted(name for name in shape if name not in order)
+
+
+@functools.cache
+def _reading_order() -> tuple[str, ...]:
+    from jointtune.search_spaces import get_space, space_names
+
+    names: list[str] = []
+    for space in space_names():
+        names += [d for d in get_space(space).dims if d not in names]
+    return tuple(names)
 
 
 def read_records(store: Store, *, limit: int = MAX_RECORDS) -> tuple[list[Record], int]:
