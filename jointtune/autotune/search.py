@@ -66,15 +66,8 @@ def make_sampler(strategy: str, seed: int, n_history: int, *, startup_trials: in
 
 
 def baseline_config(space: Space, problem: Problem, limits: DeviceLimits) -> dict[str, Any]:
-    """The unfused path (`mode: baseline`), or the space default for a space without that mode. Knobs that exist in
-    every mode (flash_decode's decode tiles: its baseline runs our kernel) take the space default's values."""
-    if "baseline" not in space.modes:
-        return space.default(problem, limits)
-    default = space.default(problem, limits)
-    if default.get("mode") == "baseline":
-        return default
-    shared = {p.name: default[p.name] for p in space.params if p.when is None and p.name in default}
-    return space.validate({**shared, "mode": "baseline"}, problem, limits)
+    """The unfused path every study measures first (see `Space.baseline`)."""
+    return space.baseline(problem, limits)
 
 
 def check_exhaustive(space: Space, problem: Problem, settings: TuneSettings) -> None:

@@ -97,8 +97,8 @@ def kernel_args(cfg: FlashDecodeConfig, s: DecodeShape, w: Work, *, q: Any, k: A
                 dest_deltas: Any = None, send_to: int = 1, src: Any = None, src_deltas: Any = None,
                 flags_local: Any = None, flag_ptrs: Any = None, fence: Any = None, state: Any = None,
                 ticket: Any = None, signal: bool = False, wait: bool = False, wait_own: bool = True,
-                half_own: bool = True, half_stride: int = 0, epoch: int = 0, num_programs: int = 1,
-                pid_base: int = 0) -> dict[str, Any]:  # fmt: skip
+                half_own: bool = True, half_stride: int = 0, epoch: int = 0,
+                num_programs: int = 1) -> dict[str, Any]:  # fmt: skip
     """`flash_decode_kernel`'s arguments by name (pointers a launch doesn't use point at `dummy`)."""
     hpp = cfg.heads_per_program
     return dict(
@@ -107,7 +107,7 @@ def kernel_args(cfg: FlashDecodeConfig, s: DecodeShape, w: Work, *, q: Any, k: A
         src_deltas_ptr=_or(src_deltas, dummy), flags_ptr=_or(flags_local, dummy), flag_ptrs_ptr=_or(flag_ptrs, dummy),
         fence_ptr=_or(fence, dummy), state_ptr=_or(state, dummy), ticket_ptr=_or(ticket, dummy),
         sm_scale=s.scale * LOG2E, S_r=s.S_r, n_splits=w.n_splits, n_items=w.n_items, n_chunks=w.n_chunks, rank=rank,
-        half_stride=half_stride, num_programs=num_programs, pid_base=pid_base, H=s.H, G=s.G,
+        half_stride=half_stride, num_programs=num_programs, H=s.H, G=s.G,
         stride_qb=s.q_stride[0], stride_qh=s.q_stride[1], stride_kb=s.k_stride[0], stride_kh=s.k_stride[1],
         stride_kn=s.k_stride[2], stride_vb=s.v_stride[0], stride_vh=s.v_stride[1], stride_vn=s.v_stride[2],
         stride_ob=s.H * s.D, stride_oh=s.D, D=s.D, PW=s.PW, HPP=hpp, BLOCK_H=max(16, hpp), BLOCK_N=cfg.BLOCK_N,

@@ -35,6 +35,10 @@ from jointtune.kernels._signals import call_epoch, gpu_fence, thread_fence, wait
 
 #: LSE of a partial with no keys: finite, so merges need no special case (exp2(EMPTY - x) == 0 for real x)
 EMPTY = tl.constexpr(-1.0e30)
+#: programs that fence through distinct slots of the fence scratch; more share them (a fence adds 0: any slot
+#: works, distinct ones only spare contention), so the scratch and its offsets stay small whatever the grid
+FENCE_SLOT_COUNT = 1024
+FENCE_SLOTS = tl.constexpr(FENCE_SLOT_COUNT)
 
 
 @triton.jit
@@ -54,7 +58,7 @@ def _decode_split(q_ptr, k_ptr, v_ptr, lens_ptr, parts_ptr, row0, split, n_split
     b = row0 // H
     h0 = row0 % H
     kvh = h0 // G
-    n_keys = tl.minimum(tl.maximum(tl.load(lens_ptr + b).to(tl.int32), 0), S_r)
+    n_keys = tl.minimum(tl.maximum(tl.load(lens_ptr + b), 0), S_r).to(tl.int32)  # clamped before any narrowing
     lo = split * KV_SPLIT
     hi = tl.minimum(lo + KV_SPLIT, n_keys)
     hs = tl.arange(0, BLOCK_H)
@@ -155,7 +159,7 @@ def _combine_chunk(src_ptr, src_deltas_ptr, out_ptr, chunk, n_items, rank, half,
 
 
 # Integers that may be 1 stay runtime values: Triton would make them constants and compile per value.
-@triton.jit(do_not_specialize=["S_r", "n_splits", "n_items", "n_chunks", "rank", "num_programs", "pid_base", "H", "G"])
+@triton.jit(do_not_specialize=["S_r", "n_splits", "n_items", "n_chunks", "rank", "num_programs", "H", "G"])
 def flash_decode_kernel(
     q_ptr,
     k_ptr,
@@ -181,7 +185,6 @@ def flash_decode_kernel(
     rank,
     half_stride,
     num_programs,
-    pid_base,
     H,
     G,
     stride_qb,
@@ -226,7 +229,8 @@ def flash_decode_kernel(
     if TICKET:
         unit = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
     else:
-        unit = pid + pid_base
+        unit = pid
+    fence_slot = pid % FENCE_SLOTS
     n_decode = 0
     if DECODE:
         n_decode = n_items * n_splits
@@ -249,7 +253,7 @@ def flash_decode_kernel(
                 _send_chunk(parts_ptr, dest_ptr, dest_deltas_ptr, chunk, n_items, n_splits, half, D, PW, HPP, IPF,
                             SPLITS, SEND_TO)  # fmt: skip
                 if SIGNAL:
-                    thread_fence(fence_ptr, pid, THREADS, FENCE)  # the rows reach every peer before the flag
+                    thread_fence(fence_ptr, fence_slot, THREADS, FENCE)  # the rows reach every peer before the flag
                     tl.debug_barrier()
                     for p in range(0, WORLD):
                         flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
@@ -263,7 +267,7 @@ def flash_decode_kernel(
                     if WAIT_OWN or p != rank:
                         wait_flag(flags_ptr + p * n_chunks + chunk, epoch)
                 tl.debug_barrier()
-                thread_fence(fence_ptr, pid, THREADS, FENCE)
+                thread_fence(fence_ptr, fence_slot, THREADS, FENCE)
             _combine_chunk(src_ptr, src_deltas_ptr, out_ptr, chunk, n_items, rank, half, H, stride_ob, stride_oh, D,
                            PW, HPP, BLOCK_H, IPF, WORLD, HALF_OWN)  # fmt: skip
     if TICKET or EPOCH == 1:
@@ -278,4 +282,4 @@ def flash_decode_kernel(
                 tl.atomic_xchg(state_ptr, epoch, sem="release", scope="gpu")
 
 
-__all__ = ["EMPTY", "flash_decode_kernel", "triton"]
+__all__ = ["EMPTY", "FENCE_SLOTS", "FENCE_SLOT_COUNT", "flash_decode_kernel", "triton"]

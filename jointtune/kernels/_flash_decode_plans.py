@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from jointtune.kernels._flash_decode_args import DecodeShape, FlashDecodeConfig, Work, kernel_args
-from jointtune.kernels._flash_decode_kernel import flash_decode_kernel
+from jointtune.kernels._flash_decode_kernel import FENCE_SLOT_COUNT, flash_decode_kernel
 from jointtune.kernels._launch import Launch
 from jointtune.kernels._push import PushArgs
 from jointtune.kernels._signals import allgather_push_kernel
@@ -47,7 +47,7 @@ class DecodePlan:
         grid = w.n_decode + w.n_chunks if one_launch else max(w.n_decode, w.n_chunks)
         self.parts = world.scratch("flash_decode.parts", s.rows * w.n_splits * s.PW, torch.float32)
         self.counts = world.scratch("flash_decode.counts", w.n_chunks, torch.int32)
-        self.fence = world.scratch("flash_decode.fence", grid * threads, torch.int32)
+        self.fence = world.scratch("flash_decode.fence", min(grid, FENCE_SLOT_COUNT) * threads, torch.int32)
         self.ticket = world.scratch("flash_decode.ticket", 1, torch.int32)
         self.state = call_state(world)
         self.dummy = world.int_table((0,))
@@ -56,7 +56,10 @@ class DecodePlan:
         #: per step of a call, per local rank: the step's launches ((kernel launch), or a collective)
         self.steps: list[list[Launch]] = []
         self.gather: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-        getattr(self, f"_build_{'fused' if cfg.mode in ('fused', 'pull') else cfg.mode}")(n_local, one_launch)
+        if cfg.mode in ("fused", "pull"):
+            self._build_fused(n_local, one_launch)
+        else:
+            getattr(self, f"_build_{cfg.mode}")(n_local)
 
     # ------------------------------------------------------------------------------------------- modes
 
@@ -76,7 +79,7 @@ class DecodePlan:
                            num_programs=self.work.n_chunks, **extra)  # fmt: skip
         return Launch(flash_decode_kernel, self.work.n_chunks, args, slots=_SLOTS)
 
-    def _build_baseline(self, n_local: int, one_launch: bool) -> None:
+    def _build_baseline(self, n_local: int) -> None:
         world, s = self.world, self.s
         mine = [torch.empty(s.slot, dtype=torch.float32, device=world.device) for _ in range(n_local)]
         every = [torch.empty(s.W * s.slot, dtype=torch.float32, device=world.device) for _ in range(n_local)]
@@ -85,7 +88,7 @@ class DecodePlan:
         self.gather = (mine, every)
         self.steps.append([self._combine(i, src=every[i], src_deltas=src_deltas) for i in range(n_local)])
 
-    def _build_wait(self, n_local: int, one_launch: bool) -> None:
+    def _build_wait(self, n_local: int) -> None:
         world, s, cfg, w = self.world, self.s, self.cfg, self.work
         box = inbox(world, "flash_decode", s.rows, s.PW, torch.float32, halves=2)
         fl = flags(world, "flash_decode", w.n_chunks)
@@ -114,18 +117,19 @@ class DecodePlan:
         world, s, w = self.world, self.s, self.work
         fl = flags(world, "flash_decode", w.n_chunks)
         push = self.cfg.mode == "fused"
-        if push:  # slot p of a rank's inbox holds rank p's rows
-            buf = world.symmetric("flash_decode.inbox2", (2 * s.W * s.slot,), torch.float32)
+        if push:  # slot p of a rank's inbox holds rank p's rows (wait mode's inbox: one buffer for both)
+            box = inbox(world, "flash_decode", s.rows, s.PW, torch.float32, halves=2)
+            buf, half_stride = box.buffer, box.half_stride
         else:  # every rank's own rows
             buf = world.symmetric("flash_decode.partials2", (2 * s.slot,), torch.float32)
-        half_stride = buf.numel // 2 // ALIGN * ALIGN
+            half_stride = buf.numel // 2 // ALIGN * ALIGN
         steps: list[list[Launch]] = [[] for _ in range(1 if one_launch else 2)]
         for i, r in enumerate(world.local_ranks):
             own = buf.tensors[i].data_ptr()
             to_peer = [offset(buf.peers[i][p].data_ptr(), own, 4) for p in range(s.W)]
             if push:
-                dest_deltas = world.int_table(tuple(d + r * s.slot for d in to_peer))
-                src_deltas = world.int_table(tuple(p * s.slot for p in range(s.W)))
+                dest_deltas = world.int_table(tuple(d + r * box.slot for d in to_peer))
+                src_deltas = world.int_table(tuple(p * box.slot for p in range(s.W)))
             else:
                 dest_deltas, src_deltas = world.int_table((0,)), world.int_table(tuple(to_peer))
             send = dict(dest=buf.tensors[i], dest_deltas=dest_deltas, send_to=s.W if push else 1, signal=True,
@@ -153,8 +157,3 @@ class DecodePlan:
                     launch()
                 else:
                     launch(qi, ki, vi, full if li is None else li, oi)
-
-
-def build_plan(world: World, s: DecodeShape, cfg: FlashDecodeConfig) -> DecodePlan:
-    """The plan of `cfg`'s mode for shape `s` on `world`."""
-    return DecodePlan(world, s, cfg)

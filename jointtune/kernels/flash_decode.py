@@ -23,6 +23,8 @@ Three ways in:
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +35,7 @@ from jointtune.errors import ShapeError
 from jointtune.kernels._calls import DTYPES, as_list, config_json, parse_config
 from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels._flash_decode_args import DecodeShape, FlashDecodeConfig, Work, default_scale, kernel_args
-from jointtune.kernels._flash_decode_plans import build_plan
+from jointtune.kernels._flash_decode_plans import DecodePlan
 from jointtune.kernels._plan import config_key, resolve_config
 from jointtune.kernels.world import World, world_named
 
@@ -51,7 +53,11 @@ def _check(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor], 
             f"q, k, v, kv_lens: expected one tensor per local rank ({n_local}), "
             f"got {len(q)}, {len(k)}, {len(v)} and {len(lens)}"
         )
-    for i, (qi, ki, vi, li) in enumerate(zip(q, k, v, lens)):
+    for i, (qi, ki, vi) in enumerate(zip(q, k, v)):
+        if not all(isinstance(x, torch.Tensor) for x in (qi, ki, vi)):
+            raise ShapeError(
+                f"q, k, v: must be tensors; rank index {i} has {', '.join(type(x).__name__ for x in (qi, ki, vi))}"
+            )
         if qi.dim() != 3 or ki.dim() != 4 or vi.dim() != 4:
             raise ShapeError(
                 f"q, k, v: q must be [B, H, D] and k, v [B, H_KV, S_r, D]; rank index {i} has "
@@ -75,10 +81,25 @@ def _check(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor], 
             raise ShapeError(f"q, k, v: strides must match on every rank; rank index {i} differs from rank index 0")
         if any(x.device != world.device for x in (qi, ki, vi)):
             raise ShapeError(f"device: tensors must be on {world.device}, got {qi.device}, {ki.device}, {vi.device}")
-        if li is not None and (li.shape != (B,) or li.dtype not in _LEN_DTYPES or li.device != world.device):
+    _check_lens(lens, q[0].shape[0], world)
+
+
+def _lens_ok(lens: list[torch.Tensor | None], B: int, world: World) -> bool:
+    """Whether every entry is a tensor the kernel reads as it is: [B], int32/int64, unit stride, on the device."""
+    return all(isinstance(x, torch.Tensor) and x.shape == (B,) and x.dtype in _LEN_DTYPES
+               and (B == 1 or x.stride(0) == 1) and x.device == world.device for x in lens)  # fmt: skip
+
+
+def _check_lens(lens: list[torch.Tensor | None], B: int, world: World) -> None:
+    if all(x is None for x in lens) or _lens_ok(lens, B, world):
+        return
+    for i, x in enumerate(lens):
+        got = (f"{x.dtype}{list(x.shape)} with stride {tuple(x.stride())} on {x.device}"
+               if isinstance(x, torch.Tensor) else type(x).__name__)  # fmt: skip
+        if not _lens_ok([x], B, world):
             raise ShapeError(
-                f"kv_lens: must be [{B}] int32 or int64 on {world.device} (this rank's valid keys per sequence); "
-                f"rank index {i} has {li.dtype}{list(li.shape)} on {li.device}"
+                f"kv_lens: must be None, or one [{B}] int32 or int64 tensor per local rank, contiguous, on "
+                f"{world.device} (this rank's valid keys per sequence); rank index {i} has {got}"
             )
 
 
@@ -109,15 +130,15 @@ def flash_decode(
     """
     q_l, k_l, v_l = as_list(q), as_list(k), as_list(v)
     l_l = _lens_list(kv_lens, len(q_l))
+    scale = _scale(scale)
     if len(q_l) != 1 or len(world.local_ranks) != 1:
         _check(q_l, k_l, v_l, l_l, world)  # simulated ranks: every rank's tensors, every call (the CPU's path)
     key = _plan_key(q_l, k_l, v_l, config, scale)
     plan = world.plans.get(key)
     if plan is None:
         plan = world.plan(key, functools.partial(_build, world, q_l, k_l, v_l, l_l, config, scale))
-    elif kv_lens is not None and any(x.shape != (q_l[0].shape[0],) or x.dtype not in _LEN_DTYPES
-                                     or x.device != world.device for x in l_l):  # fmt: skip
-        _check(q_l, k_l, v_l, l_l, world)  # lengths are not part of the plan: checked on every call
+    elif kv_lens is not None and not _lens_ok(l_l, q_l[0].shape[0], world):
+        _check_lens(l_l, q_l[0].shape[0], world)  # lengths are not part of the plan: checked on every call
     q0 = q_l[0]
     if out is None:
         o_l = [torch.empty(q0.shape, dtype=q0.dtype, device=world.device) for _ in q_l]
@@ -157,22 +178,33 @@ def prepare(
     """Run `flash_decode` once (building its plan) and return the call, bound to these tensors, to re-issue."""
     q_l, k_l, v_l = as_list(q), as_list(k), as_list(v)
     l_l = _lens_list(kv_lens, len(q_l))
+    scale = _scale(scale)
     o_l = as_list(flash_decode(q_l, k_l, v_l, kv_lens, world=world, config=config, out=out, scale=scale))
     return PreparedFlashDecode(world.plans[_plan_key(q_l, k_l, v_l, config, scale)], q_l, k_l, v_l, l_l, o_l)
 
 
+def _scale(scale: Any) -> float | None:
+    """The softmax scale as a plain float (a plan bakes it in), or None for 1/sqrt(D)."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(float(scale)):
+        raise ShapeError(f"scale: {scale!r} is not allowed; give a finite real number (or None for 1/sqrt(D))")
+    return float(scale)
+
+
 def _plan_key(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor], config: Mapping[str, Any],
               scale: float | None) -> tuple[Any, ...]:  # fmt: skip
-    """Everything a plan bakes in: config, shapes, dtype, strides, device, scale."""
+    """Everything a plan bakes in: config, shapes, dtypes, strides, devices, scale (a call that differs in any of
+    them builds, and checks, a plan of its own)."""
     q0, k0, v0 = q[0], k[0], v[0]
-    return ("flash_decode", config_key(config), q0.shape, k0.shape, q0.dtype, k0.dtype, v0.dtype, q0.stride(),
-            k0.stride(), v0.stride(), q0.device, len(q), scale)  # fmt: skip
+    return ("flash_decode", config_key(config), q0.shape, k0.shape, v0.shape, q0.dtype, k0.dtype, v0.dtype,
+            q0.stride(), k0.stride(), v0.stride(), q0.device, k0.device, v0.device, len(q), scale)  # fmt: skip
 
 
 def _shape(q0: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, W: int, scale: float | None) -> DecodeShape:
     B, H, D = q0.shape
     return DecodeShape(W, B, H, k0.shape[1], k0.shape[2], D, q0.dtype, tuple(q0.stride()), tuple(k0.stride()),
-                       tuple(v0.stride()), default_scale(D) if scale is None else float(scale))  # fmt: skip
+                       tuple(v0.stride()), default_scale(D) if scale is None else scale)  # fmt: skip
 
 
 def problem_shape(s: DecodeShape) -> dict[str, int]:
@@ -185,7 +217,7 @@ def _build(world: World, q: list[torch.Tensor], k: list[torch.Tensor], v: list[t
     _check(q, k, v, lens, world)
     s = _shape(q[0], k[0], v[0], world.world_size, scale)
     cfg = FlashDecodeConfig.of(resolve_config("flash_decode", config, problem_shape(s), DTYPES[q[0].dtype], world))
-    return build_plan(world, s, cfg)
+    return DecodePlan(world, s, cfg)
 
 
 def reference(q: Sequence[torch.Tensor], k: Sequence[torch.Tensor], v: Sequence[torch.Tensor],
@@ -215,16 +247,18 @@ def reference(q: Sequence[torch.Tensor], k: Sequence[torch.Tensor], v: Sequence[
 
 @torch.library.custom_op("jointtune::flash_decode", mutates_args=())
 def _flash_decode_op(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
-                     kv_lens: list[torch.Tensor], world: str, config: str) -> list[torch.Tensor]:  # fmt: skip
-    """torch.ops.jointtune.flash_decode(q, k, v, kv_lens, world_name, config_json) -> the output per local rank
-    (kv_lens: one [B] tensor per local rank, or an empty list for whole shards)."""
+                     kv_lens: list[torch.Tensor], world: str, config: str,
+                     scale: float | None = None) -> list[torch.Tensor]:  # fmt: skip
+    """torch.ops.jointtune.flash_decode(q, k, v, kv_lens, world_name, config_json, scale=None) -> the output per
+    local rank (kv_lens: one [B] tensor per local rank, or an empty list for whole shards)."""
     return list(flash_decode(list(q), list(k), list(v), list(kv_lens) or None, world=world_named(world),
-                             config=parse_config(config)))  # fmt: skip
+                             config=parse_config(config), scale=scale))  # fmt: skip
 
 
 @_flash_decode_op.register_fake
 def _flash_decode_fake(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
-                       kv_lens: list[torch.Tensor], world: str, config: str) -> list[torch.Tensor]:  # fmt: skip
+                       kv_lens: list[torch.Tensor], world: str, config: str,
+                       scale: float | None = None) -> list[torch.Tensor]:  # fmt: skip
     return [x.new_empty(x.shape) for x in q]
 
 
@@ -290,10 +324,7 @@ class FlashDecodeFamily(Family):
         from jointtune.kernels._runtime import device_limits
         from jointtune.search_spaces import get_space
 
-        space = get_space(self.space)
-        default = space.default(inputs.problem, device_limits(world.device))
-        shared = {p.name: default[p.name] for p in space.params if p.when is None and p.name in default}
-        return self.run(inputs, {**shared, "mode": "baseline"}, world)
+        return self.run(inputs, get_space(self.space).baseline(inputs.problem, device_limits(world.device)), world)
 
     def reference(self, inputs: FlashDecodeInputs) -> list[torch.Tensor]:
         ref = reference(inputs.q, inputs.all_k, inputs.all_v, inputs.all_lens)

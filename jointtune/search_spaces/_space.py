@@ -343,6 +343,16 @@ class Space:
             )
         return best
 
+    def baseline(self, problem: Problem, limits: DeviceLimits) -> dict[str, Value]:
+        """The unfused path (`mode: baseline`), or the default for a space without that mode. Knobs that exist in
+        every mode (flash_decode's decode tiles: its baseline runs our decode kernel) take the default's values, so
+        the baseline a tuned config is compared with is the one a user gets without tuning."""
+        default = self.default(problem, limits)
+        if "baseline" not in self.modes or default.get("mode") == "baseline":
+            return default
+        shared = {p.name: default[p.name] for p in self.params if p.when is None and p.name in default}
+        return self.validate({**shared, "mode": "baseline"}, problem, limits)
+
     def _where(self, where: Mapping[str, Any] | None) -> dict[str, Value]:
         out: dict[str, Value] = {}
         for name, value in (where or {}).items():

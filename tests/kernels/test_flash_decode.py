@@ -224,6 +224,68 @@ def test_bad_calls_name_the_argument():
         flash_decode(q, k, k, world=world, config=dict(ok, mode="broadcast"))
 
 
+def test_lengths_and_scale_the_kernel_cannot_read_as_given_are_refused():
+    """A column of a [B, W] lengths table (stride W), per-rank None beside tensors, Python lists, and a scale that is
+    not a finite number: each refused by name, on the first call and on a repeat call of a built plan."""
+    world = LocalWorld(world_size=2)
+    q = [torch.randn(2, 4, 64).bfloat16() for _ in range(2)]
+    k = [torch.randn(2, 2, 30, 64).bfloat16() for _ in range(2)]
+    ok = dict(CONFIGS["fused"], heads_per_program=2)
+    table = torch.full((2, 2), 30, dtype=torch.int32)  # [B, W]: rank r's lengths are table[:, r], stride 2
+    for _ in range(2):  # the second round finds a plan built by the whole-lengths call below
+        with pytest.raises(ShapeError, match=r"kv_lens: .*contiguous.*rank index 0 has .*stride \(2,\)"):
+            flash_decode(q, k, k, [table[:, 0], table[:, 1]], world=world, config=ok)
+        with pytest.raises(ShapeError, match=r"kv_lens: .*rank index 1 has NoneType"):
+            flash_decode(q, k, k, [table[:, 0].contiguous(), None], world=world, config=ok)
+        with pytest.raises(ShapeError, match=r"kv_lens: .*rank index 0 has list"):
+            flash_decode(q, k, k, [[30, 30], [30, 30]], world=world, config=ok)
+        for bad in (float("nan"), float("inf"), torch.tensor(0.1), "0.1", True):
+            with pytest.raises(ShapeError, match=r"scale: .* finite real number"):
+                flash_decode(q, k, k, world=world, config=ok, scale=bad)
+        flash_decode(q, k, k, [table[:, 0].contiguous(), table[:, 1].contiguous()], world=world, config=ok)
+    plans = len(world.plans)
+    flash_decode(q, k, k, world=world, config=ok, scale=1)  # an int scale is the float's plan
+    flash_decode(q, k, k, world=world, config=ok, scale=1.0)
+    assert len(world.plans) == plans + 1
+
+
+def test_lengths_past_int32_are_clamped_like_any_long_length():
+    """int64 lengths are clamped to the shard before narrowing: 2**32 + 5 keys means the whole shard, not 5."""
+    world = LocalWorld(world_size=2)
+    call = Call(world, 2, 4, 2, 40, 64, seed=8)
+    huge = [torch.tensor([2**32 + 5, 2**31], dtype=torch.int64) for _ in range(2)]
+    out = flash_decode(call.q, call.k, call.v, huge, world=world, config=CONFIGS["pull"])
+    ref = reference(call.q, call.k, call.v)  # every rank's whole shard
+    assert max(((o.float() - ref).norm() / ref.norm()).item() for o in out) < TOL[torch.bfloat16]
+
+
+def test_one_rank_plans_check_what_they_bake_in():
+    """On one rank (the CUDA world's path: no per-call check once a plan exists), a v of another length, or k and v
+    on another device, build a plan of their own, which checks them, instead of reusing one that reads past v."""
+    world = LocalWorld(world_size=1)
+    q, k, v = torch.randn(1, 2, 64).bfloat16(), torch.randn(1, 1, 60, 64).bfloat16(), torch.randn(1, 1, 60, 64)
+    v = v.bfloat16()
+    cfg = dict(CONFIGS["baseline"], heads_per_program=1)
+    flash_decode(q, k, v, world=world, config=cfg)
+    with pytest.raises(ShapeError, match="k, v: must both be"):
+        flash_decode(q, k, v[:, :, :50], world=world, config=cfg)  # same strides, fewer keys
+
+
+def test_the_fence_scratch_stays_small_however_many_programs():
+    from jointtune.kernels._flash_decode_args import DecodeShape, FlashDecodeConfig
+    from jointtune.kernels._flash_decode_kernel import FENCE_SLOT_COUNT
+    from jointtune.kernels._flash_decode_plans import DecodePlan
+
+    world = LocalWorld(world_size=2)
+    S_r, D = 64 * 3000, 64
+    s = DecodeShape(2, 1, 8, 8, S_r, D, torch.bfloat16, (8 * D, D, 1), (8 * S_r * D, S_r * D, D, 1),
+                    (8 * S_r * D, S_r * D, D, 1), 0.125)  # fmt: skip
+    cfg = FlashDecodeConfig(mode="pull", kv_split=64, BLOCK_N=64, heads_per_program=1, num_warps=8, items_per_flag=1)
+    plan = DecodePlan(world, s, cfg)
+    assert plan.work.n_decode == 8 * 3000  # far more programs than fence slots
+    assert all(t.numel() == FENCE_SLOT_COUNT * 32 * 8 for t in plan.fence)
+
+
 def test_family_contract_key_buckets_and_torch_op():
     fam = get_family("flash_decode")
     world = LocalWorld(world_size=2)
@@ -241,6 +303,10 @@ def test_family_contract_key_buckets_and_torch_op():
     whole = torch.ops.jointtune.flash_decode(inputs.q, inputs.k, inputs.v, [], world.name,
                                              config_json(dict(CONFIGS["fused"], heads_per_program=2)))  # fmt: skip
     assert fam.max_error(whole, [reference(inputs.q, inputs.all_k, inputs.all_v)] * 2) < fam.tolerance("bfloat16")
+    scaled = torch.ops.jointtune.flash_decode(inputs.q, inputs.k, inputs.v, inputs.kv_lens, world.name,
+                                              config_json(CONFIGS["wait"]), scale=0.07)  # fmt: skip
+    want = reference(inputs.q, inputs.all_k, inputs.all_v, inputs.all_lens, scale=0.07)
+    assert fam.max_error(scaled, [want] * 2) < fam.tolerance("bfloat16")
     torch.library.opcheck(torch.ops.jointtune.flash_decode.default,
                           (inputs.q, inputs.k, inputs.v, inputs.kv_lens, world.name, config_json(CONFIGS["wait"])),
                           test_utils=("test_schema", "test_faketensor"))  # fmt: skip
