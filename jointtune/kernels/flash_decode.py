@@ -267,17 +267,15 @@ def _flash_decode_fake(q: list[torch.Tensor], k: list[torch.Tensor], v: list[tor
 
 @dataclass
 class FlashDecodeInputs:
-    """Every local rank's q, k, v and lengths, and all ranks' for the reference."""
+    """Every local rank's q (the same on all ranks), its own K, V shard and lengths, and the world they live in: the
+    reference is computed shard by shard and combined across ranks, so no rank ever holds another's cache."""
 
     problem: Any
+    world: World
     q: list[torch.Tensor]
     k: list[torch.Tensor]
     v: list[torch.Tensor]
     kv_lens: list[torch.Tensor]
-    all_k: list[torch.Tensor]
-    all_v: list[torch.Tensor]
-    all_lens: list[torch.Tensor]
-
 
 class FlashDecodeFamily(Family):
     name = "flash_decode"
@@ -294,27 +292,31 @@ class FlashDecodeFamily(Family):
     )
 
     def make_inputs(self, problem: Any, world: World, *, seed: int, ragged: bool = False) -> FlashDecodeInputs:
-        """Random q, k, v (every rank draws every shard from one seed, so each can build the reference); lengths are
-        whole shards, or with `ragged` random per sequence and rank (zero included)."""
+        """Random q (one seed: the same on every rank) and each rank's own K, V shard (a seed per rank), drawn on the
+        device; lengths are whole shards, or with `ragged` random per sequence and rank (zero included)."""
         B, H, H_KV, S, D = (problem.dim(d) for d in self.dims)
         W = world.world_size
         if problem.world_size != W:
             raise ShapeError(f"world_size: the problem says {problem.world_size}, the world has {W}")
         S_r = -(-S // W)
         dtype = getattr(torch, problem.dtype)
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        q = torch.randn(B, H, D, generator=gen).to(dtype).to(world.device)
-        all_k = [torch.randn(B, H_KV, S_r, D, generator=gen).to(dtype).to(world.device) for _ in range(W)]
-        all_v = [torch.randn(B, H_KV, S_r, D, generator=gen).to(dtype).to(world.device) for _ in range(W)]
-        if ragged:
-            lens = [torch.randint(0, S_r + 1, (B,), generator=gen, dtype=torch.int32) for _ in range(W)]
-        else:
-            lens = [torch.full((B,), S_r, dtype=torch.int32) for _ in range(W)]
-        all_lens = [x.to(world.device) for x in lens]
-        ranks = world.local_ranks
-        return FlashDecodeInputs(problem, [q.clone() for _ in ranks], [all_k[r] for r in ranks],
-                                 [all_v[r] for r in ranks], [all_lens[r] for r in ranks], all_k, all_v,
-                                 all_lens)  # fmt: skip
+        dev = world.device
+        q = torch.randn(B, H, D, generator=torch.Generator(device=dev).manual_seed(seed), device=dev).to(dtype)
+        k, v, lens = [], [], []
+        for r in world.local_ranks:
+            gen = torch.Generator(device=dev).manual_seed(seed * 7919 + 1 + r)
+            shards = []
+            for _ in range(2):  # K then V, a sequence at a time (the largest caches are GBs per tensor)
+                x = torch.empty(B, H_KV, S_r, D, dtype=dtype, device=dev)
+                for b in range(B):
+                    x[b].copy_(torch.randn(H_KV, S_r, D, generator=gen, device=dev))
+                shards.append(x)
+            k.append(shards[0])
+            v.append(shards[1])
+            full = torch.full((B,), S_r, dtype=torch.int32, device=dev)
+            lens.append(torch.randint(0, S_r + 1, (B,), generator=gen, device=dev, dtype=torch.int32) if ragged
+                        else full)  # fmt: skip
+        return FlashDecodeInputs(problem, world, [q.clone() for _ in world.local_ranks], k, v, lens)
 
     def run(self, inputs: FlashDecodeInputs, config: Mapping[str, Any], world: World) -> list[torch.Tensor]:
         return flash_decode(inputs.q, inputs.k, inputs.v, inputs.kv_lens, world=world, config=config)
@@ -327,8 +329,34 @@ class FlashDecodeFamily(Family):
         return self.run(inputs, get_space(self.space).baseline(inputs.problem, device_limits(world.device)), world)
 
     def reference(self, inputs: FlashDecodeInputs) -> list[torch.Tensor]:
-        ref = reference(inputs.q, inputs.all_k, inputs.all_v, inputs.all_lens)
-        return [ref for _ in inputs.q]
+        """float32 attention over every rank's valid keys: each rank's exact softmax statistics over its own shard
+        (torch matmuls, no kernel of ours), all-gathered with the world's collective and combined by LSE."""
+        B, H, D = inputs.q[0].shape
+        H_KV, S_r = inputs.k[0].shape[1], inputs.k[0].shape[2]
+        G, W = H // H_KV, inputs.world.world_size
+        scale = default_scale(D)
+        pos = torch.arange(S_r, device=inputs.q[0].device)
+        packed = []
+        for q, k, v, lens in zip(inputs.q, inputs.k, inputs.v, inputs.kv_lens):
+            mine = torch.empty(B, H, D + 1, dtype=torch.float32, device=q.device)
+            for b in range(B):
+                s = torch.matmul(q[b].float().view(H_KV, G, D), k[b].float().transpose(-1, -2)) * scale
+                s = s.masked_fill((pos >= lens[b])[None, None, :], float("-inf"))
+                lse = torch.logsumexp(s, dim=-1)  # [H_KV, G]; -inf where the shard has no valid key
+                p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+                mine[b, :, :D] = torch.matmul(p, v[b].float()).view(H, D)
+                mine[b, :, D] = lse.view(H)
+            packed.append(mine.view(-1))
+        every = [torch.empty(W * B * H * (D + 1), dtype=torch.float32, device=x.device) for x in packed]
+        inputs.world.all_gather(packed, every)
+        out = []
+        for e in every:
+            parts = e.view(W, B, H, D + 1)
+            lse = parts[..., D]
+            weight = torch.exp(lse - lse.max(0).values.nan_to_num(neginf=0.0))  # 0 for a shard without keys
+            total = weight.sum(0).clamp_min(1e-30)
+            out.append((weight[..., None] * parts[..., :D]).sum(0) / total[..., None])
+        return out
 
     def key(self, q: Any, k: Any, v: Any, kv_lens: Any = None, *, world: World, **_: Any) -> dict[str, int]:
         """S is bucketed: the per-rank capacity S_r rounded up to a power of two, times the world size, so one record

@@ -294,6 +294,16 @@ def test_family_contract_key_buckets_and_torch_op():
     # the key buckets the per-rank capacity up to a power of two: S_r = 90 -> 128, S = 256
     assert fam.key(inputs.q, inputs.k, inputs.v, inputs.kv_lens, world=world) == {
         "B": 2, "H": 4, "H_KV": 2, "S": 256, "D": 64}  # fmt: skip
+    ref = fam.reference(inputs)  # per-shard statistics, all-gathered and combined: SDPA over the whole cache
+    union = reference(inputs.q, inputs.k, inputs.v, inputs.kv_lens)
+    assert all(torch.allclose(r, union, atol=1e-5, rtol=1e-5) for r in ref)
+    for r, lens in enumerate(inputs.kv_lens):  # no key anywhere for sequence 0, none on rank 0 for sequence 1
+        lens.copy_(torch.tensor([0, 0 if r == 0 else 7], dtype=torch.int32))
+    empty = fam.reference(inputs)
+    assert torch.equal(empty[0][0], torch.zeros(4, 64)) and torch.allclose(
+        empty[1], reference(inputs.q, inputs.k, inputs.v, inputs.kv_lens), atol=1e-5, rtol=1e-5
+    )
+    inputs = fam.make_inputs(problem, world, seed=1, ragged=True)
     ref = fam.reference(inputs)
     assert fam.max_error(fam.baseline(inputs, world), ref) < fam.tolerance("bfloat16")
     out = torch.ops.jointtune.flash_decode(inputs.q, inputs.k, inputs.v, inputs.kv_lens, world.name,
@@ -302,10 +312,10 @@ def test_family_contract_key_buckets_and_torch_op():
     assert fam.max_error(out, ref) < fam.tolerance("bfloat16")
     whole = torch.ops.jointtune.flash_decode(inputs.q, inputs.k, inputs.v, [], world.name,
                                              config_json(dict(CONFIGS["fused"], heads_per_program=2)))  # fmt: skip
-    assert fam.max_error(whole, [reference(inputs.q, inputs.all_k, inputs.all_v)] * 2) < fam.tolerance("bfloat16")
+    assert fam.max_error(whole, [reference(inputs.q, inputs.k, inputs.v)] * 2) < fam.tolerance("bfloat16")
     scaled = torch.ops.jointtune.flash_decode(inputs.q, inputs.k, inputs.v, inputs.kv_lens, world.name,
                                               config_json(CONFIGS["wait"]), scale=0.07)  # fmt: skip
-    want = reference(inputs.q, inputs.all_k, inputs.all_v, inputs.all_lens, scale=0.07)
+    want = reference(inputs.q, inputs.k, inputs.v, inputs.kv_lens, scale=0.07)
     assert fam.max_error(scaled, [want] * 2) < fam.tolerance("bfloat16")
     torch.library.opcheck(torch.ops.jointtune.flash_decode.default,
                           (inputs.q, inputs.k, inputs.v, inputs.kv_lens, world.name, config_json(CONFIGS["wait"])),
