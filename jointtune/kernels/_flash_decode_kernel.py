@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import call_epoch, gpu_fence, thread_fence, wait_flag
+from jointtune.kernels._signals import acq_rel_fence, call_epoch, thread_fence, wait_flag
 
 #: LSE of a partial with no keys: finite, so merges need no special case (exp2(EMPTY - x) == 0 for real x)
 EMPTY = tl.constexpr(-1.0e30)
@@ -242,14 +242,14 @@ def flash_decode_kernel(
                           stride_vn, D, PW, HPP, BLOCK_H, BLOCK_N, KV_SPLIT, UPCAST)  # fmt: skip
             chunk = item // IPF
             expected = tl.minimum(IPF, n_items - chunk * IPF) * n_splits
-            gpu_fence(THREADS, FENCE)  # this split's partial is visible on the GPU before it is counted
+            acq_rel_fence(THREADS, FENCE, False)  # this split's partial is visible on the GPU before it is counted
             tl.debug_barrier()
             arrived = tl.atomic_add(counts_ptr + chunk, 1, sem="acq_rel", scope="gpu")
             if arrived == expected - 1:
                 # ---- the chunk's last split: merge its splits, send the packed rows, flag them ----
                 tl.store(counts_ptr + chunk, 0)
                 tl.debug_barrier()
-                gpu_fence(THREADS, FENCE)  # every thread acquires the other splits' partials (read past L1)
+                acq_rel_fence(THREADS, FENCE, False)  # every thread acquires the other splits' partials (read past L1)
                 _send_chunk(parts_ptr, dest_ptr, dest_deltas_ptr, chunk, n_items, n_splits, half, D, PW, HPP, IPF,
                             SPLITS, SEND_TO)  # fmt: skip
                 if SIGNAL:

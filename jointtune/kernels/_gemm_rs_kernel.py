@@ -35,22 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import call_epoch, close_call, release_flag, thread_fence, wait_flag
-
-
-@triton.jit
-def system_fence(THREADS: tl.constexpr, FENCE: tl.constexpr):
-    # fence.acq_rel.sys on every thread (one element of a THREADS block each): what the thread issued
-    # before, atomics to peers included, is performed system-wide before what it issues after
-    if FENCE:
-        tl.inline_asm_elementwise(
-            "fence.acq_rel.sys;\n\tmov.u32 $0, $1;",
-            "=r,r",
-            [tl.arange(0, THREADS)],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
+from jointtune.kernels._signals import acq_rel_fence, call_epoch, close_call, release_flag, thread_fence, wait_flag
 
 
 @triton.jit
@@ -201,7 +186,7 @@ def gemm_rs_kernel(
                         in_chunk = tl.minimum(chunk_rows, seg_rows - chunk * chunk_rows)
                         expected = tl.cdiv(in_chunk, BLOCK_M) * num_pid_n
                         if EPI == 2:
-                            system_fence(THREADS, FENCE)
+                            acq_rel_fence(THREADS, FENCE, True)  # the atomics reach the owner first
                         thread_fence(fence_ptr, pid, THREADS, FENCE)
                         tl.debug_barrier()
                         done = tl.atomic_add(done_ptr + seg * n_chunks + chunk, 1, sem="acq_rel", scope="sys")

@@ -52,18 +52,17 @@ def thread_fence(fence_ptr, pid, THREADS: tl.constexpr, FENCE: tl.constexpr):
 
 
 @triton.jit
-def gpu_fence(THREADS: tl.constexpr, FENCE: tl.constexpr):
-    # fence.acq_rel.gpu on every thread (one element of a THREADS block each): the thread's earlier stores are
-    # visible GPU-wide before its later accesses (the "last program to arrive" pattern over local scratch)
+def acq_rel_fence(THREADS: tl.constexpr, FENCE: tl.constexpr, SYSTEM: tl.constexpr):
+    # fence.acq_rel on every thread (one element of a THREADS block each), GPU or (SYSTEM) system scope: what the
+    # thread did before (stores; atomics to peers included at system scope) is performed at that scope before what
+    # it does after. GPU scope serves the "last program to arrive" pattern over local scratch
     if FENCE:
-        tl.inline_asm_elementwise(
-            "fence.acq_rel.gpu;\n\tmov.u32 $0, $1;",
-            "=r,r",
-            [tl.arange(0, THREADS)],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
+        if SYSTEM:
+            tl.inline_asm_elementwise("fence.acq_rel.sys;\n\tmov.u32 $0, $1;", "=r,r", [tl.arange(0, THREADS)],
+                                      dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
+        else:
+            tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r", [tl.arange(0, THREADS)],
+                                      dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
 
 
 @triton.jit
@@ -261,10 +260,10 @@ def wait_chunks_kernel(flags_ptr, state_ptr, rank, n_chunks, p_lo, p_hi, c_lo, c
 
 
 __all__ = [
+    "acq_rel_fence",
     "allgather_push_kernel",
     "call_epoch",
     "close_call",
-    "gpu_fence",
     "open_call_kernel",
     "push_rows",
     "release_chunk_kernel",

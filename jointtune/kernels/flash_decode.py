@@ -277,6 +277,7 @@ class FlashDecodeInputs:
     v: list[torch.Tensor]
     kv_lens: list[torch.Tensor]
 
+
 class FlashDecodeFamily(Family):
     name = "flash_decode"
     space = "flash_decode"
