@@ -159,6 +159,25 @@ def _watchdog(name: str, seconds: float = 90.0) -> threading.Timer:
     return dog
 
 
+def guarded_measure(rig, bench: Bench, *, eager_calls: int, replays: int, watchdog_s: float = 90.0):
+    """`run(name, fn, bucket, **measure_options)`: `measure` into `bucket[name]`, where an exception is recorded as
+    that entry's error instead of ending the run, and a hang past `watchdog_s` ends the process (a collective with
+    a stuck peer never returns)."""
+
+    def run(name: str, fn, bucket: dict, **kw) -> dict:
+        dog = _watchdog(name, watchdog_s)
+        try:
+            bucket[name] = measure(rig, fn, bench, eager_calls=eager_calls, replays=replays, **kw)
+        except Exception as exc:
+            bucket[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            torch.cuda.synchronize()
+        finally:
+            dog.cancel()
+        return bucket[name]
+
+    return run
+
+
 def measure(rig: Rig, fn, bench: Bench, *, eager_calls: int, replays: int, graphable: bool = True) -> dict:
     """Correctness (eager and under replay), then gpu / eager / graph timings of one call."""
     world = rig.world
@@ -202,16 +221,7 @@ def bench_shape(M: int, N: int, K: int, world, bench: Bench, group_name: str, mo
     eager_calls, replays = (20, 10) if big else (100, 50)
     entry: dict = {"M": M, "N": N, "K": K, "world_size": world.world_size, "anchors": {}, "modes": {}}
 
-    def run(name: str, fn, bucket: dict, **kw) -> dict:
-        dog = _watchdog(name)
-        try:
-            bucket[name] = measure(rig, fn, bench, eager_calls=eager_calls, replays=replays, **kw)
-        except Exception as exc:
-            bucket[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            torch.cuda.synchronize()
-        finally:
-            dog.cancel()
-        return bucket[name]
+    run = guarded_measure(rig, bench, eager_calls=eager_calls, replays=replays)
 
     gathered = torch.empty(M, K, dtype=torch.bfloat16, device="cuda")
 

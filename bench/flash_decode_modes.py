@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ag_gemm_bench import Bench, init_cuda_world, spin_up
-from ag_gemm_modes import TOL, _watchdog, compiled_call_check, max_over_ranks, measure, measure_only, run_header
+from ag_gemm_modes import TOL, compiled_call_check, guarded_measure, max_over_ranks, measure_only, run_header
 from ag_gemm_modes import stress as modes_stress
 
 from jointtune.kernels._runtime import num_sms
@@ -171,16 +171,7 @@ def bench_shape(shape: tuple, world, bench: Bench, copy_bw: float, modes: str = 
     entry: dict = {"B": B, "H": Hq, "H_KV": Hkv, "S": S, "D": Dh, "world_size": world.world_size, "anchors": {},
                    "modes": {}}  # fmt: skip
 
-    def run(name: str, fn, bucket: dict, **kw) -> dict:
-        dog = _watchdog(name, 150)
-        try:
-            bucket[name] = measure(rig, fn, bench, eager_calls=eager_calls, replays=replays, **kw)
-        except Exception as exc:
-            bucket[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            torch.cuda.synchronize()
-        finally:
-            dog.cancel()
-        return bucket[name]
+    run = guarded_measure(rig, bench, eager_calls=eager_calls, replays=replays, watchdog_s=150)
 
     user = UserPath(rig)
     run("sdpa_nccl_combine", user, entry["anchors"])

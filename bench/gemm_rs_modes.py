@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ag_gemm_bench import Bench, init_cuda_world, spin_up
-from ag_gemm_modes import TOL, _watchdog, measure, measure_only, run_header
+from ag_gemm_modes import TOL, guarded_measure, measure_only, run_header
 from ag_gemm_modes import stress as modes_stress
 
 from jointtune.kernels.gemm_rs import gemm_rs
@@ -145,16 +145,7 @@ def bench_shape(M: int, N: int, K: int, world, bench: Bench, group_name: str, mo
     eager_calls, replays = (20, 10) if big else (100, 50)
     entry: dict = {"M": M, "N": N, "K": K, "world_size": world.world_size, "anchors": {}, "modes": {}}
 
-    def run(name: str, fn, bucket: dict, **kw) -> dict:
-        dog = _watchdog(name, 120)
-        try:
-            bucket[name] = measure(rig, fn, bench, eager_calls=eager_calls, replays=replays, **kw)
-        except Exception as exc:
-            bucket[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            torch.cuda.synchronize()
-        finally:
-            dog.cancel()
-        return bucket[name]
+    run = guarded_measure(rig, bench, eager_calls=eager_calls, replays=replays, watchdog_s=120)
 
     partial = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
 
