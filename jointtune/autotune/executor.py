@@ -31,11 +31,11 @@ from jointtune.autotune.settings import Job
 from jointtune.autotune.timing import measure, percentiles
 from jointtune.autotune.watchdog import Watchdog
 from jointtune.errors import KernelError
-from jointtune.search_spaces._config import config_hash
+from jointtune.search_spaces import config_hash
 
 if TYPE_CHECKING:
     from jointtune.autotune.control import Control
-    from jointtune.kernels._family import Family
+    from jointtune.kernels import Family
     from jointtune.kernels.world import World
 
 #: Why a trial failed. "invalid" never reaches a rank; the others are results of running a config.
@@ -147,7 +147,7 @@ class RankExecutor:
 
     def start_study(self, job: Job) -> str | None:
         """Build inputs for `job` on every rank; None, or the error text every rank agrees on."""
-        from jointtune.kernels._family import get_family
+        from jointtune.kernels import get_family
 
         self._cancel_precompiles()
         self._job, self._inputs, self._reference = job, None, None

@@ -35,11 +35,11 @@ from jointtune.autotune.studies import (
     trial_config,
 )
 from jointtune.errors import TuningError
-from jointtune.search_spaces._config import canonical_json
+from jointtune.search_spaces import canonical_json
 
 if TYPE_CHECKING:
     from jointtune.db import Store
-    from jointtune.kernels._family import Family
+    from jointtune.kernels import Family
     from jointtune.search_spaces import DeviceLimits, Space
 
 
@@ -107,7 +107,7 @@ class StudyHandle:
         hardware_id: str,
     ) -> StudyHandle:
         """Create or load the job's study; the first opener initialises it."""
-        from jointtune.kernels._family import get_family
+        from jointtune.kernels import get_family
 
         family = get_family(job.kernel)
         space = study_space(family, job.settings)

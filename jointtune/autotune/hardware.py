@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from jointtune.errors import JointtuneError
-from jointtune.search_spaces._problem import DeviceLimits
+from jointtune.search_spaces import DeviceLimits
 
 #: fields that make `hardware_id`; all others are only recorded.
 KEY_FIELDS: tuple[str, ...] = (

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jointtune.search_spaces._problem import Problem
+from jointtune.search_spaces import Problem
 
 #: Prefix of every study this tuner creates (the sweep registry uses its own prefix).
 STUDY_PREFIX = "jointtune:"

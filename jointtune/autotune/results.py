@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def study_name_for(job: Job, hardware_id: str) -> str:
     """The study a group on `hardware_id` uses for `job` (what the coordinator derives)."""
     from jointtune.autotune.handles import study_space
-    from jointtune.kernels._family import get_family
+    from jointtune.kernels import get_family
 
     family = get_family(job.kernel)
     space = study_space(family, job.settings)
@@ -37,7 +37,7 @@ def study_name_for(job: Job, hardware_id: str) -> str:
 
 def shape_label(job: Job) -> str:
     """Dims in the family's order ("M=64,N=128,K=64"); sorted by name for unknown families."""
-    from jointtune.kernels._family import get_family
+    from jointtune.kernels import get_family
 
     shape = dict(job.shape)
     try:
@@ -50,7 +50,7 @@ def shape_label(job: Job) -> str:
 
 def _param_order(kernel: str) -> dict[str, int]:
     from jointtune.autotune.handles import resolve_space
-    from jointtune.kernels._family import get_family
+    from jointtune.kernels import get_family
 
     try:
         return {p.name: i for i, p in enumerate(resolve_space(get_family(kernel)).params)}

@@ -134,8 +134,7 @@ def run_jobs(
     from jointtune.autotune.hardware import detect
     from jointtune.autotune.progress import ProgressView
     from jointtune.autotune.studies import open_storage
-    from jointtune.db import open_store, resolve_db_url
-    from jointtune.db._url import is_memory_sqlite
+    from jointtune.db import is_memory_sqlite, open_store, resolve_db_url
 
     on_gpu = prepare_interpreter()
     url = resolve_db_url(url)

@@ -43,7 +43,7 @@ from jointtune.autotune.studies import (
     quiet_optuna,
     trial_kind,
 )
-from jointtune.search_spaces._config import canonical_json
+from jointtune.search_spaces import canonical_json
 
 if TYPE_CHECKING:
     from jointtune.autotune.settings import TuneSettings

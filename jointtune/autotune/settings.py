@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from jointtune.errors import TuningError
-from jointtune.search_spaces._problem import Problem
+from jointtune.search_spaces import Problem
 
 #: "tpe": multivariate grouped TPE; "random": the control; "exhaustive": every valid config once.
 STRATEGIES = ("tpe", "random", "exhaustive")

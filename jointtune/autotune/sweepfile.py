@@ -186,7 +186,7 @@ def _jobs(
 ) -> list[Job]:
     from jointtune.autotune.handles import study_space
     from jointtune.autotune.search import check_exhaustive
-    from jointtune.kernels._family import get_family
+    from jointtune.kernels import get_family
 
     where = _loc(loc)
     try:

@@ -44,7 +44,7 @@ def _say(console: Console, text: str = "", **style: object) -> None:
 
 
 def _db_flag(url: str, default_url: str) -> str:
-    from jointtune.db._url import redact_url
+    from jointtune.db import redact_url
 
     return "" if url == default_url else f" --db {redact_url(url)}"
 
@@ -61,7 +61,7 @@ def print_header(
 ) -> None:
     """What is about to run and where; which shapes a re-run finds already tuned."""
     from jointtune.autotune.hardware import CPU_NAME
-    from jointtune.db._url import redact_url
+    from jointtune.db import redact_url
 
     parts = [what, *([f"profile {profile}"] if profile else []), plural(len(results), "shape")]
     parts.append(plural(groups, "group"))
@@ -126,8 +126,7 @@ def print_summary(
     from jointtune.autotune.hardware import CPU_NAME
     from jointtune.autotune.progress import summary_table
     from jointtune.autotune.results import job_label
-    from jointtune.db import resolve_db_url
-    from jointtune.db._url import redact_url
+    from jointtune.db import redact_url, resolve_db_url
 
     console.print(summary_table(results))
     now = [r for r in results if r.study_name not in already]

@@ -222,8 +222,7 @@ def sweep(
     from jointtune.autotune.studies import open_storage
     from jointtune.autotune.sweepfile import load_sweep_file
     from jointtune.cli._checks import check_profile, prepare_report_dir
-    from jointtune.db import open_store, resolve_db_url
-    from jointtune.db._url import redact_url
+    from jointtune.db import open_store, redact_url, resolve_db_url
 
     url = resolve_db_url(db)
     options = _options(None, None)
