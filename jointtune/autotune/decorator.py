@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 from jointtune.autotune import agreement, policies
 from jointtune.autotune.lookup import DEFAULT_STORE_TIMEOUT_S, Found, Identity, Sources, make_client, warn_once
-from jointtune.autotune.settings import TIMINGS
 from jointtune.errors import JointtuneError, TuningError
+from jointtune.timings import TIMINGS
 
 if TYPE_CHECKING:
     from jointtune.autotune.settings import TuneSettings

@@ -39,7 +39,7 @@ class TuningKey:
     dtype: str
     world_size: int
     hardware_id: str
-    #: the timing policy results were measured under (`settings.TIMINGS`)
+    #: the timing policy results were measured under (`jointtune.timings.TIMINGS`)
     timing: str = "gpu"
 
     @classmethod

@@ -21,8 +21,8 @@ import functools
 import os
 from collections.abc import Mapping, Sequence
 
-from jointtune.autotune.settings import TIMINGS
 from jointtune.errors import TuningError
+from jointtune.timings import TIMINGS
 
 ENV_FALLBACK = "JOINTTUNE_TIMING_FALLBACK"
 #: what each policy may use when it has no record of its own, in order

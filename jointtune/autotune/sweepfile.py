@@ -44,8 +44,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from jointtune.autotune.settings import TIMINGS, Job, TuneSettings
+from jointtune.autotune.settings import Job, TuneSettings
 from jointtune.errors import JointtuneError, TuningError
+from jointtune.timings import TIMINGS
 
 
 class SweepFileError(TuningError, ValueError):

@@ -1,6 +1,6 @@
 """Timing one config under a policy: identical warm-up and timed iteration counts on every rank.
 
-Three policies (`settings.TIMINGS`), because users meet an op three ways and the ranking of configs
+Three policies (`jointtune.timings.TIMINGS`), because users meet an op three ways and the ranking of configs
 differs between them (a config with many launches wins on the GPU and loses when called eagerly):
 
 - gpu: each timed run sits between two device events, after an L2 flush (a write over a buffer larger
@@ -29,15 +29,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from jointtune.autotune.settings import TIMINGS
 from jointtune.errors import TuningError
+from jointtune.timings import EAGER_CALLS, GRAPH_CALLS, TIMINGS
 
 if TYPE_CHECKING:
     from jointtune.kernels.world import World
-
-#: calls per timed block of the eager policy, and per captured graph of the graph policy
-EAGER_CALLS = 8
-GRAPH_CALLS = 4
 
 #: Bytes written before every timed CUDA run; larger than the L2 of any current GPU (H200: 50 MB).
 L2_FLUSH_BYTES = 256 * 1024 * 1024

@@ -40,9 +40,9 @@ from triton.runtime.autotuner import Autotuner
 
 from jointtune.autotune import agreement, policies
 from jointtune.autotune.lookup import DEFAULT_STORE_TIMEOUT_S, Identity, Sources, make_client
-from jointtune.autotune.timing import EAGER_CALLS
 from jointtune.db.schema import is_dtype
 from jointtune.errors import TuningError
+from jointtune.timings import EAGER_CALLS
 
 TRITON_ON_MISS = ("benchmark", "nearest", "error")
 
