@@ -64,7 +64,7 @@ def _choose_interpreter() -> None:
     """TRITON_INTERPRET=1 where no GPU can run kernels, unless the user chose already."""
     if "TRITON_INTERPRET" in os.environ:
         return
-    from jointtune.autotune.hardware import gpu_device_present
+    from jointtune.hardware import gpu_device_present
 
     if gpu_device_present():
         import torch

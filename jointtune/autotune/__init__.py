@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from jointtune.autotune.client import ConfigClient, ServiceWarning
     from jointtune.autotune.decorator import JointAutotuned, NoConfigError, joint_autotune
-    from jointtune.autotune.hardware import (
+    from jointtune.autotune.lookup import LookupWarning
+    from jointtune.autotune.registry import load_sweep, register_sweep
+    from jointtune.autotune.replay import ReplayTable, compare, replay
+    from jointtune.autotune.results import collect
+    from jointtune.autotune.runner import run_jobs
+    from jointtune.autotune.settings import Job, TuneSettings
+    from jointtune.autotune.sweepfile import load_sweep_file
+    from jointtune.autotune.triton_compat import JointAutotuner
+    from jointtune.hardware import (
         KEY_FIELDS,
         HardwareError,
         HardwareFingerprint,
@@ -25,26 +33,19 @@ if TYPE_CHECKING:
         normalize_gpu_name,
         parse_topo_matrix,
     )
-    from jointtune.autotune.lookup import LookupWarning
-    from jointtune.autotune.registry import load_sweep, register_sweep
-    from jointtune.autotune.replay import ReplayTable, compare, replay
-    from jointtune.autotune.results import collect
-    from jointtune.autotune.runner import run_jobs
-    from jointtune.autotune.settings import Job, TuneSettings
-    from jointtune.autotune.sweepfile import load_sweep_file
-    from jointtune.autotune.triton_compat import JointAutotuner
 
-#: public name -> the submodule of this package that defines it.
+#: public name -> the module that defines it: a submodule of this package, or a full module name
+#: (the fingerprint names, still exported here since they moved to `jointtune.hardware`).
 _EXPORTS: dict[str, str] = {
-    "KEY_FIELDS": "hardware",
-    "HardwareError": "hardware",
-    "HardwareFingerprint": "hardware",
-    "cpu_fingerprint": "hardware",
-    "current_limits": "hardware",
-    "detect": "hardware",
-    "memory_bucket_gib": "hardware",
-    "normalize_gpu_name": "hardware",
-    "parse_topo_matrix": "hardware",
+    "KEY_FIELDS": "jointtune.hardware",
+    "HardwareError": "jointtune.hardware",
+    "HardwareFingerprint": "jointtune.hardware",
+    "cpu_fingerprint": "jointtune.hardware",
+    "current_limits": "jointtune.hardware",
+    "detect": "jointtune.hardware",
+    "memory_bucket_gib": "jointtune.hardware",
+    "normalize_gpu_name": "jointtune.hardware",
+    "parse_topo_matrix": "jointtune.hardware",
     "ConfigClient": "client",
     "joint_autotune": "decorator",
     "JointAutotuned": "decorator",
@@ -98,7 +99,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    path = module if module.startswith("jointtune.") else f"{__name__}.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value  # later lookups skip this function
     return value
 

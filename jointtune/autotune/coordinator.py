@@ -92,8 +92,8 @@ class Coordinator:
         executor: RankExecutor,
         options: GroupOptions = GroupOptions(),
     ) -> None:
-        from jointtune.autotune.hardware import current_limits, detect
         from jointtune.db import open_store
+        from jointtune.hardware import current_limits, detect
 
         self.url, self.jobs, self.group, self.options = url, jobs, group, options
         self.control, self.executor = control, executor

@@ -236,8 +236,8 @@ class JointAutotuned:
             self.fn(*args, config=graph_config, **kwargs)
 
     def _resolve(self, key: tuple[Any, ...], *, allow_tune: bool = True) -> Mapping[str, Any]:
-        from jointtune.autotune.hardware import current_limits, detect
         from jointtune.autotune.keys import triton_version
+        from jointtune.hardware import current_limits, detect
         from jointtune.search_spaces import normalize_dtype
 
         shape_items, dtype, ws, timing = key

@@ -131,10 +131,10 @@ def run_jobs(
     already tuned) and how many groups will share them, before any group starts. When every job
     is done already, no group is started at all.
     """
-    from jointtune.autotune.hardware import detect
     from jointtune.autotune.progress import ProgressView
     from jointtune.autotune.studies import open_storage
     from jointtune.db import is_memory_sqlite, open_store, resolve_db_url
+    from jointtune.hardware import detect
 
     on_gpu = prepare_interpreter()
     url = resolve_db_url(url)

@@ -322,8 +322,8 @@ class JointAutotuner(Autotuner):
         return self._sources
 
     def _identity(self, key: Any) -> tuple[Identity, dict[str, int]]:
-        from jointtune.autotune.hardware import detect
         from jointtune.autotune.keys import triton_version
+        from jointtune.hardware import detect
 
         names = [k for k in self.keys if k in self._arg_values()]
         dims: dict[str, int] = {}

@@ -60,8 +60,8 @@ def print_header(
     profile: str | None = None,
 ) -> None:
     """What is about to run and where; which shapes a re-run finds already tuned."""
-    from jointtune.autotune.hardware import CPU_NAME
     from jointtune.db import redact_url
+    from jointtune.hardware import CPU_NAME
 
     parts = [what, *([f"profile {profile}"] if profile else []), plural(len(results), "shape")]
     parts.append(plural(groups, "group"))
@@ -123,10 +123,10 @@ def print_summary(
     Exits 1 when a shape could not be tuned at all (every trial failed).
     """
     from jointtune.autotune.eta import fmt_duration
-    from jointtune.autotune.hardware import CPU_NAME
     from jointtune.autotune.progress import summary_table
     from jointtune.autotune.results import job_label
     from jointtune.db import redact_url, resolve_db_url
+    from jointtune.hardware import CPU_NAME
 
     console.print(summary_table(results))
     now = [r for r in results if r.study_name not in already]

@@ -107,9 +107,9 @@ def _tune_and_summarise(
     sweep_name: str | None = None,
 ) -> None:
     """Header, live progress, tuned table and closing summary around one `run_jobs`."""
-    from jointtune.autotune.hardware import detect
     from jointtune.autotune.runner import run_jobs
     from jointtune.cli._summary import print_header, print_summary
+    from jointtune.hardware import detect
 
     console = _console()
     hardware_id = detect().hardware_id

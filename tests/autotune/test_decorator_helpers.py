@@ -8,9 +8,9 @@ import jt_families  # noqa: F401 - registers the jt_sleep space and family
 import torch
 
 from jointtune.autotune.decorator import joint_autotune
-from jointtune.autotune.hardware import detect
 from jointtune.autotune.keys import triton_version
 from jointtune.db import NewRecord
+from jointtune.hardware import detect
 from jointtune.kernels import get_family
 from jointtune.search_spaces import get_space
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from test_decorator_helpers import World, make_launcher, source_of
 
-from jointtune.autotune.hardware import current_limits
 from jointtune.autotune.lookup import reset_warnings
 from jointtune.autotune.settings import TuneSettings
 from jointtune.db import open_store
+from jointtune.hardware import current_limits
 from jointtune.search_spaces import get_space
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))

@@ -22,7 +22,6 @@ import torch
 
 from jointtune.autotune.decorator import NoConfigError, joint_autotune
 from jointtune.autotune.handles import study_space
-from jointtune.autotune.hardware import current_limits, detect
 from jointtune.autotune.keys import triton_version
 from jointtune.autotune.lookup import LookupWarning, reset_warnings
 from jointtune.autotune.results import study_name_for
@@ -31,6 +30,7 @@ from jointtune.autotune.sweepfile import SweepFileError, parse_sweep
 from jointtune.cli import main
 from jointtune.db import NewRecord, open_store
 from jointtune.errors import TuningError
+from jointtune.hardware import current_limits, detect
 from jointtune.kernels import get_family
 from jointtune.kernels._family import register_family
 from jointtune.kernels.gemm_rs import gemm_rs, reference

@@ -9,11 +9,11 @@ from optuna.trial import TrialState
 from jointtune.autotune.control import SoloControl
 from jointtune.autotune.coordinator import Coordinator, GroupInfo, GroupOptions
 from jointtune.autotune.executor import RankExecutor
-from jointtune.autotune.hardware import detect
 from jointtune.autotune.results import collect
 from jointtune.autotune.settings import Job, TuneSettings
 from jointtune.autotune.studies import ATTR_REASON, ATTR_ROLE, open_storage, trial_config, trial_kind
 from jointtune.db import NewRecord, open_store
+from jointtune.hardware import detect
 from jointtune.search_spaces import Problem, canonical_json
 
 FAST = TuneSettings(trials=8, warmup=0, iters=2, seed=1, lookahead=1)

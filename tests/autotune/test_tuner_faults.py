@@ -6,12 +6,12 @@ import collections
 
 from jointtune.autotune.coordinator import GroupOptions
 from jointtune.autotune.group import GroupSpec
-from jointtune.autotune.hardware import detect
 from jointtune.autotune.results import collect
 from jointtune.autotune.settings import Job, TuneSettings
 from jointtune.autotune.studies import ATTR_DETAIL, ATTR_REASON, open_storage, trial_config
 from jointtune.autotune.supervisor import Supervisor
 from jointtune.db import open_store
+from jointtune.hardware import detect
 from jointtune.search_spaces import Problem
 
 # short watchdogs: the hanging config is given up ~1.5 s after it starts

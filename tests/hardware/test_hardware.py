@@ -13,8 +13,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from jointtune.autotune import hardware
-from jointtune.autotune.hardware import (
+from jointtune import hardware
+from jointtune.errors import JointtuneError
+from jointtune.hardware import (
     KEY_FIELDS,
     HardwareError,
     HardwareFingerprint,
@@ -24,7 +25,6 @@ from jointtune.autotune.hardware import (
     normalize_gpu_name,
     parse_topo_matrix,
 )
-from jointtune.errors import JointtuneError
 from jointtune.search_spaces._problem import DeviceLimits
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("*.json"))
@@ -329,7 +329,7 @@ def test_interpreter_env_means_cpu_fingerprint(monkeypatch: pytest.MonkeyPatch) 
 def test_package_import_is_lazy() -> None:
     code = (
         "import sys, jointtune.autotune as a\n"
-        "assert 'jointtune.autotune.hardware' not in sys.modules\n"
+        "assert 'jointtune.hardware' not in sys.modules\n"
         "assert a.normalize_gpu_name('NVIDIA H200') == 'h200-sxm'\n"
         "assert 'torch' not in sys.modules, 'names and ids must not need torch'\n"
         "assert 'detect' in dir(a)\n"
