@@ -19,6 +19,7 @@ from jointtune.hardware import (
     KEY_FIELDS,
     HardwareError,
     HardwareFingerprint,
+    _topology,
     current_limits,
     detect,
     memory_bucket_gib,
@@ -357,7 +358,7 @@ def test_topology_reads_the_gpus_the_job_uses(
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env)
-    assert hardware._physical_gpus(visible, wanted) == expected
+    assert _topology._physical_gpus(visible, wanted) == expected
 
 
 # ------------------------------------------------------------------------------------------- CLI
