@@ -12,16 +12,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from jointtune.autotune.client import ConfigClient, ServiceWarning
-    from jointtune.autotune.decorator import JointAutotuned, NoConfigError, joint_autotune
-    from jointtune.autotune.lookup import LookupWarning
+    from jointtune.autotune.decorator import joint_autotune
     from jointtune.autotune.registry import load_sweep, register_sweep
     from jointtune.autotune.replay import ReplayTable, compare, replay
     from jointtune.autotune.results import collect
     from jointtune.autotune.runner import run_jobs
+    from jointtune.autotune.runtime.client import ConfigClient, ServiceWarning
+    from jointtune.autotune.runtime.launcher import JointAutotuned
+    from jointtune.autotune.runtime.lookup import LookupWarning
+    from jointtune.autotune.runtime.rules import NoConfigError
+    from jointtune.autotune.runtime.triton_compat import JointAutotuner
     from jointtune.autotune.settings import Job, TuneSettings
     from jointtune.autotune.sweepfile import load_sweep_file
-    from jointtune.autotune.triton_compat import JointAutotuner
     from jointtune.hardware import (
         KEY_FIELDS,
         HardwareError,
@@ -46,13 +48,13 @@ _EXPORTS: dict[str, str] = {
     "memory_bucket_gib": "jointtune.hardware",
     "normalize_gpu_name": "jointtune.hardware",
     "parse_topo_matrix": "jointtune.hardware",
-    "ConfigClient": "client",
+    "ConfigClient": "runtime.client",
     "joint_autotune": "decorator",
-    "JointAutotuned": "decorator",
-    "NoConfigError": "decorator",
-    "JointAutotuner": "triton_compat",
-    "LookupWarning": "lookup",
-    "ServiceWarning": "client",
+    "JointAutotuned": "runtime.launcher",
+    "NoConfigError": "runtime.rules",
+    "JointAutotuner": "runtime.triton_compat",
+    "LookupWarning": "runtime.lookup",
+    "ServiceWarning": "runtime.client",
     "Job": "settings",
     "TuneSettings": "settings",
     "run_jobs": "runner",

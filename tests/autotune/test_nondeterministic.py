@@ -23,8 +23,8 @@ import torch
 from jointtune.autotune.decorator import NoConfigError, joint_autotune
 from jointtune.autotune.handles import study_space
 from jointtune.autotune.keys import triton_version
-from jointtune.autotune.lookup import LookupWarning, reset_warnings
 from jointtune.autotune.results import study_name_for
+from jointtune.autotune.runtime.lookup import LookupWarning, reset_warnings
 from jointtune.autotune.settings import Job, TuneSettings
 from jointtune.autotune.sweepfile import SweepFileError, parse_sweep
 from jointtune.cli import main

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from jointtune.autotune.lookup import Found
+from jointtune.autotune.runtime.lookup import Found
 
 _GROUP: list[Any] = []
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from jointtune.errors import JointtuneError, StoreError
 
 if TYPE_CHECKING:
-    from jointtune.autotune.client import ConfigClient
+    from jointtune.autotune.runtime.client import ConfigClient
     from jointtune.db import NewRecord, Store
 
 T = TypeVar("T")
@@ -56,7 +56,7 @@ def make_client(server: str | None) -> ConfigClient | None:
     """A client for `server` (or $JOINTTUNE_SERVER), with $JOINTTUNE_TOKEN for publishing; None if neither."""
     import os
 
-    from jointtune.autotune.client import ENV_TOKEN, ConfigClient
+    from jointtune.autotune.runtime.client import ENV_TOKEN, ConfigClient
 
     if server:
         return ConfigClient(server, token=os.environ.get(ENV_TOKEN) or None)

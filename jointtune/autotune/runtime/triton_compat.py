@@ -23,6 +23,11 @@ benchmarked the way its policy runs (`eager`: wall time of calls back to back; `
 `do_bench_cudagraph`; `gpu`: Triton's event timer) unless a `do_bench` was given, and saved under that
 policy. A key first seen during capture raises `CaptureMissError` before Triton would benchmark inside
 the capture (triton#10596).
+
+The lookup rules it shares with the launcher decorator (`candidate`, `env_mode`, `NoConfigError`) are in
+`rules`. Longer than 300 lines because it is one subclass of Triton's `Autotuner` (as Triton keeps its
+tuner in one file): the cache hooks, the save after a benchmark and the key's identity read the same
+per-call state, and the timers it benchmarks with sit beside it.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from jointtune.autotune import agreement, policies
-from jointtune.autotune.lookup import DEFAULT_STORE_TIMEOUT_S, Identity, Sources, make_client
+from jointtune.autotune.runtime import agreement, policies
+from jointtune.autotune.runtime.lookup import DEFAULT_STORE_TIMEOUT_S, Identity, Sources, make_client
+from jointtune.autotune.runtime.rules import NoConfigError, candidate, env_mode, print_enabled
 from jointtune.db.schema import is_dtype
 from jointtune.errors import TuningError
 from jointtune.timings import EAGER_CALLS
@@ -208,8 +214,6 @@ class JointAutotuner(Autotuner):
 
     # ---- the hooks ----------------------------------------------------------------------------
     def _active(self) -> bool:
-        from jointtune.autotune.decorator import env_mode
-
         return self._call is not None and env_mode() != "off"
 
     def _lookup(self, key: Any) -> bool:
@@ -218,8 +222,6 @@ class JointAutotuner(Autotuner):
             raise policies.capture_miss(self.kernel, f"Triton key {key!r} (timing {self._policy()})")
         if not self._active():
             return False
-        from jointtune.autotune.decorator import NoConfigError, candidate, env_mode, print_enabled
-
         ident, shape = self._identity(key)
         nearest = self.on_miss == "nearest" and env_mode() != "tune"
         chain = policies.chain(ident.timing, self.timing_fallback)
@@ -263,8 +265,6 @@ class JointAutotuner(Autotuner):
         ident, shape = self._identity(key)
         graph = dataclasses.replace(ident, timing="graph")
         chain = policies.fallbacks(self.timing_fallback)["graph"]
-        from jointtune.autotune.decorator import candidate
-
         stored = ("graph", *(t for t in chain if t != "eager"))
         found = agreement.agree(candidate(self._sources_for(), graph, shape, self._accept, nearest=False, chain=stored))
         if found is not None:

@@ -12,8 +12,8 @@ import pytest
 import torch
 from test_decorator_helpers import BEST, DEFAULT, OTHER, World, make_launcher, sleep_record, source_of
 
-from jointtune.autotune import policies
-from jointtune.autotune.lookup import reset_warnings
+from jointtune.autotune.runtime import policies
+from jointtune.autotune.runtime.lookup import reset_warnings
 from jointtune.db import open_store
 from jointtune.errors import TuningError
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 from test_decorator_helpers import World, make_launcher, source_of
 
-from jointtune.autotune.lookup import reset_warnings
+from jointtune.autotune.runtime.lookup import reset_warnings
 from jointtune.autotune.settings import TuneSettings
 from jointtune.db import open_store
 from jointtune.hardware import current_limits
 from jointtune.search_spaces import get_space
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server"))
 from jt_server import WRITE, serve
 
 TINY = TuneSettings(trials=3, warmup=0, iters=2, warm_start=0, lookahead=0, seed=3)

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from jointtune.autotune.decorator import NoConfigError, joint_autotune
-from jointtune.autotune.lookup import reset_warnings
+from jointtune.autotune.runtime.lookup import reset_warnings
 from jointtune.db import open_store
 
 CONFIGS = [triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64})]
@@ -179,7 +179,7 @@ def test_timing_policies_in_the_drop_in(db: str, monkeypatch: pytest.MonkeyPatch
     and on a machine with CUDA graphs also readies the key's graph entry (the eager config: no graph or gpu
     record exists, and the graph chain allows eager); under capture the readied key runs, and a new key
     raises before any benchmark or lookup."""
-    from jointtune.autotune import policies
+    from jointtune.autotune.runtime import policies
 
     monkeypatch.setattr(policies, "_cuda", lambda: True)
     monkeypatch.setattr(policies, "capturing", lambda: False)
@@ -203,7 +203,7 @@ def test_timing_policies_in_the_drop_in(db: str, monkeypatch: pytest.MonkeyPatch
 
 
 def test_the_drop_in_benchmarks_by_policy() -> None:
-    from jointtune.autotune.triton_compat import eager_bench, wall_clock_bench
+    from jointtune.autotune.runtime.triton_compat import eager_bench, wall_clock_bench
 
     kernel = joint_autotune(configs=CONFIGS, key=["n"])(_add_kernel)
     assert kernel.do_bench is wall_clock_bench  # the interpreter has no CUDA events whatever the policy

@@ -15,11 +15,11 @@ import torch
 from test_decorator_helpers import BEST, DEFAULT, OTHER, World, make_launcher, sleep_record, source_of
 
 from jointtune.autotune.decorator import NoConfigError, joint_autotune
-from jointtune.autotune.lookup import LookupWarning, reset_warnings
+from jointtune.autotune.runtime.lookup import LookupWarning, reset_warnings
 from jointtune.db import open_store
 from jointtune.errors import TuningError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server"))
 from jt_server import serve
 
 W2 = World(2)

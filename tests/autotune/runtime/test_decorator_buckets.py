@@ -9,7 +9,7 @@ import torch
 from test_decorator_helpers import BEST, World, sleep_record
 
 from jointtune.autotune.decorator import joint_autotune
-from jointtune.autotune.lookup import reset_warnings
+from jointtune.autotune.runtime.lookup import reset_warnings
 from jointtune.db import open_store
 from jointtune.search_spaces import next_pow2
 
