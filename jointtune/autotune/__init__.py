@@ -1,4 +1,20 @@
-"""Autotuning: the decorator, keys, hardware fingerprints, benchmarking, tuner, workers, client.
+"""Autotuning: the run-time decorator, the tuner, the processes that run it, and sweeps.
+
+Four subpackages, and the modules they share:
+
+    decorator.py   `@joint_autotune`, the thin factory users import (also from `jointtune`)
+    settings.py    what to tune (`Job`) and how (`TuneSettings`): plain values every part passes around
+    keys.py        a tuning key and the study name derived from it; `triton_version`
+    runtime/       the run-time path: lookups, rank agreement, timing policies, the service client,
+                   the Triton drop-in, tuning a key online
+    tuner/         the study side: search, Optuna studies, timing a config, results, replay
+    workers/       the process side: coordinator, executor, rank processes, supervisor, watchdog, runner
+    sweeps/        sweep files, the sweep registry, progress, ETA, reports
+
+Each subpackage's docstring says what it owns and what it may import. The tuner imports none of the
+others; sweeps/ builds on it, workers/ on both; runtime/ reaches workers/ only to tune a key online, and
+only the decorator and the lazy exports (here and in `jointtune`) import runtime/. Hardware fingerprints,
+which every part uses, live beside this package in `jointtune.hardware`.
 
 Names are re-exported lazily: `from jointtune.autotune import detect` imports only the module that
 defines `detect`, so light users (the service, the CLI's `hw`) never pay for torch, Triton or
@@ -13,17 +29,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from jointtune.autotune.decorator import joint_autotune
-    from jointtune.autotune.registry import load_sweep, register_sweep
-    from jointtune.autotune.replay import ReplayTable, compare, replay
-    from jointtune.autotune.results import collect
-    from jointtune.autotune.runner import run_jobs
     from jointtune.autotune.runtime.client import ConfigClient, ServiceWarning
     from jointtune.autotune.runtime.launcher import JointAutotuned
     from jointtune.autotune.runtime.lookup import LookupWarning
     from jointtune.autotune.runtime.rules import NoConfigError
     from jointtune.autotune.runtime.triton_compat import JointAutotuner
     from jointtune.autotune.settings import Job, TuneSettings
-    from jointtune.autotune.sweepfile import load_sweep_file
+    from jointtune.autotune.sweeps.registry import load_sweep, register_sweep
+    from jointtune.autotune.sweeps.sweepfile import load_sweep_file
+    from jointtune.autotune.tuner.replay import ReplayTable, compare, replay
+    from jointtune.autotune.tuner.results import collect
+    from jointtune.autotune.workers.runner import run_jobs
     from jointtune.hardware import (
         KEY_FIELDS,
         HardwareError,
@@ -57,14 +73,14 @@ _EXPORTS: dict[str, str] = {
     "ServiceWarning": "runtime.client",
     "Job": "settings",
     "TuneSettings": "settings",
-    "run_jobs": "runner",
-    "collect": "results",
-    "load_sweep_file": "sweepfile",
-    "register_sweep": "registry",
-    "load_sweep": "registry",
-    "ReplayTable": "replay",
-    "replay": "replay",
-    "compare": "replay",
+    "run_jobs": "workers.runner",
+    "collect": "tuner.results",
+    "load_sweep_file": "sweeps.sweepfile",
+    "register_sweep": "sweeps.registry",
+    "load_sweep": "sweeps.registry",
+    "ReplayTable": "tuner.replay",
+    "replay": "tuner.replay",
+    "compare": "tuner.replay",
 }
 
 __all__ = [

@@ -22,7 +22,7 @@ from rich.console import Console
 from jointtune.errors import TuningError
 
 if TYPE_CHECKING:
-    from jointtune.autotune.results import JobResult
+    from jointtune.autotune.tuner.results import JobResult
 
 DASHBOARD = "http://127.0.0.1:8000/dashboard"
 #: why a study is done, as a sentence ends ("3 used their trial budget")
@@ -99,7 +99,7 @@ def next_commands(url: str, *, default_url: str, report_hint: str | None) -> lis
 
 
 def write_report_now(results: Sequence[JobResult], report: Path) -> list[Path]:
-    from jointtune.autotune.report import write_report
+    from jointtune.autotune.sweeps.report import write_report
 
     try:
         return write_report(results, report)
@@ -122,9 +122,9 @@ def print_summary(
 
     Exits 1 when a shape could not be tuned at all (every trial failed).
     """
-    from jointtune.autotune.eta import fmt_duration
-    from jointtune.autotune.progress import summary_table
-    from jointtune.autotune.results import job_label
+    from jointtune.autotune.sweeps.eta import fmt_duration
+    from jointtune.autotune.sweeps.progress import summary_table
+    from jointtune.autotune.tuner.results import job_label
     from jointtune.db import redact_url, resolve_db_url
     from jointtune.hardware import CPU_NAME
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from jointtune.autotune import timing
+from jointtune.autotune.tuner import timing
 from jointtune.errors import KernelError
 from jointtune.kernels._family import Family, register_family
 from jointtune.search_spaces import Constraint, Space, categorical, choice, pow2, register_space, when
@@ -108,7 +108,7 @@ SLEEP_LADDER = sorted(
 
 
 class SimulatedClock:
-    """The tuner's clock (`jointtune.autotune.timing.time`) in every process that imports this module.
+    """The tuner's clock (`jointtune.autotune.tuner.timing.time`) in every process that imports this module.
 
     A timed run of a simulated family lasts exactly its simulated latency on this clock: the run still
     sleeps (watchdogs, kills and time budgets see real time pass), but the clock's next reading is the

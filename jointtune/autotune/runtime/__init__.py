@@ -7,8 +7,8 @@ service through `client`), how all ranks agree on one (`agreement`), which timin
 factory that builds the decorated objects.
 
 May import: `jointtune.autotune.settings` and `.keys` (the shared values), `jointtune.hardware`, `db`,
-`search_spaces`, `kernels`, `errors`, `timings`. The tuner's modules only inside `online`'s function, for
-`on_miss="tune"`; never the sweeps'. Nothing here is imported by the tuner.
+`search_spaces`, `kernels`, `errors`, `timings`. `workers/` (and through it `tuner/`) only inside `online`'s
+function, for `on_miss="tune"`; never `sweeps/`. Nothing in `tuner/`, `workers/` or `sweeps/` imports this.
 
 This `__init__` imports nothing, so `import jointtune.autotune.runtime.lookup` doesn't pull in Triton (which
 `triton_compat` needs) or torch.

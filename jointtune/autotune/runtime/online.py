@@ -32,11 +32,11 @@ def tune_online(kernel: str, problem: Problem, *, db_url: str, settings: TuneSet
     """
     import torch
 
-    from jointtune.autotune.control import GlooControl, SoloControl
-    from jointtune.autotune.coordinator import Coordinator, GroupInfo, GroupOptions
-    from jointtune.autotune.executor import RankExecutor
-    from jointtune.autotune.group import follow
     from jointtune.autotune.runtime import agreement
+    from jointtune.autotune.workers.control import GlooControl, SoloControl
+    from jointtune.autotune.workers.coordinator import Coordinator, GroupInfo, GroupOptions
+    from jointtune.autotune.workers.executor import RankExecutor
+    from jointtune.autotune.workers.group import follow
 
     job = Job.of(kernel, problem, settings or ONLINE_SETTINGS)
     if agreement.distributed():

@@ -31,6 +31,9 @@ broken YAML says where it broke: "sweep.yaml:4:12: not valid YAML: mapping value
 Example:
     >>> sweep = load_sweep_file("examples/sweep.yaml")           # doctest: +SKIP
     >>> [job.label for job in sweep.jobs("cpu")]                  # doctest: +SKIP
+
+Longer than 300 lines because the format's documentation above, its models (one per YAML level) and
+their expansion into jobs are one thing: every error names a line and a field that the models define.
 """
 
 from __future__ import annotations
@@ -185,8 +188,8 @@ def _pydantic_problems(exc: ValidationError, problems: _Problems) -> None:
 def _jobs(
     loc: tuple[Any, ...], model: JobModel, base: TuneSettings, problems: _Problems, timings: list[str]
 ) -> list[Job]:
-    from jointtune.autotune.handles import study_space
-    from jointtune.autotune.search import check_exhaustive
+    from jointtune.autotune.tuner.handles import study_space
+    from jointtune.autotune.tuner.search import check_exhaustive
     from jointtune.kernels import get_family
 
     where = _loc(loc)

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from jointtune.autotune.settings import TuneSettings
-from jointtune.autotune.sweepfile import SweepFileError, load_sweep_file, parse_sweep
+from jointtune.autotune.sweeps.sweepfile import SweepFileError, load_sweep_file, parse_sweep
 from jointtune.cli import main
 from jointtune.db import open_store
 
 JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sweep.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "sweep.yaml"
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:

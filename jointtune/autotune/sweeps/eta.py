@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from jointtune.autotune.results import JobResult
+    from jointtune.autotune.tuner.results import JobResult
 
 
 def fmt_duration(seconds: float | None) -> str:

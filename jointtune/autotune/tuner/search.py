@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
-from jointtune.autotune.studies import (
+from jointtune.autotune.tuner.studies import (
     ATTR_CACHED,
     ATTR_CONFIG,
     ATTR_DETAIL,

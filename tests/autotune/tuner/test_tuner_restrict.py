@@ -9,10 +9,10 @@ import sys
 import optuna
 import pytest
 
-from jointtune.autotune.handles import study_space
-from jointtune.autotune.results import study_name_for
 from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.sweepfile import parse_sweep
+from jointtune.autotune.sweeps.sweepfile import parse_sweep
+from jointtune.autotune.tuner.handles import study_space
+from jointtune.autotune.tuner.results import study_name_for
 from jointtune.cli.tune import parse_restrictions
 from jointtune.errors import TuningError
 from jointtune.kernels import get_family
@@ -88,7 +88,7 @@ def test_an_exhaustive_study_larger_than_its_budget_is_refused_up_front(families
 
 
 def test_a_sub_space_without_the_family_default_spends_no_trial_on_a_stand_in(families) -> None:
-    from jointtune.autotune.search import initial_configs
+    from jointtune.autotune.tuner.search import initial_configs
     from jointtune.search_spaces import DeviceLimits, get_space
 
     full = get_space("jt_matmul")

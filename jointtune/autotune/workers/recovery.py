@@ -34,7 +34,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from jointtune.autotune.studies import (
+from jointtune.autotune.tuner.studies import (
     ATTR_DEADLINE,
     ATTR_DETAIL,
     ATTR_OWNER,

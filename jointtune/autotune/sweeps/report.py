@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from jointtune.autotune.results import JobResult, job_label
+from jointtune.autotune.tuner.results import JobResult, job_label
 
 
 def _file_stem(result: JobResult) -> str:

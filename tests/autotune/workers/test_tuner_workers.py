@@ -14,10 +14,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from jointtune.autotune.recovery import Owner, host_id, recover_study
-from jointtune.autotune.registry import load_sweep, register_sweep
 from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.studies import (
+from jointtune.autotune.sweeps.registry import load_sweep, register_sweep
+from jointtune.autotune.tuner.studies import (
     ATTR_DEADLINE,
     ATTR_OWNER,
     ATTR_REASON,
@@ -27,6 +26,7 @@ from jointtune.autotune.studies import (
     trial_config,
     trial_kind,
 )
+from jointtune.autotune.workers.recovery import Owner, host_id, recover_study
 from jointtune.search_spaces import Problem, canonical_json
 
 BIN = Path(sys.executable).parent

@@ -20,13 +20,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jointtune.autotune.coordinator import GroupInfo, GroupOptions, GroupRestart
 from jointtune.autotune.settings import Job
-from jointtune.autotune.watchdog import EXIT_RESTART
+from jointtune.autotune.workers.coordinator import GroupInfo, GroupOptions, GroupRestart
+from jointtune.autotune.workers.watchdog import EXIT_RESTART
 
 if TYPE_CHECKING:
-    from jointtune.autotune.control import Control
-    from jointtune.autotune.executor import RankExecutor
+    from jointtune.autotune.workers.control import Control
+    from jointtune.autotune.workers.executor import RankExecutor
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,8 @@ def _prepare_process(spec: GroupSpec) -> None:
 def _jobs_source(spec: GroupSpec) -> Any:
     if spec.sweep is None:
         return lambda: spec.jobs
-    from jointtune.autotune.registry import load_sweep
-    from jointtune.autotune.studies import open_storage
+    from jointtune.autotune.sweeps.registry import load_sweep
+    from jointtune.autotune.tuner.studies import open_storage
 
     storage = open_storage(spec.url)
     profile = spec.profile or device_profile()
@@ -85,8 +85,8 @@ def _jobs_source(spec: GroupSpec) -> Any:
 
 def run_rank(spec: GroupSpec, rank: int | None = None) -> int:
     """Run this process's rank of the group until no work is left; returns the exit code."""
-    from jointtune.autotune.control import init_control
-    from jointtune.autotune.executor import RankExecutor
+    from jointtune.autotune.workers.control import init_control
+    from jointtune.autotune.workers.executor import RankExecutor
 
     _prepare_process(spec)
     if rank is not None:
@@ -98,7 +98,7 @@ def run_rank(spec: GroupSpec, rank: int | None = None) -> int:
     executor = RankExecutor(control, world_kind=spec.world_kind, precompile_workers=spec.precompile_workers)
     try:
         if control.rank == 0:
-            from jointtune.autotune.coordinator import Coordinator
+            from jointtune.autotune.workers.coordinator import Coordinator
 
             info = GroupInfo(spec.group_id, spec.world_kind, control.size)
             Coordinator(

@@ -26,12 +26,11 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
-from jointtune.autotune.handles import StudyHandle
-from jointtune.autotune.locks import study_lock
-from jointtune.autotune.recovery import Heartbeat, Owner, recover_study
-from jointtune.autotune.search import Proposal
 from jointtune.autotune.settings import Job
-from jointtune.autotune.studies import (
+from jointtune.autotune.tuner.handles import StudyHandle
+from jointtune.autotune.tuner.locks import study_lock
+from jointtune.autotune.tuner.search import Proposal
+from jointtune.autotune.tuner.studies import (
     ATTR_DEADLINE,
     ATTR_DETAIL,
     ATTR_HOST,
@@ -44,11 +43,12 @@ from jointtune.autotune.studies import (
     open_storage,
     retry_interrupted,
 )
+from jointtune.autotune.workers.recovery import Heartbeat, Owner, recover_study
 from jointtune.errors import TuningError
 
 if TYPE_CHECKING:
-    from jointtune.autotune.control import Control
-    from jointtune.autotune.executor import Outcome, RankExecutor
+    from jointtune.autotune.workers.control import Control
+    from jointtune.autotune.workers.executor import Outcome, RankExecutor
 
 log = logging.getLogger(__name__)
 

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jointtune.autotune.settings import Job
-from jointtune.autotune.timing import measure, percentiles
-from jointtune.autotune.watchdog import Watchdog
+from jointtune.autotune.tuner.timing import measure, percentiles
+from jointtune.autotune.workers.watchdog import Watchdog
 from jointtune.errors import KernelError
 from jointtune.search_spaces import config_hash
 
 if TYPE_CHECKING:
-    from jointtune.autotune.control import Control
+    from jointtune.autotune.workers.control import Control
     from jointtune.kernels import Family
     from jointtune.kernels.world import World
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import collections
 
-from jointtune.autotune.coordinator import GroupOptions
-from jointtune.autotune.group import GroupSpec
-from jointtune.autotune.results import collect
 from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.studies import ATTR_DETAIL, ATTR_REASON, open_storage, trial_config
-from jointtune.autotune.supervisor import Supervisor
+from jointtune.autotune.tuner.results import collect
+from jointtune.autotune.tuner.studies import ATTR_DETAIL, ATTR_REASON, open_storage, trial_config
+from jointtune.autotune.workers.coordinator import GroupOptions
+from jointtune.autotune.workers.group import GroupSpec
+from jointtune.autotune.workers.supervisor import Supervisor
 from jointtune.db import open_store
 from jointtune.hardware import detect
 from jointtune.search_spaces import Problem

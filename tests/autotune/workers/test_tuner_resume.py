@@ -14,7 +14,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from jointtune.autotune.studies import (
+from jointtune.autotune.tuner.studies import (
     ATTR_DEADLINE,
     ATTR_RETRY_OF,
     open_storage,

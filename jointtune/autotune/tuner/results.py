@@ -18,7 +18,7 @@ import optuna
 
 from jointtune.autotune.keys import TuningKey
 from jointtune.autotune.settings import Job
-from jointtune.autotune.studies import ATTR_HOST, ATTR_P10, ATTR_P90, StudyState, trial_config, trial_kind
+from jointtune.autotune.tuner.studies import ATTR_HOST, ATTR_P10, ATTR_P90, StudyState, trial_config, trial_kind
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 def study_name_for(job: Job, hardware_id: str) -> str:
     """The study a group on `hardware_id` uses for `job` (what the coordinator derives)."""
-    from jointtune.autotune.handles import study_space
+    from jointtune.autotune.tuner.handles import study_space
     from jointtune.kernels import get_family
 
     family = get_family(job.kernel)
@@ -49,7 +49,7 @@ def shape_label(job: Job) -> str:
 
 
 def _param_order(kernel: str) -> dict[str, int]:
-    from jointtune.autotune.handles import resolve_space
+    from jointtune.autotune.tuner.handles import resolve_space
     from jointtune.kernels import get_family
 
     try:

@@ -8,7 +8,7 @@ import math
 import optuna
 import pytest
 
-from jointtune.autotune.replay import (
+from jointtune.autotune.tuner.replay import (
     STRATEGIES,
     ReplayTable,
     compare,

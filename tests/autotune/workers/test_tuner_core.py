@@ -6,12 +6,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from jointtune.autotune.control import SoloControl
-from jointtune.autotune.coordinator import Coordinator, GroupInfo, GroupOptions
-from jointtune.autotune.executor import RankExecutor
-from jointtune.autotune.results import collect
 from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.studies import ATTR_REASON, ATTR_ROLE, open_storage, trial_config, trial_kind
+from jointtune.autotune.tuner.results import collect
+from jointtune.autotune.tuner.studies import ATTR_REASON, ATTR_ROLE, open_storage, trial_config, trial_kind
+from jointtune.autotune.workers.control import SoloControl
+from jointtune.autotune.workers.coordinator import Coordinator, GroupInfo, GroupOptions
+from jointtune.autotune.workers.executor import RankExecutor
 from jointtune.db import NewRecord, open_store
 from jointtune.hardware import detect
 from jointtune.search_spaces import Problem, canonical_json

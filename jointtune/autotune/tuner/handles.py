@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from jointtune.autotune.keys import TuningKey, triton_version
-from jointtune.autotune.locks import study_lock
-from jointtune.autotune.search import Searcher, baseline_config, enqueue, initial_configs
 from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.studies import (
+from jointtune.autotune.tuner.locks import study_lock
+from jointtune.autotune.tuner.search import Searcher, baseline_config, enqueue, initial_configs
+from jointtune.autotune.tuner.studies import (
     ATTR_P10,
     ATTR_P90,
     STUDY_BASELINE,

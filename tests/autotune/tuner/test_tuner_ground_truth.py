@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from jointtune.autotune.replay import ReplayTable, replay, trials_to_target
+from jointtune.autotune.tuner.replay import ReplayTable, replay, trials_to_target
 
-TABLES = sorted((Path(__file__).resolve().parents[2] / "bench" / "results").glob("ground_truth_*.json"))
+TABLES = sorted((Path(__file__).resolve().parents[3] / "bench" / "results").glob("ground_truth_*.json"))
 
 
 def test_ground_truth_tables_are_committed() -> None:

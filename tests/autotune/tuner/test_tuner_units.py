@@ -11,16 +11,16 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from jointtune.autotune.control import SoloControl
-from jointtune.autotune.executor import classify
 from jointtune.autotune.keys import TuningKey, triton_version
-from jointtune.autotune.locks import study_lock
-from jointtune.autotune.registry import load_sweep, register_sweep, sweep_names
-from jointtune.autotune.search import Proposal, Searcher, initial_configs
 from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.studies import ATTR_CACHED, ATTR_DETAIL, ATTR_REASON, StudyState, open_storage, trial_kind
-from jointtune.autotune.timing import measure, percentile, percentiles
-from jointtune.autotune.watchdog import EXIT_TIMEOUT
+from jointtune.autotune.sweeps.registry import load_sweep, register_sweep, sweep_names
+from jointtune.autotune.tuner.locks import study_lock
+from jointtune.autotune.tuner.search import Proposal, Searcher, initial_configs
+from jointtune.autotune.tuner.studies import ATTR_CACHED, ATTR_DETAIL, ATTR_REASON, StudyState, open_storage, trial_kind
+from jointtune.autotune.tuner.timing import measure, percentile, percentiles
+from jointtune.autotune.workers.control import SoloControl
+from jointtune.autotune.workers.executor import classify
+from jointtune.autotune.workers.watchdog import EXIT_TIMEOUT
 from jointtune.errors import KernelError, TuningError
 from jointtune.kernels.world import create_world
 from jointtune.search_spaces import Constraint, DeviceLimits, Problem, Space, categorical, choice, register_space
@@ -72,7 +72,7 @@ def test_failures_are_classified_by_what_went_wrong():
 def test_the_watchdog_records_then_ends_a_hung_process(tmp_path):
     marker = tmp_path / "expired"
     code = (
-        "import time, pathlib; from jointtune.autotune.watchdog import Watchdog\n"
+        "import time, pathlib; from jointtune.autotune.workers.watchdog import Watchdog\n"
         f"dog = Watchdog(); dog.arm(0.3, on_expire=lambda: pathlib.Path({str(marker)!r}).write_text('timeout'))\n"
         "time.sleep(30)\n"
     )
@@ -81,7 +81,7 @@ def test_the_watchdog_records_then_ends_a_hung_process(tmp_path):
     assert done.returncode == EXIT_TIMEOUT and marker.read_text() == "timeout"
     assert time.monotonic() - start < 20 and "deadline passed" in done.stderr
     holds_gil = (
-        "from jointtune.autotune.watchdog import Watchdog\n"
+        "from jointtune.autotune.workers.watchdog import Watchdog\n"
         "dog = Watchdog(backstop_s=0.5); dog.arm(0.2, on_expire=lambda: None)\n"
         "import re; re.match(r'(a+)+$', 'a' * 40 + 'b')\n"  # catastrophic backtracking holds the GIL
     )
@@ -110,7 +110,7 @@ def test_study_locks_exclude_each_other(sqlite_url):
 @pytest.mark.postgres
 def test_postgres_advisory_locks_exclude_other_processes(pg_url):
     code = (
-        "import sys, time; from jointtune.autotune.locks import study_lock\n"
+        "import sys, time; from jointtune.autotune.tuner.locks import study_lock\n"
         "with study_lock(sys.argv[1], 'study-x'):\n    print('in', flush=True); time.sleep(1.0)\n"
     )
     holder = subprocess.Popen([sys.executable, "-c", code, pg_url], stdout=subprocess.PIPE, text=True)
@@ -202,7 +202,7 @@ def test_sweeps_are_registered_in_the_storage(families, sqlite_url):
 
 
 def test_groups_are_planned_per_world_size_on_gpus_and_as_local_worlds_on_cpus():
-    from jointtune.autotune.runner import plan_groups
+    from jointtune.autotune.workers.runner import plan_groups
 
     jobs = [Job.of("jt_sleep", Problem.of({"M": 64}, dtype="float32", world_size=w), TuneSettings()) for w in (2, 4, 2)]
     phases = plan_groups(jobs, url="sqlite:////tmp/x.db", gpus=8)

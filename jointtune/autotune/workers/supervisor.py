@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jointtune.autotune.group import GroupSpec, process_entry
+from jointtune.autotune.workers.group import GroupSpec, process_entry
 from jointtune.errors import TuningError
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def finished_trials(url: str) -> int:
     """Finished trials in the whole storage: the default measure of a group's progress."""
     from optuna.trial import TrialState
 
-    from jointtune.autotune.studies import open_storage
+    from jointtune.autotune.tuner.studies import open_storage
 
     storage = open_storage(url)
     done = (TrialState.COMPLETE, TrialState.PRUNED)

@@ -7,7 +7,7 @@ import torch
 
 from jointtune.autotune.keys import TuningKey
 from jointtune.autotune.settings import TIMINGS, Job, TuneSettings
-from jointtune.autotune.timing import EAGER_CALLS, measure
+from jointtune.autotune.tuner.timing import EAGER_CALLS, measure
 from jointtune.errors import TuningError
 from jointtune.kernels.ag_gemm import ag_gemm
 from jointtune.kernels.world import create_world
