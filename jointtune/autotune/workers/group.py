@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from jointtune.autotune.settings import Job
 from jointtune.autotune.workers.coordinator import GroupInfo, GroupOptions, GroupRestart
+from jointtune.autotune.workers.lifeline import bind_to_parent
 from jointtune.autotune.workers.watchdog import EXIT_RESTART
 
 if TYPE_CHECKING:
@@ -147,7 +148,8 @@ def follow(control: Control, executor: RankExecutor) -> None:
 
 
 def process_entry(spec: GroupSpec, rank: int, env: dict[str, str]) -> None:
-    """Target of a spawned rank process: apply the group's environment, run, exit with the code."""
+    """Target of a spawned rank process: bind to the parent, apply the group's environment, run, exit with the code."""
+    bind_to_parent()  # first, before it starts anything: it never outlives the CLI (see lifeline)
     os.environ.update(env)
     logging.basicConfig(level=os.environ.get("JOINTTUNE_LOG_LEVEL", "WARNING"), stream=sys.stderr)
     try:

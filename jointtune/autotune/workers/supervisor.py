@@ -8,6 +8,8 @@ without finishing a single trial is given up with a TuningError naming its last 
 
 Ranks are spawned (never forked: CUDA and threads don't survive a fork) with MASTER_ADDR
 127.0.0.1 and a fresh free port per start, one GPU per rank from `spec.device_offset` on.
+Each rank binds itself to this process (`lifeline`): if it dies without stopping them (kill -9,
+the OOM killer), its ranks and whatever they started die with it.
 
 Example:
     >>> sup = Supervisor(spec)                                                  # doctest: +SKIP
@@ -86,6 +88,11 @@ class Supervisor:
         self.done = False
 
     def start(self) -> None:
+        """Spawn the group's rank processes.
+
+        Call it from a thread that outlives them (the main thread): on Linux a rank dies when the
+        *thread* that started it exits (`lifeline`).
+        """
         port = str(free_port())
         self._last_progress = self.progress()
         self._procs = []

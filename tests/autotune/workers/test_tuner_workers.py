@@ -12,6 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from jt_procs import children, parent
 from optuna.trial import TrialState
 
 from jointtune.autotune.settings import Job, TuneSettings
@@ -33,22 +34,9 @@ BIN = Path(sys.executable).parent
 WORK = TuneSettings(trials=6, warmup=0, iters=2, seed=5, lookahead=0)
 
 
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            text = handle.read()
-    except OSError:
-        return None
-    return int(text[text.rindex(")") + 2 :].split()[1])
-
-
-def _children(pid: int) -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(int(p.name)) == pid]
-
-
 def _kill_group(agent: subprocess.Popen) -> None:
     """torchrun starts each rank in a session of its own: kill the ranks by pid, then the agent."""
-    ranks = _children(agent.pid)
+    ranks = children(agent.pid)
     for pid in ranks:
         os.kill(pid, signal.SIGKILL)
     os.kill(agent.pid, signal.SIGKILL)
@@ -90,7 +78,7 @@ def test_two_torchrun_groups_share_the_work_and_survive_a_killed_group(families,
                 for trial in study.get_trials(deepcopy=False):
                     pid = (trial.user_attrs.get(ATTR_OWNER) or {}).get("pid")
                     if pid is not None and pid not in owners:
-                        owners[pid] = _parent(pid) or 0
+                        owners[pid] = parent(pid) or 0
                     running = trial.state == TrialState.RUNNING and ATTR_DEADLINE in trial.user_attrs
                     if pid is not None and running and owners[pid] == victim.pid:
                         held.append(trial.number)
