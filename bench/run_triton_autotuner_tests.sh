@@ -47,7 +47,7 @@ import triton
 import triton.runtime
 
 from jointtune.autotune.decorator import joint_autotune
-from jointtune.autotune.triton_compat import JointAutotuner
+from jointtune.autotune.runtime.triton_compat import JointAutotuner
 from jointtune.db import open_store
 
 _TUNERS = []

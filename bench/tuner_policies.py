@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ag_gemm_bench import init_cuda_world
 
-from jointtune.autotune.hardware import detect
-from jointtune.autotune.sweepfile import load_sweep_file
-from jointtune.autotune.timing import measure, percentile
+from jointtune.autotune.sweeps.sweepfile import load_sweep_file
+from jointtune.autotune.tuner.timing import measure, percentile
 from jointtune.db import open_store
+from jointtune.hardware import detect
 from jointtune.kernels import get_family
 
 POLICIES = ("eager", "graph", "gpu")

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 from jointtune.errors import JointtuneError
 
 if TYPE_CHECKING:
-    from jointtune.autotune.decorator import JointAutotuned, NoConfigError, joint_autotune
+    from jointtune.autotune.decorator import joint_autotune
+    from jointtune.autotune.runtime.launcher import JointAutotuned
+    from jointtune.autotune.runtime.rules import NoConfigError
     from jointtune.autotune.settings import TuneSettings
     from jointtune.kernels.ag_gemm import ag_gemm
     from jointtune.kernels.flash_decode import flash_decode
@@ -34,8 +36,8 @@ __version__ = "0.1.0"
 #: public name -> (module that defines it, whether it is a kernel op or world: chooses the interpreter first)
 _EXPORTS: dict[str, tuple[str, bool]] = {
     "joint_autotune": ("jointtune.autotune.decorator", False),
-    "JointAutotuned": ("jointtune.autotune.decorator", False),
-    "NoConfigError": ("jointtune.autotune.decorator", False),
+    "JointAutotuned": ("jointtune.autotune.runtime.launcher", False),
+    "NoConfigError": ("jointtune.autotune.runtime.rules", False),
     "TuneSettings": ("jointtune.autotune.settings", False),
     # the kernel families' ops, and the world they run in
     "ag_gemm": ("jointtune.kernels.ag_gemm", True),
@@ -64,7 +66,7 @@ def _choose_interpreter() -> None:
     """TRITON_INTERPRET=1 where no GPU can run kernels, unless the user chose already."""
     if "TRITON_INTERPRET" in os.environ:
         return
-    from jointtune.autotune.hardware import gpu_device_present
+    from jointtune.hardware import gpu_device_present
 
     if gpu_device_present():
         import torch

@@ -41,7 +41,7 @@ def test_public_names_come_from_the_root_as_triton_autotune_users_expect() -> No
 
 
 @pytest.mark.skipif(
-    __import__("jointtune.autotune.hardware", fromlist=["x"]).gpu_device_present(), reason="this machine has a GPU"
+    __import__("jointtune.hardware", fromlist=["x"]).gpu_device_present(), reason="this machine has a GPU"
 )
 def test_a_kernel_op_from_the_root_chooses_the_interpreter_without_a_gpu() -> None:
     out = _python("import os; from jointtune import ag_gemm; print(os.environ.get('TRITON_INTERPRET'))")

@@ -1,4 +1,20 @@
-"""Autotuning: the decorator, keys, hardware fingerprints, benchmarking, tuner, workers, client.
+"""Autotuning: the run-time decorator, the tuner, the processes that run it, and sweeps.
+
+Four subpackages, and the modules they share:
+
+    decorator.py   `@joint_autotune`, the thin factory users import (also from `jointtune`)
+    settings.py    what to tune (`Job`) and how (`TuneSettings`): plain values every part passes around
+    keys.py        a tuning key and the study name derived from it; `triton_version`
+    runtime/       the run-time path: lookups, rank agreement, timing policies, the service client,
+                   the Triton drop-in, tuning a key online
+    tuner/         the study side: search, Optuna studies, timing a config, results, replay
+    workers/       the process side: coordinator, executor, rank processes, supervisor, watchdog, runner
+    sweeps/        sweep files, the sweep registry, progress, ETA, reports
+
+Each subpackage's docstring says what it owns and what it may import. The tuner imports none of the
+others; sweeps/ builds on it, workers/ on both; runtime/ reaches workers/ only to tune a key online, and
+only the decorator and the lazy exports (here and in `jointtune`) import runtime/. Hardware fingerprints,
+which every part uses, live beside this package in `jointtune.hardware`.
 
 Names are re-exported lazily: `from jointtune.autotune import detect` imports only the module that
 defines `detect`, so light users (the service, the CLI's `hw`) never pay for torch, Triton or
@@ -12,9 +28,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from jointtune.autotune.client import ConfigClient, ServiceWarning
-    from jointtune.autotune.decorator import JointAutotuned, NoConfigError, joint_autotune
-    from jointtune.autotune.hardware import (
+    from jointtune.autotune.decorator import joint_autotune
+    from jointtune.autotune.runtime.client import ConfigClient, ServiceWarning
+    from jointtune.autotune.runtime.launcher import JointAutotuned
+    from jointtune.autotune.runtime.lookup import LookupWarning
+    from jointtune.autotune.runtime.rules import NoConfigError
+    from jointtune.autotune.runtime.triton_compat import JointAutotuner
+    from jointtune.autotune.settings import Job, TuneSettings
+    from jointtune.autotune.sweeps.registry import load_sweep, register_sweep
+    from jointtune.autotune.sweeps.sweepfile import load_sweep_file
+    from jointtune.autotune.tuner.replay import ReplayTable, compare, replay
+    from jointtune.autotune.tuner.results import collect
+    from jointtune.autotune.workers.runner import run_jobs
+    from jointtune.hardware import (
         KEY_FIELDS,
         HardwareError,
         HardwareFingerprint,
@@ -25,43 +51,36 @@ if TYPE_CHECKING:
         normalize_gpu_name,
         parse_topo_matrix,
     )
-    from jointtune.autotune.lookup import LookupWarning
-    from jointtune.autotune.registry import load_sweep, register_sweep
-    from jointtune.autotune.replay import ReplayTable, compare, replay
-    from jointtune.autotune.results import collect
-    from jointtune.autotune.runner import run_jobs
-    from jointtune.autotune.settings import Job, TuneSettings
-    from jointtune.autotune.sweepfile import load_sweep_file
-    from jointtune.autotune.triton_compat import JointAutotuner
 
-#: public name -> the submodule of this package that defines it.
+#: public name -> the module that defines it: a submodule of this package, or a full module name
+#: (the fingerprint names, still exported here since they moved to `jointtune.hardware`).
 _EXPORTS: dict[str, str] = {
-    "KEY_FIELDS": "hardware",
-    "HardwareError": "hardware",
-    "HardwareFingerprint": "hardware",
-    "cpu_fingerprint": "hardware",
-    "current_limits": "hardware",
-    "detect": "hardware",
-    "memory_bucket_gib": "hardware",
-    "normalize_gpu_name": "hardware",
-    "parse_topo_matrix": "hardware",
-    "ConfigClient": "client",
+    "KEY_FIELDS": "jointtune.hardware",
+    "HardwareError": "jointtune.hardware",
+    "HardwareFingerprint": "jointtune.hardware",
+    "cpu_fingerprint": "jointtune.hardware",
+    "current_limits": "jointtune.hardware",
+    "detect": "jointtune.hardware",
+    "memory_bucket_gib": "jointtune.hardware",
+    "normalize_gpu_name": "jointtune.hardware",
+    "parse_topo_matrix": "jointtune.hardware",
+    "ConfigClient": "runtime.client",
     "joint_autotune": "decorator",
-    "JointAutotuned": "decorator",
-    "NoConfigError": "decorator",
-    "JointAutotuner": "triton_compat",
-    "LookupWarning": "lookup",
-    "ServiceWarning": "client",
+    "JointAutotuned": "runtime.launcher",
+    "NoConfigError": "runtime.rules",
+    "JointAutotuner": "runtime.triton_compat",
+    "LookupWarning": "runtime.lookup",
+    "ServiceWarning": "runtime.client",
     "Job": "settings",
     "TuneSettings": "settings",
-    "run_jobs": "runner",
-    "collect": "results",
-    "load_sweep_file": "sweepfile",
-    "register_sweep": "registry",
-    "load_sweep": "registry",
-    "ReplayTable": "replay",
-    "replay": "replay",
-    "compare": "replay",
+    "run_jobs": "workers.runner",
+    "collect": "tuner.results",
+    "load_sweep_file": "sweeps.sweepfile",
+    "register_sweep": "sweeps.registry",
+    "load_sweep": "sweeps.registry",
+    "ReplayTable": "tuner.replay",
+    "replay": "tuner.replay",
+    "compare": "tuner.replay",
 }
 
 __all__ = [
@@ -98,7 +117,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    path = module if module.startswith("jointtune.") else f"{__name__}.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value  # later lookups skip this function
     return value
 

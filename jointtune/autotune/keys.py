@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jointtune.search_spaces._problem import Problem
+from jointtune.search_spaces import Problem
 
 #: Prefix of every study this tuner creates (the sweep registry uses its own prefix).
 STUDY_PREFIX = "jointtune:"
@@ -39,7 +39,7 @@ class TuningKey:
     dtype: str
     world_size: int
     hardware_id: str
-    #: the timing policy results were measured under (`settings.TIMINGS`)
+    #: the timing policy results were measured under (`jointtune.timings.TIMINGS`)
     timing: str = "gpu"
 
     @classmethod

@@ -17,13 +17,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from jointtune.errors import TuningError
-from jointtune.search_spaces._problem import Problem
+from jointtune.search_spaces import Problem
+from jointtune.timings import TIMINGS
 
 #: "tpe": multivariate grouped TPE; "random": the control; "exhaustive": every valid config once.
 STRATEGIES = ("tpe", "random", "exhaustive")
-#: How a trial is timed (see `timing`): GPU time behind a hold; wall time of calls issued back to back,
-#: host included; replays of a captured CUDA graph. A record carries the policy it was measured under.
-TIMINGS = ("gpu", "eager", "graph")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from rich.console import Console
 from jointtune.errors import TuningError
 
 if TYPE_CHECKING:
-    from jointtune.autotune.results import JobResult
+    from jointtune.autotune.tuner.results import JobResult
 
 DASHBOARD = "http://127.0.0.1:8000/dashboard"
 #: why a study is done, as a sentence ends ("3 used their trial budget")
@@ -44,7 +44,7 @@ def _say(console: Console, text: str = "", **style: object) -> None:
 
 
 def _db_flag(url: str, default_url: str) -> str:
-    from jointtune.db._url import redact_url
+    from jointtune.db import redact_url
 
     return "" if url == default_url else f" --db {redact_url(url)}"
 
@@ -60,8 +60,8 @@ def print_header(
     profile: str | None = None,
 ) -> None:
     """What is about to run and where; which shapes a re-run finds already tuned."""
-    from jointtune.autotune.hardware import CPU_NAME
-    from jointtune.db._url import redact_url
+    from jointtune.db import redact_url
+    from jointtune.hardware import CPU_NAME
 
     parts = [what, *([f"profile {profile}"] if profile else []), plural(len(results), "shape")]
     parts.append(plural(groups, "group"))
@@ -99,7 +99,7 @@ def next_commands(url: str, *, default_url: str, report_hint: str | None) -> lis
 
 
 def write_report_now(results: Sequence[JobResult], report: Path) -> list[Path]:
-    from jointtune.autotune.report import write_report
+    from jointtune.autotune.sweeps.report import write_report
 
     try:
         return write_report(results, report)
@@ -122,12 +122,11 @@ def print_summary(
 
     Exits 1 when a shape could not be tuned at all (every trial failed).
     """
-    from jointtune.autotune.eta import fmt_duration
-    from jointtune.autotune.hardware import CPU_NAME
-    from jointtune.autotune.progress import summary_table
-    from jointtune.autotune.results import job_label
-    from jointtune.db import resolve_db_url
-    from jointtune.db._url import redact_url
+    from jointtune.autotune.sweeps.eta import fmt_duration
+    from jointtune.autotune.sweeps.progress import summary_table
+    from jointtune.autotune.tuner.results import job_label
+    from jointtune.db import redact_url, resolve_db_url
+    from jointtune.hardware import CPU_NAME
 
     console.print(summary_table(results))
     now = [r for r in results if r.study_name not in already]

@@ -81,7 +81,7 @@ def list_command(
     studies = [r.study_name for r in records if r.study_name]
     trials = {}
     if studies:
-        from jointtune.autotune.studies import counted_trials
+        from jointtune.autotune.tuner.studies import counted_trials
 
         trials = counted_trials(url, studies)
     table = Table(title=f"{store.display_url}: {len(records)} of {total} records", title_justify="left")

@@ -24,7 +24,7 @@ def hw(
     ] = None,
 ) -> None:
     """Show the hardware fingerprint: key fields (they make the hardware id) and recorded versions."""
-    from jointtune.autotune.hardware import KEY_FIELDS, detect
+    from jointtune.hardware import KEY_FIELDS, detect
 
     fingerprint = detect(gpus_per_node=gpus_per_node)
     data = fingerprint.to_json()

@@ -43,7 +43,7 @@ def resolve_limits(limits: DeviceLimits | None = None, *, nominal: bool = False)
         return limits, "given limits"
     if not nominal:
         try:
-            from jointtune.autotune.hardware import current_limits
+            from jointtune.hardware import current_limits
         except ImportError:
             pass
         else:

@@ -28,16 +28,16 @@ from jointtune.errors import TuningError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from jointtune.autotune.coordinator import GroupOptions
-    from jointtune.autotune.results import JobResult
     from jointtune.autotune.settings import Job
+    from jointtune.autotune.tuner.results import JobResult
+    from jointtune.autotune.workers.coordinator import GroupOptions
 
 _DB_HELP = "database URL of the store and the Optuna studies (default: $JOINTTUNE_DB_URL or the per-user SQLite file)"
 
 
 def _options(heartbeat: int | None, grace: int | None) -> GroupOptions:
     """Heartbeat and grace from the options, else $JOINTTUNE_HEARTBEAT_S / $JOINTTUNE_GRACE_S."""
-    from jointtune.autotune.coordinator import GroupOptions
+    from jointtune.autotune.workers.coordinator import GroupOptions
 
     defaults = GroupOptions()
     beat = heartbeat or int(os.environ.get("JOINTTUNE_HEARTBEAT_S", defaults.heartbeat_s))
@@ -107,9 +107,9 @@ def _tune_and_summarise(
     sweep_name: str | None = None,
 ) -> None:
     """Header, live progress, tuned table and closing summary around one `run_jobs`."""
-    from jointtune.autotune.hardware import detect
-    from jointtune.autotune.runner import run_jobs
+    from jointtune.autotune.workers.runner import run_jobs
     from jointtune.cli._summary import print_header, print_summary
+    from jointtune.hardware import detect
 
     console = _console()
     hardware_id = detect().hardware_id
@@ -170,11 +170,11 @@ def tune(
     ] = False,
 ) -> None:
     """Tune one kernel for one shape on this node."""
-    from jointtune.autotune.handles import study_space
-    from jointtune.autotune.results import job_label
-    from jointtune.autotune.runner import prepare_interpreter
-    from jointtune.autotune.search import check_exhaustive
     from jointtune.autotune.settings import Job, TuneSettings
+    from jointtune.autotune.tuner.handles import study_space
+    from jointtune.autotune.tuner.results import job_label
+    from jointtune.autotune.tuner.search import check_exhaustive
+    from jointtune.autotune.workers.runner import prepare_interpreter
     from jointtune.cli._checks import prepare_report_dir
     from jointtune.db import open_store, resolve_db_url
     from jointtune.kernels import get_family
@@ -217,13 +217,12 @@ def sweep(
     register_only: Annotated[bool, typer.Option("--register-only", help="only register it for workers")] = False,
 ) -> None:
     """Tune every job of a sweep file's profile on this node (and register it for workers)."""
-    from jointtune.autotune.registry import register_sweep
-    from jointtune.autotune.runner import prepare_interpreter
-    from jointtune.autotune.studies import open_storage
-    from jointtune.autotune.sweepfile import load_sweep_file
+    from jointtune.autotune.sweeps.registry import register_sweep
+    from jointtune.autotune.sweeps.sweepfile import load_sweep_file
+    from jointtune.autotune.tuner.studies import open_storage
+    from jointtune.autotune.workers.runner import prepare_interpreter
     from jointtune.cli._checks import check_profile, prepare_report_dir
-    from jointtune.db import open_store, resolve_db_url
-    from jointtune.db._url import redact_url
+    from jointtune.db import open_store, redact_url, resolve_db_url
 
     url = resolve_db_url(db)
     options = _options(None, None)
@@ -254,9 +253,9 @@ def worker(
     grace: Annotated[int | None, typer.Option(help="seconds without a heartbeat before a trial is stale")] = None,
 ) -> None:
     """Work on a registered sweep until none of its studies has work left."""
-    from jointtune.autotune.registry import load_sweep
-    from jointtune.autotune.runner import prepare_interpreter
-    from jointtune.autotune.studies import open_storage
+    from jointtune.autotune.sweeps.registry import load_sweep
+    from jointtune.autotune.tuner.studies import open_storage
+    from jointtune.autotune.workers.runner import prepare_interpreter
     from jointtune.cli._checks import check_profile
     from jointtune.db import open_store, resolve_db_url
 
@@ -271,12 +270,12 @@ def worker(
     if "TORCHELASTIC_RUN_ID" in os.environ:
         import logging
 
-        from jointtune.autotune.group import GroupSpec, run_rank
+        from jointtune.autotune.workers.group import GroupSpec, run_rank
 
         # No live table under torchrun: rank 0 logs each trial instead.
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-        logging.getLogger("jointtune.autotune.coordinator").setLevel(logging.INFO)
-        from jointtune.autotune.recovery import host_id
+        logging.getLogger("jointtune.autotune.workers.coordinator").setLevel(logging.INFO)
+        from jointtune.autotune.workers.recovery import host_id
 
         spec = GroupSpec(
             url=url,

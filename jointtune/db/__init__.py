@@ -17,7 +17,7 @@ from __future__ import annotations
 from jointtune.db import schema
 from jointtune.db._migrate import MigrationResult, head_revision
 from jointtune.db._store import Store, open_store
-from jointtune.db._url import ENV_DB_URL, default_sqlite_path, redact_url, resolve_db_url
+from jointtune.db._url import ENV_DB_URL, default_sqlite_path, is_memory_sqlite, redact_url, resolve_db_url
 from jointtune.db._values import (
     HardwareProfile,
     InvalidRecordError,
@@ -44,6 +44,7 @@ __all__ = [
     "config_hash",
     "default_sqlite_path",
     "head_revision",
+    "is_memory_sqlite",
     "open_store",
     "redact_url",
     "resolve_db_url",

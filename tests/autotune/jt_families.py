@@ -7,6 +7,8 @@ process registers the same spaces and families.
   config 20% apart) and scales with the shape's M; some tile/chunk pairs are invalid. Has a
   `precompile` hook. The tuner's clock measures exactly that length (`SimulatedClock`), so what a
   test sees never depends on how busy the machine is.
+  With $JT_GRANDCHILDREN set (a file), each process's first `make_inputs` also starts a long-lived
+  helper process, as a plug-in might, and appends its pid to that file.
 - `jt_faulty`: like jt_sleep with a `variant` knob; with tile=1 a variant fails in one way each:
   raise (a compile error from the precompile hook), hang, kill (SIGKILL of its own process),
   wrong (returns wrong numbers). Best: tile=4.
@@ -19,6 +21,8 @@ from __future__ import annotations
 import math
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -26,7 +30,7 @@ from typing import Any
 
 import torch
 
-from jointtune.autotune import timing
+from jointtune.autotune.tuner import timing
 from jointtune.errors import KernelError
 from jointtune.kernels._family import Family, register_family
 from jointtune.search_spaces import Constraint, Space, categorical, choice, pow2, register_space, when
@@ -108,7 +112,7 @@ SLEEP_LADDER = sorted(
 
 
 class SimulatedClock:
-    """The tuner's clock (`jointtune.autotune.timing.time`) in every process that imports this module.
+    """The tuner's clock (`jointtune.autotune.tuner.timing.time`) in every process that imports this module.
 
     A timed run of a simulated family lasts exactly its simulated latency on this clock: the run still
     sleeps (watchdogs, kills and time budgets see real time pass), but the clock's next reading is the
@@ -155,6 +159,17 @@ def sleep_cost_ms(config: Mapping[str, Any]) -> float:
     return 1.2 ** SLEEP_LADDER.index((config["tile"], config.get("chunk", 2)))
 
 
+_GRANDCHILD: list[subprocess.Popen[bytes]] = []
+
+
+def _start_a_grandchild() -> None:
+    path = os.environ.get("JT_GRANDCHILDREN")
+    if path and not _GRANDCHILD:
+        _GRANDCHILD.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
+        with open(path, "a") as handle:
+            handle.write(f"{_GRANDCHILD[0].pid}\n")
+
+
 class _Doubling(Family):
     """Outputs 2*x on every rank; latency comes from a sleep."""
 
@@ -175,6 +190,10 @@ class _Doubling(Family):
 class SleepFamily(_Doubling):
     name = "jt_sleep"
     space = "jt_sleep"
+
+    def make_inputs(self, problem: Any, world: Any, *, seed: int) -> Any:
+        _start_a_grandchild()
+        return super().make_inputs(problem, world, seed=seed)
 
     def run(self, inputs: Any, config: Mapping[str, Any], world: Any) -> Any:
         CLOCK.simulate(sleep_cost_ms(config) * inputs["scale"] / 1e3)

@@ -21,16 +21,16 @@ import pytest
 import torch
 
 from jointtune.autotune.decorator import NoConfigError, joint_autotune
-from jointtune.autotune.handles import study_space
-from jointtune.autotune.hardware import current_limits, detect
 from jointtune.autotune.keys import triton_version
-from jointtune.autotune.lookup import LookupWarning, reset_warnings
-from jointtune.autotune.results import study_name_for
+from jointtune.autotune.runtime.lookup import LookupWarning, reset_warnings
 from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.sweepfile import SweepFileError, parse_sweep
+from jointtune.autotune.sweeps.sweepfile import SweepFileError, parse_sweep
+from jointtune.autotune.tuner.handles import study_space
+from jointtune.autotune.tuner.results import study_name_for
 from jointtune.cli import main
 from jointtune.db import NewRecord, open_store
 from jointtune.errors import TuningError
+from jointtune.hardware import current_limits, detect
 from jointtune.kernels import get_family
 from jointtune.kernels._family import register_family
 from jointtune.kernels.gemm_rs import gemm_rs, reference

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from jt_server import READ, WRITE, LiveServer, record
 
-from jointtune.autotune.client import ConfigClient, ServiceWarning
+from jointtune.autotune.runtime.client import ConfigClient, ServiceWarning
 from jointtune.errors import ServiceError
 
 SHAPE = {"M": 8192, "N": 4096, "K": 12288}

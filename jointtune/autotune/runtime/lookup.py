@@ -1,0 +1,298 @@
+"""Where the decorator finds a config for a key it hasn't seen: local store, then the service.
+
+Both sources are optional and neither may break a run: a store that can't be opened (a corrupt
+file), answers an error or takes longer than `store_timeout_s` (a lock held elsewhere) is
+skipped with one warning and not asked again in this process; the service client never raises.
+
+Records that don't fit are not used silently. A record of another Triton major.minor, or whose
+config the current space (or config list) rejects, is skipped with a warning and counts as a
+miss. Records of another kernel source version are never returned by the versioned queries; when
+the store holds one for the exact key, a warning says so. `nearest` only considers records of
+the current kernel version and Triton major.minor, so a miss never picks up a stale config.
+
+Example:
+    >>> sources = Sources(db_url="sqlite:////tmp/jt.db", client=None)              # doctest: +SKIP
+    >>> sources.exact(identity, {"M": 64, "N": 64, "K": 128}, accept=lambda c: None)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from jointtune.errors import JointtuneError, StoreError
+
+if TYPE_CHECKING:
+    from jointtune.autotune.runtime.client import ConfigClient
+    from jointtune.db import NewRecord, Store
+
+T = TypeVar("T")
+
+#: how long one store operation may take before the decorator gives up on the store
+DEFAULT_STORE_TIMEOUT_S = 10.0
+
+#: a config the caller can't use -> why (None: usable)
+Accept = Callable[[Mapping[str, Any]], "str | None"]
+
+
+class LookupWarning(UserWarning):
+    """A source or a record could not be used; the decorator falls back to the next one."""
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(cause: str, message: str) -> None:
+    """Warn once per cause per process: a broken source costs one line, not a log flood."""
+    if cause not in _WARNED:
+        _WARNED.add(cause)
+        warnings.warn(message, LookupWarning, stacklevel=3)
+
+
+def make_client(server: str | None) -> ConfigClient | None:
+    """A client for `server` (or $JOINTTUNE_SERVER), with $JOINTTUNE_TOKEN for publishing; None if neither."""
+    import os
+
+    from jointtune.autotune.runtime.client import ENV_TOKEN, ConfigClient
+
+    if server:
+        return ConfigClient(server, token=os.environ.get(ENV_TOKEN) or None)
+    return ConfigClient.from_env()
+
+
+def reset_warnings() -> None:
+    """Warn again about causes already reported (tests, long-lived services after a fix)."""
+    _WARNED.clear()
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Everything of a key but the shape: what a record must match to be used."""
+
+    kernel: str
+    kernel_version: str
+    space_version: str
+    dtype: str
+    world_size: int
+    hardware_id: str
+    triton_version: str
+    #: the timing policy records must have been measured under (see `policies`)
+    timing: str = "gpu"
+
+    def query(self, shape: Mapping[str, int]) -> dict[str, Any]:
+        return {
+            "kernel": self.kernel,
+            "shape": dict(shape),
+            "dtype": self.dtype,
+            "world_size": self.world_size,
+            "hardware_id": self.hardware_id,
+            "timing": self.timing,
+        }
+
+
+@dataclass(frozen=True)
+class Found:
+    """A config and where it came from (`source`: store, service, nearest-store, default, ...)."""
+
+    config: dict[str, Any]
+    source: str
+    distance: float = 0.0
+    latency_us: float | None = None
+    detail: str = field(default="", compare=False)
+    #: the timing policy of the record it came from (None: not from a record), and its place in the
+    #: asked policy's fallback chain (0: the asked policy itself)
+    timing: str | None = None
+    fallback: int = 0
+
+    @property
+    def exact(self) -> bool:
+        return self.source in ("memory", "store", "service", "tune", "benchmark")
+
+    def of_timing(self, timing: str, fallback: int) -> Found:
+        return Found(self.config, self.source, self.distance, self.latency_us, self.detail, timing, fallback)
+
+    def source_for(self, asked: str) -> str:
+        """`source`, naming the record's policy when it stands in for the `asked` one."""
+        if self.timing is None or self.timing == asked:
+            return self.source
+        return f"{self.source} [{self.timing} record, fallback for {asked}]"
+
+
+class _TimedOut(Exception):
+    pass
+
+
+def bounded(fn: Callable[[], T], timeout_s: float) -> T:
+    """Run `fn` in a daemon thread and wait at most `timeout_s`; raise _TimedOut after that.
+
+    A lookup stuck on a database lock must not stall the training step: the thread is left to
+    finish on its own (it holds no lock of ours).
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="jointtune-lookup", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise _TimedOut
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class Sources:
+    """The local store (opened lazily, bounded in time) and the service client of one process."""
+
+    def __init__(
+        self,
+        *,
+        db_url: str | None,
+        client: ConfigClient | None,
+        store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
+        use_store: bool = True,
+    ) -> None:
+        self.db_url = db_url
+        self.client = client
+        self.store_timeout_s = store_timeout_s
+        self._store: Store | None = None
+        self._store_broken = not use_store
+
+    def retry_store(self) -> None:
+        """Use the store again after a failure (the tuner just wrote to it)."""
+        self._store_broken = False
+
+    # ---- store --------------------------------------------------------------------------------
+    def _with_store(self, action: str, fn: Callable[[Store], T]) -> T | None:
+        """`fn(store)`, or None (with one warning) when the store is unusable; then it stays off."""
+        if self._store_broken:
+            return None
+
+        def run() -> T:
+            from jointtune.db import open_store
+
+            if self._store is None:
+                self._store = open_store(self.db_url)
+            return fn(self._store)
+
+        try:
+            return bounded(run, self.store_timeout_s)
+        except _TimedOut:
+            reason = f"no answer within {self.store_timeout_s:g} s (locked?)"
+        except (StoreError, JointtuneError) as exc:
+            reason = str(exc)
+        except Exception as exc:  # a store problem must never break the caller
+            reason = f"{type(exc).__name__}: {exc}"
+        self._store_broken = True
+        warn_once(f"store:{self.db_url}", f"local store {self.db_url or 'default'}: {action} failed: {reason}; "
+                  "skipping the local store in this process")  # fmt: skip
+        return None
+
+    def store_exact(self, ident: Identity, shape: Mapping[str, int], accept: Accept) -> Found | None:
+        def query(store: Store) -> Any:
+            best = store.best(kernel_version=ident.kernel_version, **ident.query(shape))
+            other = None
+            if best is None:  # is there one for this exact key under another kernel version?
+                near = store.nearest(kernel_version=None, limit=1, **ident.query(shape))
+                other = near[0][0] if near and near[0][1] == 0 else None
+            return best, other
+
+        answer = self._with_store("lookup", query)
+        if answer is None:
+            return None
+        best, other = answer
+        if best is None:
+            if other is not None:
+                warn_once(
+                    f"version:{ident.kernel}:{other.kernel_version}",
+                    f"{ident.kernel}: the local store has a record for {other.shape_key} from kernel_version "
+                    f"{other.kernel_version!r}, but the kernel source is now {ident.kernel_version!r}; "
+                    "ignoring it (treated as a miss)",
+                )
+            return None
+        return _usable(ident, best.config, best.triton_version, "store", accept, best.latency_p50_us)
+
+    def store_nearest(self, ident: Identity, shape: Mapping[str, int], accept: Accept) -> Found | None:
+        rows = self._with_store(
+            "nearest lookup", lambda s: s.nearest(kernel_version=ident.kernel_version, limit=8, **ident.query(shape))
+        )
+        for record, distance in rows or ():
+            found = _usable(ident, record.config, record.triton_version, "nearest-store", accept,
+                            record.latency_p50_us, distance=distance, quiet=True)  # fmt: skip
+            if found is not None:
+                return Found(found.config, found.source, distance, found.latency_us, detail=record.shape_key)
+        return None
+
+    def save(self, record: NewRecord) -> bool:
+        """Keep a result in the local store (the store keeps the faster of old and new)."""
+        return self._with_store("saving a record", lambda s: s.upsert_record(record)) is not None
+
+    # ---- service ------------------------------------------------------------------------------
+    def service(self, ident: Identity, shape: Mapping[str, int], accept: Accept) -> tuple[Found | None, Found | None]:
+        """(exact answer, nearest answer) of the service; both None when it can't help."""
+        if self.client is None:
+            return None, None
+        data = self.client.lookup(
+            ident.kernel, dict(shape), ident.dtype, ident.world_size, ident.hardware_id, ident.kernel_version,
+            timing=ident.timing,
+        )  # fmt: skip
+        if data is None:
+            return None, None
+        if data.get("timing", "gpu") != ident.timing:  # an older service answers without filtering by policy
+            return None, None
+        triton = (data.get("provenance") or {}).get("triton_version", ident.triton_version)
+        latency = (data.get("latency_us") or {}).get("p50")
+        if data.get("match") == "exact":
+            return _usable(ident, data["config"], triton, "service", accept, latency), None
+        distance = float(data.get("distance") or 0.0)
+        near = _usable(ident, data["config"], triton, "nearest-service", accept, latency, distance=distance,
+                       quiet=True)  # fmt: skip
+        return None, near
+
+    def publish(self, record: NewRecord) -> None:
+        """Send a result to the service; a refusal or outage is a warning, never an error."""
+        if self.client is None:
+            return
+        try:
+            self.client.publish(record.to_json())
+        except JointtuneError as exc:
+            warn_once(f"publish:{self.client.base_url}", f"publishing to the config service failed: {exc}")
+
+
+def _usable(
+    ident: Identity,
+    config: Mapping[str, Any],
+    triton: str,
+    source: str,
+    accept: Accept,
+    latency: float | None,
+    *,
+    distance: float = 0.0,
+    quiet: bool = False,
+) -> Found | None:
+    if triton != ident.triton_version:
+        if not quiet:
+            warn_once(
+                f"triton:{ident.kernel}:{source}:{triton}",
+                f"{ident.kernel}: a {source} record was tuned with Triton {triton}, this is Triton "
+                f"{ident.triton_version}; ignoring it (treated as a miss)",
+            )
+        return None
+    reason = accept(config)
+    if reason is not None:
+        if not quiet:
+            warn_once(
+                f"reject:{ident.kernel}:{source}:{sorted(config.items())!r}",
+                f"{ident.kernel}: the {source} config {dict(config)} can't be used here ({reason}); treated as a miss",
+            )
+        return None
+    return Found(dict(config), source, distance, latency)

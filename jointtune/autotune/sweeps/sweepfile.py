@@ -1,0 +1,310 @@
+"""Sweep files: which kernels, shapes, dtypes and world sizes to tune, per kind of machine.
+
+```yaml
+name: readme                      # the sweep's name in the shared storage (default: file stem)
+imports: []                       # modules every rank imports first (out-of-tree families)
+tuning: {strategy: tpe, seed: 0}  # defaults for every job (any TuneSettings field, see below)
+profiles:
+  cpu:                            # used where no GPU is visible (Triton's interpreter)
+    tuning: {warmup: 1, iters: 3}
+    jobs:
+      - kernel: ag_gemm
+        shapes: [64x64x64, "M=128,N=64,K=128"]
+        dtypes: [bf16]
+        world_size: 2             # or a list: [2, 4]
+        trials: 10
+        time_budget: 60           # seconds of trial time per shape
+  gpu:
+    jobs: [{kernel: ag_gemm, shapes: [8192x4096x12288], dtypes: [bf16], world_size: 2, trials: 64}]
+```
+Tuning fields: trials, time_budget, patience, strategy (tpe | random | exhaustive), seed, warmup,
+iters, warm_start, n_startup, lookahead, max_invalid_streak, max_duplicate_streak,
+restrict ({param: [values]}: search only that sub-space), timing (gpu | eager | graph, or a list:
+each policy is tuned as a job of its own; graph needs the gpu profile), allow_nondeterministic (true |
+false, default false: offer modes whose results may differ in the last bits between identical calls,
+e.g. gemm_rs's atomic; a study of its own), watchdog: {compile_s, factor, slack_s, first_trial_s}.
+A job's fields override its profile's `tuning`, which overrides the file's.
+Every error names its line and field:
+"sweep.yaml: line 9: profiles.cpu.jobs[0].trials: Input should be greater than or equal to 1 (got 0)";
+broken YAML says where it broke: "sweep.yaml:4:12: not valid YAML: mapping values are not allowed here".
+
+Example:
+    >>> sweep = load_sweep_file("examples/sweep.yaml")           # doctest: +SKIP
+    >>> [job.label for job in sweep.jobs("cpu")]                  # doctest: +SKIP
+
+Longer than 300 lines because the format's documentation above, its models (one per YAML level) and
+their expansion into jobs are one thing: every error names a line and a field that the models define.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+
+from jointtune.autotune.settings import Job, TuneSettings
+from jointtune.errors import JointtuneError, TuningError
+from jointtune.timings import TIMINGS
+
+
+class SweepFileError(TuningError, ValueError):
+    """A sweep file that can't be read or names something invalid (the message names the field)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WatchdogModel(_Strict):
+    compile_s: float | None = Field(None, gt=0)
+    factor: float | None = Field(None, gt=0)
+    slack_s: float | None = Field(None, gt=0)
+    first_trial_s: float | None = Field(None, gt=0)
+
+
+Timing = Literal[TIMINGS]
+
+
+class TuningModel(_Strict):
+    trials: int | None = Field(None, ge=1)
+    time_budget: float | None = Field(None, gt=0)
+    patience: int | None = Field(None, ge=1)
+    strategy: Literal["tpe", "random", "exhaustive"] | None = None
+    seed: int | None = Field(None, ge=0)
+    warmup: int | None = Field(None, ge=0)
+    iters: int | None = Field(None, ge=1)
+    warm_start: int | None = Field(None, ge=0)
+    n_startup: int | None = Field(None, ge=1)
+    lookahead: int | None = Field(None, ge=0)
+    max_invalid_streak: int | None = Field(None, ge=1)
+    max_duplicate_streak: int | None = Field(None, ge=1)
+    restrict: dict[str, list[int | str | bool] | int | str | bool] | None = None
+    timing: Timing | Annotated[list[Timing], Field(min_length=1)] | None = None
+    allow_nondeterministic: StrictBool | None = None
+    watchdog: WatchdogModel | None = None
+
+    def timings(self) -> list[str] | None:
+        """The timing policies this block asks for (None: inherited)."""
+        if self.timing is None:
+            return None
+        return list(dict.fromkeys([self.timing] if isinstance(self.timing, str) else self.timing))
+
+    def settings_changes(self) -> dict[str, Any]:
+        """The fields this block sets, as TuneSettings field names (timing apart: it may be a list)."""
+        names = {"time_budget": "time_budget_s"}
+        own = set(TuningModel.model_fields) - {"watchdog", "timing"}
+        out = {names.get(k, k): v for k, v in self.model_dump(exclude_none=True, include=own).items()}
+        if self.watchdog is not None:
+            dog = {
+                "compile_s": "watchdog_compile_s",
+                "factor": "watchdog_factor",
+                "slack_s": "watchdog_slack_s",
+                "first_trial_s": "first_trial_timeout_s",
+            }
+            out.update({dog[k]: v for k, v in self.watchdog.model_dump(exclude_none=True).items()})
+        return out
+
+
+class JobModel(TuningModel):
+    kernel: str = Field(min_length=1)
+    shapes: list[str | dict[str, int]] = Field(min_length=1)
+    dtypes: list[str] = Field(default_factory=lambda: ["bfloat16"], min_length=1)
+    world_size: int | list[int] = 2
+
+
+class ProfileModel(_Strict):
+    tuning: TuningModel = Field(default_factory=TuningModel)
+    jobs: list[JobModel] = Field(min_length=1)
+
+
+class SweepModel(_Strict):
+    name: str | None = Field(None, min_length=1, pattern=r"^\S+$")
+    imports: list[str] = Field(default_factory=list)
+    tuning: TuningModel = Field(default_factory=TuningModel)
+    profiles: dict[Literal["gpu", "cpu"], ProfileModel] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class SweepFile:
+    """A validated sweep: its name, imports, and the jobs of each profile."""
+
+    name: str
+    imports: tuple[str, ...]
+    profiles: dict[str, tuple[Job, ...]]
+
+    def jobs(self, profile: str) -> tuple[Job, ...]:
+        if profile not in self.profiles:
+            have = ", ".join(sorted(self.profiles))
+            raise SweepFileError(f"profile: {profile!r} is not in sweep {self.name!r}; it has: {have}")
+        return self.profiles[profile]
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+#: where a field is in the file: its line (1-based) for a loc such as ("profiles", "cpu", "jobs", 0)
+LineOf = Callable[[tuple[Any, ...]], "int | None"]
+
+
+class _Problems:
+    """Problems found in a sweep, each named by its field and, when known, its line in the file."""
+
+    def __init__(self, line_of: LineOf | None) -> None:
+        self.line_of = line_of
+        self.items: list[str] = []
+
+    def add(self, loc: tuple[Any, ...], text: str) -> None:
+        line = self.line_of(loc) if self.line_of is not None else None
+        item = f"line {line}: {text}" if line is not None else text
+        if item not in self.items:
+            self.items.append(item)
+
+
+def _pydantic_problems(exc: ValidationError, problems: _Problems) -> None:
+    seen: set[tuple[Any, ...]] = set()
+    for err in exc.errors():
+        # unions report one error per member; the member name in the loc only adds noise, and the
+        # first member's message says what is allowed
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and (p in ("str", "int") or "[" in p)))
+        if loc in seen:
+            continue
+        seen.add(loc)
+        got = f" (got {err['input']!r})" if not isinstance(err.get("input"), (dict, list)) else ""
+        problems.add(loc, f"{_loc(loc)}: {err['msg']}{got}")
+
+
+def _jobs(
+    loc: tuple[Any, ...], model: JobModel, base: TuneSettings, problems: _Problems, timings: list[str]
+) -> list[Job]:
+    from jointtune.autotune.tuner.handles import study_space
+    from jointtune.autotune.tuner.search import check_exhaustive
+    from jointtune.kernels import get_family
+
+    where = _loc(loc)
+    try:
+        family = get_family(model.kernel)
+        settings = base.replace(**model.settings_changes())
+        space = study_space(family, settings)
+    except JointtuneError as exc:
+        problems.add(loc, f"{where}: {exc}")
+        return []
+    sizes = model.world_size if isinstance(model.world_size, list) else [model.world_size]
+    jobs = []
+    for i, shape in enumerate(model.shapes):
+        for dtype in model.dtypes:
+            for w in sizes:
+                try:
+                    problem = space.make_problem(shape, dtype=dtype, world_size=w)
+                    check_exhaustive(space, problem, settings)
+                except JointtuneError as exc:
+                    problems.add((*loc, "shapes", i), f"{where}.shapes[{i}] ({shape}, {dtype}, world_size {w}): {exc}")
+                    continue
+                jobs.extend(Job.of(family.name, problem, settings.replace(timing=t)) for t in timings)
+    return jobs
+
+
+def parse_sweep(
+    data: Any, *, source: str = "sweep", default_name: str = "sweep", line_of: LineOf | None = None
+) -> SweepFile:
+    """Validate sweep data (parsed YAML); SweepFileError lists every problem with its field (and
+    its line, given `line_of`)."""
+    problems = _Problems(line_of)
+    try:
+        model = SweepModel.model_validate(data)
+    except ValidationError as exc:
+        _pydantic_problems(exc, problems)
+        raise SweepFileError(f"{source}: " + "; ".join(problems.items)) from None
+    for i, module in enumerate(model.imports):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            problems.add(("imports", i), f"imports[{i}]: {module!r} can't be imported ({exc})")
+            raise SweepFileError(f"{source}: " + "; ".join(problems.items)) from None
+    try:
+        base = TuneSettings().replace(**model.tuning.settings_changes())
+    except JointtuneError as exc:
+        problems.add(("tuning",), f"tuning: {exc}")
+        raise SweepFileError(f"{source}: " + "; ".join(problems.items)) from None
+    profiles: dict[str, tuple[Job, ...]] = {}
+    for name, profile in model.profiles.items():
+        try:
+            settings = base.replace(**profile.tuning.settings_changes())
+        except JointtuneError as exc:
+            problems.add(("profiles", name, "tuning"), f"profiles.{name}.tuning: {exc}")
+            continue
+        jobs: list[Job] = []
+        for j, job in enumerate(profile.jobs):
+            loc = ("profiles", name, "jobs", j)
+            timings = job.timings() or profile.tuning.timings() or model.tuning.timings() or [settings.timing]
+            if name == "cpu" and "graph" in timings:
+                where = loc if job.timing is not None else ("profiles", name) if profile.tuning.timing else ("tuning",)
+                problems.add((*where, "timing"),
+                             f"{_loc(loc)}.timing: 'graph' is not allowed in the cpu profile (no CUDA graphs in "
+                             "the interpreter); allowed there: gpu, eager")  # fmt: skip
+                continue
+            jobs.extend(_jobs(loc, job, settings, problems, timings))
+        profiles[name] = tuple(dict.fromkeys(jobs))
+    if problems.items:
+        raise SweepFileError(f"{source}: " + "; ".join(problems.items))
+    return SweepFile(model.name or default_name, tuple(model.imports), profiles)
+
+
+def _line_finder(root: yaml.Node | None) -> LineOf:
+    """Where a field is in the file: the line of the deepest node (or key) its loc reaches."""
+
+    def line_of(loc: tuple[Any, ...]) -> int | None:
+        node, line = root, None
+        for part in loc:
+            if node is None:
+                break
+            line = node.start_mark.line + 1
+            if isinstance(node, yaml.MappingNode):
+                pair = next(((k, v) for k, v in node.value if str(getattr(k, "value", "")) == str(part)), None)
+                node = pair[1] if pair else None
+                line = pair[0].start_mark.line + 1 if pair else line
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+                node = node.value[part]
+            else:
+                node = None
+        return node.start_mark.line + 1 if node is not None else line
+
+    return line_of
+
+
+def load_sweep_file(path: str | Path) -> SweepFile:
+    """Read and validate a sweep YAML file; errors name the file, the line and the field."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SweepFileError(f"sweep file: {str(path)!r} can't be read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise SweepFileError(
+            f"sweep file: {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+        root = yaml.compose(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        context = exc.context
+        if context and exc.context_mark is not None and exc.context_mark is not mark:
+            context += f" (from line {exc.context_mark.line + 1})"
+        what = ": ".join(p for p in (context, exc.problem) if p)
+        raise SweepFileError(f"{where}: not valid YAML: {what}") from None
+    except yaml.YAMLError as exc:
+        raise SweepFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    return parse_sweep(data, source=str(path), default_name=path.stem, line_of=_line_finder(root))

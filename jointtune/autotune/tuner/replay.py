@@ -1,0 +1,256 @@
+"""Replaying recorded latencies to compare search strategies on a CPU.
+
+An exhaustive study on a GPU measures every valid config of one problem once; its table
+(`{canonical config JSON: p50 µs, or null for a config that failed}`) is the ground truth. A
+replay serves those latencies to the tuner's own search code (the same `Searcher`: invalid
+suggestions, repeats, warm start), so strategies can be compared over many seeds in seconds:
+
+- "random": the baseline, then uniform random configs;
+- "tpe": the baseline, then joint multivariate TPE over every knob at once;
+- "tpe-warm": what the tuner does: baseline, space default and warm configs, then TPE;
+- "two-stage": the usual practice: TPE over the compute knobs (tiles, warps, stages) with the
+  communication knobs fixed at defaults for half the budget, then TPE over the communication
+  knobs with the best tiles fixed for the rest; the same total budget as the others.
+
+`compare` runs N seeds of each and reports how many measured trials each needed to come within
+`tolerance` (3%) of the table's best.
+
+Example:
+    >>> table = ReplayTable.load("bench/results/ag_gemm_8192x4096x12288.json")   # doctest: +SKIP
+    >>> stats = compare(table, ["tpe", "two-stage", "random"], seeds=20, trials=64)  # doctest: +SKIP
+    >>> print(format_comparison(stats))                                            # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from jointtune.autotune.settings import TuneSettings
+from jointtune.autotune.tuner.search import Proposal, Searcher, baseline_config, enqueue, initial_configs
+from jointtune.autotune.tuner.studies import ATTR_REASON, quiet_optuna, trial_config, trial_kind
+from jointtune.errors import JointtuneError, TuningError
+from jointtune.search_spaces import DeviceLimits, Problem, Space, canonical_json, get_space
+
+STRATEGIES = ("random", "tpe", "tpe-warm", "two-stage")
+#: knobs of the GEMM itself; every other knob of a joint space is a communication knob
+COMPUTE_PARAMS = frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"})
+
+
+@dataclass
+class ReplayTable:
+    """Recorded latencies (µs) of one problem's configs; None marks a config that failed."""
+
+    space: Space
+    problem: Problem
+    latencies: dict[str, float | None]
+    limits: DeviceLimits = field(default_factory=lambda: DeviceLimits.nominal_hopper(interpreter=False))
+
+    @property
+    def best_us(self) -> float:
+        values = [v for v in self.latencies.values() if v is not None]
+        if not values:
+            raise TuningError("replay table: no config has a latency; nothing to compare against")
+        return min(values)
+
+    def latency(self, config: Mapping[str, Any]) -> float | None:
+        """The recorded latency; a config the table lacks counts as failed."""
+        return self.latencies.get(canonical_json(config))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "space": self.space.name,
+            "restrict": self.space.restriction,
+            **self.problem.to_json(),
+            "limits": {"max_shared_mem": self.limits.max_shared_mem, "num_sms": self.limits.num_sms},
+            "latencies": self.latencies,
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1, sort_keys=True))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ReplayTable:
+        for name in ("space", "shape", "dtype", "world_size", "latencies"):
+            if name not in data:
+                raise TuningError(f"replay table: field {name!r} is missing; it needs space, shape, dtype, "
+                                  "world_size and latencies ({config json: µs or null})")  # fmt: skip
+        try:
+            space = get_space(data["space"]).restrict(data.get("restrict") or {})
+            problem = space.make_problem(dict(data["shape"]), dtype=data["dtype"], world_size=data["world_size"])
+        except JointtuneError as exc:
+            raise TuningError(f"replay table: {exc}") from None
+        limits = DeviceLimits.nominal_hopper(interpreter=False)
+        if "limits" in data:
+            limits = DeviceLimits(
+                max_shared_mem=int(data["limits"]["max_shared_mem"]),
+                num_sms=int(data["limits"]["num_sms"]),
+                compute_capability=limits.compute_capability,
+            )
+        latencies = {
+            canonical_json(json.loads(k)): (None if v is None else float(v)) for k, v in data["latencies"].items()
+        }
+        return cls(space, problem, latencies, limits)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ReplayTable:
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_study(cls, study: optuna.Study, space: Space, problem: Problem, limits: DeviceLimits) -> ReplayTable:
+        """The table of an (exhaustive) tuning study: each config's first measured result."""
+        latencies: dict[str, float | None] = {}
+        for trial in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+            kind = trial_kind(trial)
+            if kind in ("ok", "failed"):
+                latencies.setdefault(canonical_json(trial_config(trial)), trial.value if kind == "ok" else None)
+        return cls(space, problem, latencies, limits)
+
+
+def _measure(study: optuna.Study, proposal: Proposal, table: ReplayTable, curve: list[float | None]) -> None:
+    value = table.latency(proposal.config)
+    proposal.trial.set_user_attr("jt_config", canonical_json(proposal.config))
+    if value is None:
+        proposal.trial.set_user_attr(ATTR_REASON, "error")
+        study.tell(proposal.trial, state=TrialState.PRUNED)
+    else:
+        study.tell(proposal.trial, value)
+    curve.append(value)
+
+
+def _run(study: optuna.Study, searcher: Searcher, table: ReplayTable, budget: int, curve: list[float | None]) -> None:
+    while len(curve) < budget:
+        proposal = searcher.propose(study)
+        if not isinstance(proposal, Proposal):
+            return
+        _measure(study, proposal, table, curve)
+
+
+def default_comm(table: ReplayTable, compute: frozenset[str] = COMPUTE_PARAMS) -> dict[str, Any]:
+    """Communication knobs at the space default; if that leaves no compute knob to tune (say the
+    default is copy engine + cuBLAS), those of the first valid config that has tiles."""
+    default = table.space.default(table.problem, table.limits)
+    if any(name in compute for name in default):
+        return {k: v for k, v in default.items() if k not in compute}
+    for config in table.space.enumerate(table.problem, table.limits):
+        if any(name in compute for name in config):
+            return {k: v for k, v in config.items() if k not in compute}
+    return {k: v for k, v in default.items() if k not in compute}
+
+
+def replay(
+    table: ReplayTable,
+    strategy: str,
+    *,
+    trials: int,
+    seed: int = 0,
+    warm: Sequence[Mapping[str, Any]] = (),
+    compute: frozenset[str] = COMPUTE_PARAMS,
+) -> list[float | None]:
+    """Latency (None = failed) of every config a strategy measures, in order, up to `trials`."""
+    if strategy not in STRATEGIES:
+        raise TuningError(f"strategy: {strategy!r} is not allowed for replay; allowed: {', '.join(STRATEGIES)}")
+    settings = TuneSettings(trials=trials, seed=seed, strategy="random" if strategy == "random" else "tpe")
+    curve: list[float | None] = []
+    with quiet_optuna():
+        study = optuna.create_study(direction="minimize")
+    space, problem, limits = table.space, table.problem, table.limits
+    if strategy == "tpe-warm":
+        enqueue(study, initial_configs(space, problem, limits, warm=warm))
+    else:
+        enqueue(study, [("baseline", baseline_config(space, problem, limits))])
+    if strategy != "two-stage":
+        _run(study, Searcher(space, problem, limits, settings), table, trials, curve)
+        return curve
+    comm = default_comm(table, compute)
+    _run(study, Searcher(space, problem, limits, settings), table, 1, curve)  # the baseline
+    stage1 = Searcher(space, problem, limits, settings, fixed=comm)
+    _run(study, stage1, table, 1 + (trials - 1) // 2, curve)
+    best = min(
+        (t for t in study.get_trials(deepcopy=False) if trial_kind(t) == "ok" and t.value is not None),
+        key=lambda t: t.value,  # type: ignore[arg-type, return-value]
+        default=None,
+    )
+    tiles = {k: v for k, v in trial_config(best).items() if k in compute} if best is not None else {}
+    stage2 = Searcher(space, problem, limits, settings, fixed=tiles)
+    _run(study, stage2, table, trials, curve)
+    return curve
+
+
+def trials_to_target(curve: Sequence[float | None], target_us: float) -> int | None:
+    """1-based index of the first measured trial at or below `target_us` (None if never)."""
+    for i, value in enumerate(curve, start=1):
+        if value is not None and value <= target_us:
+            return i
+    return None
+
+
+@dataclass(frozen=True)
+class StrategyStats:
+    """How one strategy did over seeds: trials needed per seed (None = missed the target)."""
+
+    strategy: str
+    needed: tuple[int | None, ...]
+    final_gap: tuple[float, ...]
+
+    @property
+    def success_rate(self) -> float:
+        return sum(n is not None for n in self.needed) / len(self.needed)
+
+    @property
+    def median_needed(self) -> float | None:
+        """Median over seeds, a miss counting as infinitely many (None when the median is a miss)."""
+        median = statistics.median(n if n is not None else float("inf") for n in self.needed)
+        return None if median == float("inf") else median
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "needed": list(self.needed),
+            "success_rate": self.success_rate,
+            "median_needed": self.median_needed,
+            "mean_final_gap": statistics.fmean(self.final_gap),
+        }
+
+
+def compare(
+    table: ReplayTable,
+    strategies: Sequence[str] = STRATEGIES,
+    *,
+    seeds: int = 10,
+    trials: int = 64,
+    tolerance: float = 0.03,
+    warm: Sequence[Mapping[str, Any]] = (),
+    compute: frozenset[str] = COMPUTE_PARAMS,
+) -> dict[str, StrategyStats]:
+    """Run `seeds` replays of each strategy with `trials` each; trials needed to get within
+    `tolerance` of the table's best, and the final gap to it."""
+    best = table.best_us
+    target = best * (1 + tolerance)
+    out = {}
+    for strategy in strategies:
+        needed, gaps = [], []
+        for seed in range(seeds):
+            curve = replay(table, strategy, trials=trials, seed=seed, warm=warm, compute=compute)
+            needed.append(trials_to_target(curve, target))
+            found = min((v for v in curve if v is not None), default=float("inf"))
+            gaps.append(found / best - 1)
+        out[strategy] = StrategyStats(strategy, tuple(needed), tuple(gaps))
+    return out
+
+
+def format_comparison(stats: Mapping[str, StrategyStats]) -> str:
+    """A plain-text table (strategy, hit rate, median trials to target, mean final gap)."""
+    lines = [f"{'strategy':<10} {'hit rate':>8} {'median trials':>13} {'mean gap':>9}"]
+    for s in stats.values():
+        median = "-" if s.median_needed is None else f"{s.median_needed:g}"
+        gap = statistics.fmean(s.final_gap)
+        lines.append(f"{s.strategy:<10} {s.success_rate:>8.0%} {median:>13} {gap:>9.1%}")
+    return "\n".join(lines)

@@ -1,0 +1,265 @@
+"""From Optuna suggestions to configs worth running: samplers, invalid and repeated configs, warm start.
+
+- Samplers: multivariate TPE with `group=True` (params that only exist under one `mode` form their
+  own groups) and `constant_liar=True` (trials running in other groups count as pending). A fresh
+  sampler is built for every ask, seeded from the study's seed and how many trials it holds, so a
+  study's suggestions depend only on its history: a resumed or restarted study asks exactly what an
+  uninterrupted one would have.
+- Invalid configs (`space.violations`) never reach a rank: they are told PRUNED with reason
+  "invalid" (TPE learns to avoid them) and don't count; a streak of them stops the study.
+- A config that already has a result is answered from it (`jt_cached`) instead of run again, and
+  the next trial is a valid config without a result drawn at random (TPE tends to propose its
+  incumbent again and again); when no such config is left the study is "exhausted". A config that
+  a claimed trial is running right now is skipped (told FAIL, reason "duplicate").
+- Warm start: the baseline, the space default and the best configs of the nearest tuned shapes
+  are enqueued first; exhaustive studies enqueue every valid config.
+
+Example:
+    >>> searcher = Searcher(space, problem, limits, settings)                # doctest: +SKIP
+    >>> proposal = searcher.propose(study)                                   # doctest: +SKIP
+    >>> proposal.config if isinstance(proposal, Proposal) else proposal      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.trial import TrialState
+
+from jointtune.autotune.tuner.studies import (
+    ATTR_CACHED,
+    ATTR_CONFIG,
+    ATTR_DETAIL,
+    ATTR_P10,
+    ATTR_P50,
+    ATTR_P90,
+    ATTR_REASON,
+    ATTR_ROLE,
+    quiet_optuna,
+    trial_kind,
+)
+from jointtune.search_spaces import canonical_json
+
+if TYPE_CHECKING:
+    from jointtune.autotune.settings import TuneSettings
+    from jointtune.search_spaces import DeviceLimits, Problem, Space
+
+#: larger spaces are explored with Optuna's random sampler instead of a walk of their configs
+_MAX_WALK = 2_000_000
+_HISTORY_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+
+
+def make_sampler(strategy: str, seed: int, n_history: int, *, startup_trials: int = 10) -> optuna.samplers.BaseSampler:
+    """The sampler for the next ask; its seed mixes the study seed with the history length."""
+    mixed = (seed * 1_000_003 + n_history * 7_919 + 17) % (2**31 - 1)
+    if strategy == "tpe":
+        with quiet_optuna():
+            return optuna.samplers.TPESampler(
+                multivariate=True, group=True, constant_liar=True, seed=mixed, n_startup_trials=startup_trials
+            )
+    return optuna.samplers.RandomSampler(seed=mixed)
+
+
+def baseline_config(space: Space, problem: Problem, limits: DeviceLimits) -> dict[str, Any]:
+    """The unfused path every study measures first (see `Space.baseline`)."""
+    return space.baseline(problem, limits)
+
+
+def check_exhaustive(space: Space, problem: Problem, settings: TuneSettings) -> None:
+    """Refuse an exhaustive study bigger than its trial budget before anything starts: such a study
+    measures every valid config, and a space of tens of thousands would run for hours."""
+    if settings.strategy != "exhaustive":
+        return
+    from jointtune.errors import TuningError
+    from jointtune.search_spaces import DeviceLimits
+
+    count = space.count(problem, DeviceLimits.nominal_hopper())
+    if count > settings.trials:
+        raise TuningError(
+            f"trials: {settings.trials} is not allowed for an exhaustive study of {space.name} at "
+            f"{','.join(f'{d}={problem.dim(d)}' for d in space.dims)}, which has {count:,} valid configs; "
+            f"allowed: >= {count:,} "
+            f"(or narrow the space with --restrict / a sweep job's `restrict`)"
+        )
+
+
+def initial_configs(
+    space: Space,
+    problem: Problem,
+    limits: DeviceLimits,
+    *,
+    warm: Iterable[Mapping[str, Any]] = (),
+    exhaustive: bool = False,
+) -> list[tuple[str, dict[str, Any]]]:
+    """(role, config) to enqueue before any sampling: baseline, default, warm configs, then (for
+    exhaustive studies) every other valid config. Invalid and repeated configs are dropped."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    seen: set[str] = set()
+
+    def add(role: str, config: Mapping[str, Any]) -> None:
+        if space.violations(config, problem, limits):
+            return
+        canonical = space.validate(config, problem, limits)
+        key = canonical_json(canonical)
+        if key not in seen:
+            seen.add(key)
+            out.append((role, canonical))
+
+    add("baseline", baseline_config(space, problem, limits))
+    # A sub-space (`Space.restrict`) that excludes the family default gets no stand-in for it: the
+    # nearest valid config is a fallback to run, not a good first guess worth a trial.
+    full = space.restricted_from
+    if full is None or not space.violations(full.default(problem, limits), problem, limits):
+        add("default", space.default(problem, limits))
+    for config in warm:
+        add("warm", config)
+    if exhaustive:
+        for config in space.enumerate(problem, limits):
+            add("grid", config)
+    return out
+
+
+def enqueue(study: optuna.Study, configs: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+    for role, config in configs:
+        study.enqueue_trial(dict(config), user_attrs={ATTR_ROLE: role})
+
+
+@dataclass
+class Proposal:
+    """A claimed trial and the valid, not yet measured config it will run."""
+
+    trial: optuna.Trial
+    config: dict[str, Any]
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+    @property
+    def key(self) -> str:
+        return canonical_json(self.config)
+
+
+def _known_results(study: optuna.Study) -> tuple[dict[str, optuna.trial.FrozenTrial], set[str]]:
+    """(config -> its first finished result, configs of trials running right now)."""
+    known: dict[str, optuna.trial.FrozenTrial] = {}
+    running: set[str] = set()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)):
+        if ATTR_CONFIG not in trial.user_attrs:
+            continue
+        if trial.state == TrialState.RUNNING:
+            running.add(trial.user_attrs[ATTR_CONFIG])
+        elif trial_kind(trial) in ("ok", "failed"):
+            known.setdefault(trial.user_attrs[ATTR_CONFIG], trial)
+    return known, running
+
+
+class Searcher:
+    """Asks Optuna until it gets a config that is valid and new, or says why it should stop."""
+
+    def __init__(
+        self,
+        space: Space,
+        problem: Problem,
+        limits: DeviceLimits,
+        settings: TuneSettings,
+        *,
+        fixed: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.space, self.problem, self.limits, self.settings = space, problem, limits, settings
+        self.fixed = dict(fixed or {})
+
+    def propose(self, study: optuna.Study, *, on_ask: Callable[[optuna.Trial], None] | None = None) -> Proposal | str:
+        """A Proposal, or the stop reason "invalid-streak" / "exhausted".
+
+        `on_ask` sees every trial right after Optuna creates it (the coordinator stamps its owner
+        there, so a process that dies mid-proposal leaves no trial nobody can account for).
+        """
+        known, running = _known_results(study)
+        invalid = repeated = 0
+        explore = False
+        while True:
+            n_history = len(study.get_trials(deepcopy=False, states=_HISTORY_STATES))
+            study.sampler = make_sampler(
+                self.settings.strategy, self.settings.seed, n_history, startup_trials=self.settings.startup_trials
+            )
+            waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            if explore and not waiting:
+                total = self.space.count(self.problem, self.limits, where=self.fixed or None)
+                if total > _MAX_WALK:
+                    study.sampler = make_sampler("random", self.settings.seed, n_history)
+                else:
+                    taken = set(known) | running
+                    fresh = self.unseen_config(taken, total=total, seed=self.settings.seed * 7_919 + n_history)
+                    if fresh is None:
+                        return "exhausted"
+                    study.enqueue_trial(fresh)
+            elif self.fixed and not waiting:
+                study.enqueue_trial(self.fixed)
+            with quiet_optuna():
+                trial = study.ask()
+            if on_ask is not None:
+                on_ask(trial)
+            try:
+                config = self.space.suggest(trial, self.problem, self.limits)
+                problems = self.space.violations(config, self.problem, self.limits)
+            except Exception as exc:  # a fixed param outside its choices, say
+                config, problems = dict(trial.params), [str(exc)]
+            key = canonical_json(config)
+            trial.set_user_attr(ATTR_CONFIG, key)
+            if problems:
+                trial.set_user_attr(ATTR_REASON, "invalid")
+                trial.set_user_attr(ATTR_DETAIL, "; ".join(problems)[:2000])
+                study.tell(trial, state=TrialState.PRUNED)
+                invalid += 1
+                if invalid >= self.settings.max_invalid_streak:
+                    return "invalid-streak"
+                continue
+            earlier = known.get(key)
+            if earlier is None and key not in running:
+                return Proposal(trial, dict(config))
+            if earlier is None:  # another claimed trial runs this config now: skip, don't run it twice
+                trial.set_user_attr(ATTR_REASON, "duplicate")
+                study.tell(trial, state=TrialState.FAIL)
+            else:
+                self._answer_from(study, trial, earlier)
+            repeated += 1
+            explore = True
+            if repeated >= self.settings.max_duplicate_streak:
+                return "exhausted"
+
+    def unseen_config(self, known: Collection[str], *, total: int, seed: int) -> dict[str, Any] | None:
+        """A valid config without a result, uniformly at random (None when every one has one).
+
+        Walks the space's enumeration (honouring `fixed`) to a random index: one pass at most.
+        """
+        where = self.fixed or None
+        if total == 0:
+            return None
+        rng = random.Random(seed)
+        for _ in range(64):
+            index = rng.randrange(total)
+            config = next(itertools.islice(self.space.enumerate(self.problem, self.limits, where=where), index, None))
+            if canonical_json(config) not in known:
+                return config
+        unseen = [
+            c for c in self.space.enumerate(self.problem, self.limits, where=where) if canonical_json(c) not in known
+        ]
+        return rng.choice(unseen) if unseen else None
+
+    @staticmethod
+    def _answer_from(study: optuna.Study, trial: optuna.Trial, earlier: optuna.trial.FrozenTrial) -> None:
+        trial.set_user_attr(ATTR_CACHED, earlier.number)
+        if earlier.state == TrialState.COMPLETE:
+            for name in (ATTR_P10, ATTR_P50, ATTR_P90):
+                if name in earlier.user_attrs:
+                    trial.set_user_attr(name, earlier.user_attrs[name])
+            study.tell(trial, earlier.value)
+        else:
+            trial.set_user_attr(ATTR_REASON, earlier.user_attrs.get(ATTR_REASON, "error"))
+            study.tell(trial, state=TrialState.PRUNED)

@@ -1,0 +1,268 @@
+"""Rank 0 of a tuning group: picks the next study with work left, claims trials, tells results.
+
+A group serves a list of jobs (from a registered sweep, or one `tune` call). For each job it
+opens the study named after the job's tuning key, initialises it once (warm-start queue, under
+the study lock), and runs trials until the study has no work left for it: claim (under the lock:
+budget check, ask, validate, stamp owner, heartbeat) -> broadcast -> every rank executes ->
+tell -> publish a new best to the store. Claims run `lookahead` trials ahead so that ranks can
+precompile the next configs while the current one is timed. When every study is done or held by
+running trials of other groups, it recovers dead owners' trials and waits.
+
+Example:
+    >>> Coordinator(url=url, jobs=lambda: [job], group=GroupInfo("g0", "local", 1),
+    ...             control=SoloControl(), executor=executor).run()          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.trial import TrialState
+
+from jointtune.autotune.settings import Job
+from jointtune.autotune.tuner.handles import StudyHandle
+from jointtune.autotune.tuner.locks import study_lock
+from jointtune.autotune.tuner.search import Proposal
+from jointtune.autotune.tuner.studies import (
+    ATTR_DEADLINE,
+    ATTR_DETAIL,
+    ATTR_HOST,
+    ATTR_OWNER,
+    ATTR_P10,
+    ATTR_P50,
+    ATTR_P90,
+    ATTR_REASON,
+    STUDY_STOPPED,
+    open_storage,
+    retry_interrupted,
+)
+from jointtune.autotune.workers.recovery import Heartbeat, Owner, recover_study
+from jointtune.errors import TuningError
+
+if TYPE_CHECKING:
+    from jointtune.autotune.workers.control import Control
+    from jointtune.autotune.workers.executor import Outcome, RankExecutor
+
+log = logging.getLogger(__name__)
+
+
+class GroupRestart(TuningError):
+    """This group must end and be restarted (a rank crashed or its CUDA context is gone)."""
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """Who this group is: a stable id (kept across its restarts), its world kind and rank count."""
+
+    group_id: str
+    world_kind: str
+    nprocs: int
+
+    def accepts(self, job: Job) -> bool:
+        """One process per rank serves only jobs of its world size; one local process serves any."""
+        return (self.nprocs == 1 and self.world_kind == "local") or job.world_size == self.nprocs
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    """Worker-level timing: heartbeats, how long until a silent trial is stale, polling."""
+
+    heartbeat_s: int = 5
+    grace_s: int = 30
+    poll_s: float = 1.0
+
+
+class Coordinator:
+    """The tuning loop of rank 0; followers run `follow` (module `group`)."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        jobs: Callable[[], Sequence[Job]],
+        group: GroupInfo,
+        control: Control,
+        executor: RankExecutor,
+        options: GroupOptions = GroupOptions(),
+    ) -> None:
+        from jointtune.db import open_store
+        from jointtune.hardware import current_limits, detect
+
+        self.url, self.jobs, self.group, self.options = url, jobs, group, options
+        self.control, self.executor = control, executor
+        self.store = open_store(url)
+        self.storage = open_storage(url, heartbeat_interval=options.heartbeat_s, grace_period=options.grace_s)
+        self.fingerprint = detect()
+        self.limits = current_limits()
+        self.owner = Owner.current(group.group_id)
+        self.heartbeat = Heartbeat(self.storage, options.heartbeat_s)
+        self._handles: dict[Job, StudyHandle] = {}
+        # set by our supervisor when it restarts this group: when the previous incarnation died
+        last_death = os.environ.get("JOINTTUNE_LAST_DEATH")
+        self.death_time = float(last_death) if last_death else None
+        self.store.upsert_hardware(
+            hardware_id=self.fingerprint.hardware_id, name=self.fingerprint.name, fingerprint=self.fingerprint.to_json()
+        )
+
+    # ---- studies ------------------------------------------------------------------------------
+    def handle(self, job: Job) -> StudyHandle:
+        """Open (and on first use initialise) the study of `job` for this hardware."""
+        if job not in self._handles:
+            h = StudyHandle.open(job, url=self.url, storage=self.storage, store=self.store, limits=self.limits,
+                                 hardware_id=self.fingerprint.hardware_id)  # fmt: skip
+            self._recover(h)
+            self._handles[job] = h
+        return self._handles[job]
+
+    def _recover(self, h: StudyHandle) -> list[tuple[int, str]]:
+        return recover_study(
+            h.study, group=self.group.group_id, unowned_after_s=self.options.grace_s, death_time=self.death_time
+        )
+
+    def next_study(self) -> StudyHandle | None:
+        """The first study (in job order) with a trial to claim; waits while others hold the rest."""
+        while True:
+            held = False
+            for job in self.jobs():
+                if not self.group.accepts(job):
+                    continue
+                h = self.handle(job)
+                state = h.state()
+                if state.done(job.settings):
+                    continue
+                if state.available(job.settings) == 0 and self._recover(h):
+                    state = h.state()
+                if state.available(job.settings) > 0:
+                    return h
+                held = held or not state.done(job.settings)
+            if not held:
+                return None
+            time.sleep(self.options.poll_s)
+
+    # ---- trials -------------------------------------------------------------------------------
+    def claim(self, h: StudyHandle) -> Proposal | None:
+        with study_lock(self.url, h.name):
+            if h.state().available(h.job.settings) <= 0:
+                return None
+            asked: list[int] = []
+
+            def stamp(trial: optuna.Trial) -> None:
+                trial.set_user_attr(ATTR_OWNER, self.owner.to_json())
+                self.heartbeat.add(trial._trial_id)
+                asked.append(trial._trial_id)
+
+            proposal = h.searcher.propose(h.study, on_ask=stamp)
+            for trial_id in asked:  # invalid and repeated suggestions are finished already
+                if isinstance(proposal, str) or trial_id != proposal.trial._trial_id:
+                    self.heartbeat.discard(trial_id)
+            if isinstance(proposal, str):
+                log.warning("study %s stops: %s", h.name, proposal)
+                h.study.set_user_attr(STUDY_STOPPED, proposal)
+                return None
+            return proposal
+
+    def deadline_s(self, h: StudyHandle) -> float:
+        s = h.job.settings
+        if h.baseline_us is None:
+            return s.first_trial_timeout_s
+        runs = s.warmup + s.iters + 1
+        return s.watchdog_compile_s + s.watchdog_factor * runs * h.baseline_us / 1e6 + s.watchdog_slack_s
+
+    def run(self) -> None:
+        if not any(self.group.accepts(job) for job in self.jobs()):
+            log.warning(
+                "group %s (%d ranks) serves no job: every job has another world size",
+                self.group.group_id,
+                self.group.nprocs,
+            )
+        try:
+            while (h := self.next_study()) is not None:
+                self.run_study(h)
+        finally:
+            self.heartbeat.close()
+        self.control.broadcast({"op": "stop"})
+
+    def run_study(self, h: StudyHandle) -> None:
+        self.control.broadcast({"op": "study", "job": h.job.to_json()})
+        error = self.executor.start_study(h.job)
+        if error:
+            log.error("study %s can't run: %s", h.name, error)
+            h.study.set_user_attr(STUDY_STOPPED, f"inputs: {error}"[:500])
+            return
+        has_hook = getattr(h.family, "precompile", None) is not None
+        depth = 1 + (h.job.settings.lookahead if has_hook else 0)
+        pending: collections.deque[Proposal] = collections.deque()
+        h.state()
+        while True:
+            while len(pending) < depth and (proposal := self.claim(h)) is not None:
+                pending.append(proposal)
+            if not pending:
+                return
+            current = pending.popleft()
+            if h.state().done(h.job.settings):  # a claimed-ahead trial the study no longer needs
+                for proposal in (current, *pending):
+                    self.release(h, proposal, retry=False)
+                return
+            outcome = self._execute(h, current, [p.config for p in pending])
+            self.finish(h, current, outcome)
+            if outcome.fatal:
+                for proposal in pending:
+                    self.release(h, proposal)
+                raise GroupRestart(f"trial {current.number} of {h.name} crashed: {outcome.detail}")
+
+    def _execute(self, h: StudyHandle, current: Proposal, upcoming: list[dict[str, Any]]) -> Outcome:
+        deadline = self.deadline_s(h)
+        current.trial.set_user_attr(ATTR_DEADLINE, time.time() + deadline)
+        command = {"op": "trial", "config": current.config, "deadline_s": deadline, "upcoming": upcoming}
+        self.control.broadcast(command)
+        self.executor.prefetch([current.config, *upcoming])
+
+        def on_timeout() -> None:
+            self._tell_failure(h, current, "timeout", f"no result within the {deadline:.1f} s watchdog")
+
+        return self.executor.execute(current.config, deadline_s=deadline, on_timeout=on_timeout)
+
+    def _tell_failure(self, h: StudyHandle, p: Proposal, reason: str, detail: str) -> None:
+        p.trial.set_user_attr(ATTR_REASON, reason)
+        p.trial.set_user_attr(ATTR_DETAIL, detail[:2000])
+        h.study.tell(p.trial, state=TrialState.PRUNED)
+
+    def finish(self, h: StudyHandle, p: Proposal, outcome: Outcome) -> None:
+        """Tell Optuna the outcome; publish the study's best to the store when this trial is it."""
+        try:
+            if outcome.ok:
+                p.trial.set_user_attr(ATTR_P10, outcome.p10)
+                p.trial.set_user_attr(ATTR_P50, outcome.p50)
+                p.trial.set_user_attr(ATTR_P90, outcome.p90)
+                if outcome.host_us is not None:
+                    p.trial.set_user_attr(ATTR_HOST, outcome.host_us)
+                h.study.tell(p.trial, outcome.p50)
+            else:
+                self._tell_failure(h, p, outcome.reason or "error", outcome.detail)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError) as exc:
+            log.warning("trial %d of %s was already resolved elsewhere: %s", p.number, h.name, exc)
+        finally:
+            self.heartbeat.discard(p.trial._trial_id)
+        result = f"p50 {outcome.p50:,.1f} µs" if outcome.ok else f"failed: {outcome.reason}"
+        log.info("%s: trial %d %s: %s", h.name, p.number, p.key, result)
+        if outcome.ok:
+            state = h.state()
+            if state.best is not None and state.best.number == p.number:
+                h.publish(state, store=self.store, limits=self.limits)
+
+    def release(self, h: StudyHandle, p: Proposal, *, retry: bool = True) -> None:
+        """Give back a claimed trial that never ran: FAIL it (and enqueue its config again)."""
+        try:
+            self.storage.set_trial_state_values(p.trial._trial_id, TrialState.FAIL)
+            if retry:
+                retry_interrupted(h.study, self.storage.get_trial(p.trial._trial_id))
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass
+        self.heartbeat.discard(p.trial._trial_id)

@@ -1,0 +1,162 @@
+"""A rank process of a tuning group: set up, then coordinate (rank 0) or follow (the others).
+
+The same function serves every launcher: our supervisor (one process per GPU, or one process
+driving a local world of W simulated ranks on a CPU), torchrun (`jointtune worker` under
+`torchrun --nproc-per-node=<GPUs>`), and tests. It returns an exit code: 0 when no work is left,
+`EXIT_RESTART` when the group must be restarted (a crashed trial or a dead peer).
+
+Example:
+    >>> spec = GroupSpec(url="sqlite:////tmp/jt.db", group_id="g0", jobs=(job,))   # doctest: +SKIP
+    >>> run_rank(spec, rank=0)                                                     # doctest: +SKIP
+    0
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jointtune.autotune.settings import Job
+from jointtune.autotune.workers.coordinator import GroupInfo, GroupOptions, GroupRestart
+from jointtune.autotune.workers.lifeline import bind_to_parent
+from jointtune.autotune.workers.watchdog import EXIT_RESTART
+
+if TYPE_CHECKING:
+    from jointtune.autotune.workers.control import Control
+    from jointtune.autotune.workers.executor import RankExecutor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Everything a rank process needs (picklable: it crosses the spawn boundary).
+
+    Jobs come either explicitly (`jobs`) or from a sweep registered in the storage (`sweep`,
+    filtered to `profile`). `device_offset` is the first GPU of this group on its node.
+    """
+
+    url: str
+    group_id: str
+    jobs: tuple[Job, ...] = ()
+    sweep: str | None = None
+    profile: str | None = None
+    world_kind: str = "local"
+    nprocs: int = 1
+    imports: tuple[str, ...] = ()
+    options: GroupOptions = field(default_factory=GroupOptions)
+    device_offset: int = 0
+    precompile_workers: int = 2
+
+
+def device_profile() -> str:
+    """'gpu' when this process sees CUDA, else 'cpu'."""
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def _prepare_process(spec: GroupSpec) -> None:
+    # Triton reads TRITON_INTERPRET when kernels are defined: choose before any family import.
+    import torch
+
+    if spec.world_kind == "local" and not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        # One intra-op thread, as torchrun sets: on a shared CPU a thread of a timed op that waits
+        # for a preempted sibling turns microseconds into a scheduler slice.
+        torch.set_num_threads(1)
+    for module in spec.imports:
+        importlib.import_module(module)
+
+
+def _jobs_source(spec: GroupSpec) -> Any:
+    if spec.sweep is None:
+        return lambda: spec.jobs
+    from jointtune.autotune.sweeps.registry import load_sweep
+    from jointtune.autotune.tuner.studies import open_storage
+
+    storage = open_storage(spec.url)
+    profile = spec.profile or device_profile()
+    return lambda: load_sweep(storage, spec.sweep).jobs(profile)
+
+
+def run_rank(spec: GroupSpec, rank: int | None = None) -> int:
+    """Run this process's rank of the group until no work is left; returns the exit code."""
+    from jointtune.autotune.workers.control import init_control
+    from jointtune.autotune.workers.executor import RankExecutor
+
+    _prepare_process(spec)
+    if rank is not None:
+        os.environ["RANK"] = str(rank)
+    os.environ.setdefault("WORLD_SIZE", str(spec.nprocs))
+    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+    use_cuda = spec.world_kind == "cuda"
+    control = init_control(use_cuda=use_cuda, device_index=spec.device_offset + local_rank)
+    executor = RankExecutor(control, world_kind=spec.world_kind, precompile_workers=spec.precompile_workers)
+    try:
+        if control.rank == 0:
+            from jointtune.autotune.workers.coordinator import Coordinator
+
+            info = GroupInfo(spec.group_id, spec.world_kind, control.size)
+            Coordinator(
+                url=spec.url,
+                jobs=_jobs_source(spec),
+                group=info,
+                control=control,
+                executor=executor,
+                options=spec.options,
+            ).run()
+        else:
+            follow(control, executor)
+    except GroupRestart as exc:
+        log.error("group %s restarts: %s", spec.group_id, exc)
+        return EXIT_RESTART
+    except RuntimeError as exc:
+        if control.size > 1 and _peer_gone(exc):
+            log.error("group %s lost a peer: %s", spec.group_id, exc)
+            return EXIT_RESTART
+        raise
+    finally:
+        executor.close()
+    control.close()
+    return 0
+
+
+def _peer_gone(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(m in text for m in ("connection closed", "connection reset", "broken pipe", "peer", "gloo"))
+
+
+def follow(control: Control, executor: RankExecutor) -> None:
+    """Ranks > 0: do what rank 0 broadcasts until it says stop."""
+    while True:
+        command = control.broadcast(None)
+        op = command["op"]
+        if op == "stop":
+            return
+        if op == "study":
+            executor.start_study(Job.from_json(command["job"]))
+        elif op == "trial":
+            executor.prefetch([command["config"], *command["upcoming"]])
+            outcome = executor.execute(command["config"], deadline_s=command["deadline_s"])
+            if outcome.fatal:
+                raise GroupRestart(f"trial crashed: {outcome.detail}")
+
+
+def process_entry(spec: GroupSpec, rank: int, env: dict[str, str]) -> None:
+    """Target of a spawned rank process: bind to the parent, apply the group's environment, run, exit with the code."""
+    bind_to_parent()  # first, before it starts anything: it never outlives the CLI (see lifeline)
+    os.environ.update(env)
+    logging.basicConfig(level=os.environ.get("JOINTTUNE_LOG_LEVEL", "WARNING"), stream=sys.stderr)
+    try:
+        code = run_rank(spec, rank)
+    except BaseException:
+        logging.getLogger(__name__).exception("rank %d of group %s failed", rank, spec.group_id)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # don't wait for precompile threads or process-group teardown

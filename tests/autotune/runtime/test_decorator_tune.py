@@ -1,0 +1,50 @@
+"""`on_miss="tune"`: a short study on a miss, saved to the store and published to the service."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_decorator_helpers import World, make_launcher, source_of
+
+from jointtune.autotune.runtime.lookup import reset_warnings
+from jointtune.autotune.settings import TuneSettings
+from jointtune.db import open_store
+from jointtune.hardware import current_limits
+from jointtune.search_spaces import get_space
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server"))
+from jt_server import WRITE, serve
+
+TINY = TuneSettings(trials=3, warmup=0, iters=2, warm_start=0, lookahead=0, seed=3)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("JOINTTUNE_MODE", "JOINTTUNE_SERVER", "JOINTTUNE_PRINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("JOINTTUNE_TOKEN", WRITE)
+    reset_warnings()
+
+
+def test_tune_on_a_miss_saves_publishes_and_is_found_next_time(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'local.db'}"
+    service_db = f"sqlite:///{tmp_path / 'service.db'}"
+    for server in serve(service_db):
+        launch = make_launcher(db, on_miss="tune", tune_settings=TINY, server=server.url)
+        launch(torch.ones(32), world=World(2))
+        config = launch.seen[-1]
+        assert source_of(launch, 32) == "tune"
+        space = get_space("jt_sleep")
+        problem = space.make_problem({"M": 32}, dtype="float32", world_size=2)
+        assert not space.violations(config, problem, current_limits())
+        (record,) = open_store(db).list_records(kernel="jt_sleep")
+        assert record.config == config and record.trials == 3 and record.study_name.startswith("jointtune:jt_sleep")
+        assert record.timing == "eager" and record.study_name.endswith(":teager")  # tuned the way the call runs
+        (published,) = open_store(service_db).list_records(kernel="jt_sleep")
+        assert published.config == config and published.timing == "eager"
+        again = make_launcher(db, on_miss="error")
+        again(torch.ones(32), world=World(2))
+        assert again.seen[-1] == config and source_of(again, 32) == "store"

@@ -1,0 +1,100 @@
+"""Tuning a sub-space (`restrict`): settings round-trip, the baseline stays, studies never mix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import optuna
+import pytest
+
+from jointtune.autotune.settings import Job, TuneSettings
+from jointtune.autotune.sweeps.sweepfile import parse_sweep
+from jointtune.autotune.tuner.handles import study_space
+from jointtune.autotune.tuner.results import study_name_for
+from jointtune.cli.tune import parse_restrictions
+from jointtune.errors import TuningError
+from jointtune.kernels import get_family
+
+JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]
+
+
+def test_settings_carry_the_restriction_through_json_and_compare_by_value() -> None:
+    a = TuneSettings(restrict={"splits": [2, 4], "mode": "split"})
+    b = TuneSettings.from_json(json.loads(json.dumps(a.to_json())))
+    assert a == b and hash(a) == hash(b)
+    assert a.to_json()["restrict"] == {"mode": ["split"], "splits": [2, 4]}
+    with pytest.raises(TuningError, match="restrict: 3 is not allowed"):
+        TuneSettings(restrict=3)
+
+
+def test_cli_restrictions_parse_typed_values() -> None:
+    assert parse_restrictions(["BLOCK_K=64,128", "mode=ce", "flag=true"]) == {
+        "BLOCK_K": [64, 128],
+        "mode": ["ce"],
+        "flag": [True],
+    }
+    with pytest.raises(TuningError, match="--restrict: 'BLOCK_K' is not allowed; write NAME=VALUE"):
+        parse_restrictions(["BLOCK_K"])
+
+
+def test_a_restricted_job_keeps_the_baseline_and_gets_its_own_study(families) -> None:
+    full = Job("jt_matmul", (("K", 32), ("M", 64), ("N", 48)), "float32", 2)
+    sub = Job("jt_matmul", full.shape, "float32", 2, TuneSettings(restrict={"mode": "split", "splits": [2, 8]}))
+    space = study_space(get_family("jt_matmul"), sub.settings)
+    assert space.param("mode").choices == ("baseline", "split") and space.param("splits").choices == (2, 8)
+    assert study_name_for(sub, "hw") != study_name_for(full, "hw")
+
+
+def test_an_exhaustive_study_of_a_sub_space_measures_exactly_its_configs(families, tmp_path, subprocess_env) -> None:
+    url = f"sqlite:///{tmp_path / 'jt.db'}"
+    args = ["tune", "--kernel", "jt_matmul", "--shape", "64x48x32", "--dtype", "fp32", "--world-size", "2"]
+    args += ["--trials", "20", "--warmup", "0", "--iters", "1", "--db", url, "--strategy", "exhaustive"]
+    args += ["--restrict", "splits=2,8", "--restrict", "order=km", "--import", "jt_families"]
+    done = subprocess.run([*JOINTTUNE, *args], env=subprocess_env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (summary,) = optuna.get_all_study_summaries(url)
+    study = optuna.load_study(study_name=summary.study_name, storage=url)
+    configs = {t.user_attrs["jt_config"] for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
+    assert configs == {
+        '{"mode":"baseline"}',
+        '{"mode":"split","order":"km","splits":2}',
+        '{"mode":"split","order":"km","splits":8}',
+    }
+
+
+def test_sweep_files_validate_the_restriction(families) -> None:
+    def sweep(restrict: dict) -> dict:
+        job = {"kernel": "jt_matmul", "shapes": ["64x48x32"], "dtypes": ["fp32"], "restrict": restrict}
+        return {"profiles": {"cpu": {"jobs": [job]}}}
+
+    (job,) = parse_sweep(sweep({"splits": [4]})).jobs("cpu")
+    assert job.settings.restrict == (("splits", (4,)),)
+    with pytest.raises(TuningError, match=r"restrict\.splits: 3 is not allowed; allowed: 1, 2, 4, 8"):
+        parse_sweep(sweep({"splits": [3]}))
+
+
+def test_an_exhaustive_study_larger_than_its_budget_is_refused_up_front(families, capsys) -> None:
+    from jointtune.cli import main
+
+    args = ["tune", "--kernel", "jt_matmul", "--shape", "64x48x32", "--dtype", "fp32", "--strategy", "exhaustive"]
+    with pytest.raises(SystemExit) as done:
+        main([*args, "--trials", "5"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "trials: 5 is not allowed for an exhaustive study of jt_matmul at M=64,N=48,K=32" in err
+    assert "which has 9 valid configs; allowed: >= 9" in err
+
+
+def test_a_sub_space_without_the_family_default_spends_no_trial_on_a_stand_in(families) -> None:
+    from jointtune.autotune.tuner.search import initial_configs
+    from jointtune.search_spaces import DeviceLimits, get_space
+
+    full = get_space("jt_matmul")
+    problem = full.make_problem("64x48x32", dtype="fp32", world_size=2)
+    limits = DeviceLimits.nominal_hopper()
+    inside = full.restrict({"splits": [2, 4]})  # the family default (splits=2, order=mk) lies inside
+    outside = full.restrict({"splits": [4, 8]})
+    assert [role for role, _ in initial_configs(inside, problem, limits)] == ["baseline", "default"]
+    assert [role for role, _ in initial_configs(outside, problem, limits)] == ["baseline"]

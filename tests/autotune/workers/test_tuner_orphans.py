@@ -1,0 +1,130 @@
+"""Kill the CLI alone, not its process group, mid-run: no process of its run survives it.
+
+Orphaned ranks would go on timing kernels on GPUs that a restarted sweep then shares. Every process
+of a run carries a marker in its environment (`jt_procs.marked`), which it keeps when it is
+re-parented to PID 1 or leads a process group of its own: the ranks, what they start (a grandchild
+that `jt_families` starts as a plug-in might), their reapers, multiprocessing's resource tracker.
+Whatever a test leaves is killed in `finally`, so a failure never leaks processes into other tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from jt_procs import children, cmdline, describe, marked, parent
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]
+MARKER = "JOINTTUNE_TEST_RUN"
+GROUPS = 2
+# M=32000: each of a trial's runs sleeps 0.5 to 4.5 s, so the run is still well under way when the
+# test kills it, however busy the machine.
+TUNE = ["tune", "--kernel", "jt_sleep", "--shape", "32000", "--dtype", "fp32", "--world-size", "2", "--trials", "12",
+        "--warmup", "0", "--iters", "2", "--groups", str(GROUPS), "--import", "jt_families"]  # fmt: skip
+
+
+def _wait_until_gone(marker: str, timeout: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := marked(MARKER, marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def _kill_all(marker: str) -> None:
+    for pid in marked(MARKER, marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _pids(path: Path) -> list[int]:
+    """Whole lines only: a rank may be writing the file as it is read."""
+    return [int(line) for line in path.read_text().split("\n")[:-1]] if path.exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "Ctrl-C"])
+def test_a_killed_cli_leaves_no_process_of_its_run(tmp_path, subprocess_env, how):
+    marker = uuid.uuid4().hex
+    grandchildren, log = tmp_path / "grandchildren", tmp_path / "cli.log"
+    env = {**subprocess_env, MARKER: marker, "JT_GRANDCHILDREN": str(grandchildren)}
+    command = [*JOINTTUNE, *TUNE, "--db", f"sqlite:///{tmp_path / 'jt.db'}"]
+    with open(log, "wb") as out:  # its own session, as a shell's job: Ctrl-C goes to its process group
+        cli = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120  # two ranks importing torch on two busy cores
+        while True:
+            assert cli.poll() is None, log.read_text()
+            ranks = [pid for pid in children(cli.pid) if "multiprocessing.spawn" in cmdline(pid)]
+            started = _pids(grandchildren)
+            # the marker finds them all (a process shows its environment only once its exec is done)
+            if len(ranks) == GROUPS and started and {cli.pid, *ranks, *started} <= set(marked(MARKER, marker)):
+                break
+            assert time.monotonic() < deadline, f"no trial started in 120 s: {log.read_text()}"
+            time.sleep(0.1)
+        assert {parent(pid) for pid in started} <= set(ranks)  # the CLI's grandchildren, not its children
+
+        assert cli.poll() is None, log.read_text()
+        if how == "Ctrl-C":
+            os.killpg(cli.pid, signal.SIGINT)  # what a terminal sends its foreground job
+        else:
+            os.kill(cli.pid, getattr(signal, how))  # the CLI alone
+        cli.wait(timeout=60)
+
+        left = _wait_until_gone(marker)
+        assert not left, f"{how} of the CLI left {describe(left)}"
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        _kill_all(marker)
+
+
+@pytest.mark.parametrize("backstop_only", [False, True], ids=["linux", "portable"])
+def test_a_bound_process_and_its_children_die_with_its_parent(tmp_path, subprocess_env, backstop_only):
+    """`bind_to_parent` alone, on Linux's parent-death signal and on the portable backstop thread."""
+    marker, ready = uuid.uuid4().hex, tmp_path / "ready"
+    start = (  # the bound process's parent; it exits when that does
+        "import multiprocessing, sys; from jt_procs import bound_sleeper; "
+        "args = (sys.argv[1] == 'True', sys.argv[2]); "
+        "p = multiprocessing.get_context('spawn').Process(target=bound_sleeper, args=args); "
+        "p.start(); p.join(); sys.exit(p.exitcode)"
+    )
+    env = {**subprocess_env, MARKER: marker}
+    middle = subprocess.Popen([sys.executable, "-c", start, str(backstop_only), str(ready)], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert middle.poll() is None and time.monotonic() < deadline, "the bound process never started"
+            time.sleep(0.05)
+        bound, *threads = ready.read_text().split()
+        assert parent(int(bound)) == middle.pid and len(children(int(bound))) == 2  # its reaper and its child
+        assert ("jointtune-lifeline" in threads) == backstop_only
+
+        middle.kill()
+        middle.wait()
+        left = _wait_until_gone(marker)
+        assert not left, f"its parent's death left {describe(left)}"
+    finally:
+        if middle.poll() is None:
+            middle.kill()
+            middle.wait()
+        _kill_all(marker)
+
+
+def test_outside_a_multiprocessing_child_it_does_nothing():
+    from jointtune.autotune.workers.lifeline import bind_to_parent
+
+    assert multiprocessing.parent_process() is None
+    before = os.getpgid(0)
+    bind_to_parent()
+    assert os.getpgid(0) == before
