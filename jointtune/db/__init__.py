@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+from jointtune.canonical import config_hash, shape_key
 from jointtune.db import schema
 from jointtune.db._migrate import MigrationResult, head_revision
 from jointtune.db._store import Store, open_store
@@ -24,8 +25,6 @@ from jointtune.db._values import (
     KernelInfo,
     NewRecord,
     Record,
-    config_hash,
-    shape_key,
 )
 from jointtune.db.schema import HardwareIn, LookupKey, RecordIn
 

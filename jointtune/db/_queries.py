@@ -23,8 +23,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 
+from jointtune.canonical import config_hash, shape_key
 from jointtune.db._models import RECORD_KEY, HardwareRow, KernelRow, RecordRow
-from jointtune.db._values import HardwareProfile, KernelInfo, NewRecord, Record, config_hash, shape_key
+from jointtune.db._values import HardwareProfile, KernelInfo, NewRecord, Record
 
 #: columns a better record replaces; `created_at` stays from the first insert
 _REPLACED = (

@@ -15,8 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -25,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from jointtune import __version__
+from jointtune.canonical import shape_key
 from jointtune.db.schema import RecordIn, _short, describe, problems_of
 from jointtune.errors import StoreError
 
@@ -39,17 +38,6 @@ class InvalidRecordError(StoreError, ValueError):
     def __init__(self, message: str, problems: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
         self.problems = problems if problems is not None else [{"loc": [], "msg": message, "type": "value_error"}]
-
-
-def shape_key(shape: Mapping[str, int]) -> str:
-    """Canonical text of a shape, dims sorted by name: {"M": 8192, "K": 4096} -> 'K=4096,M=8192'."""
-    return ",".join(f"{name}={shape[name]}" for name in sorted(shape))
-
-
-def config_hash(config: Mapping[str, Any]) -> str:
-    """Stable short hash of a config (canonical JSON), to group records that chose the same config."""
-    text = json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def invalid(what: str, exc: ValidationError) -> InvalidRecordError:

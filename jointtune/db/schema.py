@@ -48,6 +48,7 @@ from pydantic_core import PydanticCustomError
 
 from jointtune import __version__
 from jointtune.dtypes import DTYPE_ALIASES, TORCH_DTYPES, canonical_dtype
+from jointtune.timings import TIMINGS
 
 #: a name: letters, digits and `_ . : -`, starting with a letter, digit or `_`
 NAME_CHARS = "A-Z a-z 0-9 _ . : - (starting with a letter, digit or _)"
@@ -56,9 +57,6 @@ NAME_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"
 DIM_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,31}$"
 #: the lookup's own query parameters, which can't also be dim names
 RESERVED_DIM_NAMES = ("dtype", "world_size", "hardware_id", "kernel_version", "nearest", "timing")
-#: how a record's latency was measured (the tuner's policies): GPU time behind a hold, wall time of calls
-#: issued back to back, or replays of a captured CUDA graph; records made before policies existed are gpu
-TIMINGS = ("gpu", "eager", "graph")
 MAX_DIMS = 8
 #: 2**53: exact in a double (PostgreSQL's nearest-shape arithmetic) and in JavaScript
 MAX_DIM = 2**53
@@ -264,6 +262,9 @@ JsonObject = Annotated[
 ]
 
 
+#: how a record's latency was measured: one of `jointtune.timings.TIMINGS` (the tuner's policies: GPU time
+#: behind a hold, wall time of calls issued back to back, or replays of a captured CUDA graph); records made
+#: before policies existed are gpu
 Timing = Annotated[
     Literal[TIMINGS],
     WithJsonSchema({"type": "string", "enum": list(TIMINGS), "description": "how the latency was measured"}),
