@@ -2,8 +2,9 @@
 
 Defined once here and used by the store (`NewRecord.validate`, the lookup checks), the service (its
 request models and parameters are these types, so its OpenAPI document states these rules), the
-client (checks a record before sending it) and bundles. The rules exist so that whatever the store
-accepts, it can always read back and serve, on SQLite and PostgreSQL alike:
+client (checks a record before sending it) and bundles; `RecordIn` is the record's format, from which
+every other model of a record is built (`jointtune.db.record`). The rules exist so that whatever the
+store accepts, it can always read back and serve, on SQLite and PostgreSQL alike:
 
 - strict types: no bool -> number, no "2" -> 2, no 2.5 -> 2 (JSON's `true` is not 1 µs; 2.0 is
   JSON Schema's integer 2, so it is taken as 2);
@@ -271,8 +272,12 @@ Timing = Annotated[
 ]
 
 
+# The one definition of a record's published fields: names, order, types, limits and defaults are declared
+# here only; `jointtune.db.record` builds NewRecord, Record and the lookup's answer from them. Each rule lives
+# in a field's Annotated type (never in `= Field(...)`, which the built types would not carry), and
+# tests/db/test_db_record.py checks that the OpenAPI document states the same rules for every model.
 class RecordIn(BaseModel):
-    """A tuning result to publish: the fields of `jointtune.db.NewRecord`, checked strictly.
+    """A tuning result to publish, checked strictly.
 
     `latency_p10_us <= latency_p50_us <= latency_p90_us` where given; the store derives `speedup`.
     """
