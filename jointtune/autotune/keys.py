@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jointtune.canonical import shape_key
 from jointtune.search_spaces import Problem
 
 #: Prefix of every study this tuner creates (the sweep registry uses its own prefix).
@@ -25,8 +26,8 @@ STUDY_PREFIX = "jointtune:"
 
 
 def shape_text(shape: Mapping[str, int]) -> str:
-    """Dims sorted by name, as the store keys them: 'K=128,M=64,N=64'."""
-    return ",".join(f"{name}={shape[name]}" for name in sorted(shape))
+    """Dims sorted by name, as the store keys them (`jointtune.canonical.shape_key`): 'K=128,M=64,N=64'."""
+    return shape_key(shape)
 
 
 @dataclass(frozen=True)

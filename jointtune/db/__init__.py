@@ -4,6 +4,9 @@ SQLAlchemy 2 models and Alembic migrations (shipped in `migrations/`, applied on
 an embedded SQLite file by default or any PostgreSQL URL. Trial history is not here: it lives in
 Optuna's RDB storage on the same database URL (see `_models` for why).
 
+A record's format is defined once, by `schema.RecordIn`; `jointtune.db.record` builds the store's values
+(`NewRecord`, `Record`) and the lookup's answer (`LookupOut`) from it.
+
 Example:
     >>> from jointtune.db import NewRecord, open_store                    # doctest: +SKIP
     >>> store = open_store()            # $JOINTTUNE_DB_URL or ~/.local/share/jointtune/jointtune.db
@@ -14,28 +17,25 @@ Example:
 
 from __future__ import annotations
 
+from jointtune.canonical import config_hash, shape_key
 from jointtune.db import schema
 from jointtune.db._migrate import MigrationResult, head_revision
 from jointtune.db._store import Store, open_store
 from jointtune.db._url import ENV_DB_URL, default_sqlite_path, is_memory_sqlite, redact_url, resolve_db_url
-from jointtune.db._values import (
-    HardwareProfile,
-    InvalidRecordError,
-    KernelInfo,
-    NewRecord,
-    Record,
-    config_hash,
-    shape_key,
-)
+from jointtune.db._values import HardwareProfile, InvalidRecordError, KernelInfo
+from jointtune.db.record import PUBLISHED, STORE_SET, LookupOut, NewRecord, Record
 from jointtune.db.schema import HardwareIn, LookupKey, RecordIn
 
 __all__ = [
     "ENV_DB_URL",
+    "PUBLISHED",
+    "STORE_SET",
     "HardwareIn",
     "HardwareProfile",
     "InvalidRecordError",
     "KernelInfo",
     "LookupKey",
+    "LookupOut",
     "MigrationResult",
     "NewRecord",
     "Record",

@@ -12,7 +12,6 @@ is sqrt(3).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -23,26 +22,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 
+from jointtune.canonical import config_hash, shape_key
 from jointtune.db._models import RECORD_KEY, HardwareRow, KernelRow, RecordRow
-from jointtune.db._values import HardwareProfile, KernelInfo, NewRecord, Record, config_hash, shape_key
+from jointtune.db._values import HardwareProfile, KernelInfo
+from jointtune.db.record import PUBLISHED, RECORD_FIELDS, NewRecord, Record
 
-#: columns a better record replaces; `created_at` stays from the first insert
-_REPLACED = (
-    "space_version",
-    "shape",
-    "triton_version",
-    "config",
-    "config_hash",
-    "latency_p10_us",
-    "latency_p50_us",
-    "latency_p90_us",
-    "baseline_us",
-    "speedup",
-    "trials",
-    "study_name",
-    "tuner_version",
-    "updated_at",
-)
+#: columns a better record replaces: all but the key, the id and `created_at` (from the first insert)
+_REPLACED = tuple(name for name in RECORD_FIELDS if name not in (*RECORD_KEY, "id", "created_at"))
 
 
 def now() -> datetime:
@@ -82,33 +68,25 @@ def upsert_hardware(dialect: str, hardware_id: str, name: str, fingerprint: dict
 
 
 def record_values(record: NewRecord, stamp: datetime) -> dict[str, Any]:
-    """The row of a validated record, stamped `stamp` (created_at only matters on insert)."""
-    speedup = record.baseline_us / record.latency_p50_us if record.baseline_us is not None else None
-    return {
-        "kernel": record.kernel,
-        "kernel_version": record.kernel_version,
-        "space_version": record.space_version,
-        "shape": dict(sorted(record.shape.items())),
+    """The row of a validated record, stamped `stamp` (created_at only matters on insert): its published
+    fields (shape sorted, latencies as floats), what the store sets (but the id) and `dims_signature`."""
+    values = {name: getattr(record, name) for name in PUBLISHED}
+    values.update(
+        shape=dict(sorted(record.shape.items())),
+        config=dict(record.config),
+        latency_p10_us=_float(record.latency_p10_us),
+        latency_p50_us=float(record.latency_p50_us),
+        latency_p90_us=_float(record.latency_p90_us),
+        baseline_us=_float(record.baseline_us),
+    )
+    stored = {
         "shape_key": shape_key(record.shape),
-        "dims_signature": dims_signature(record.shape),
-        "dtype": record.dtype,
-        "world_size": record.world_size,
-        "hardware_id": record.hardware_id,
-        "triton_version": record.triton_version,
-        "config": dict(record.config),
         "config_hash": config_hash(record.config),
-        "latency_p10_us": _float(record.latency_p10_us),
-        "latency_p50_us": float(record.latency_p50_us),
-        "latency_p90_us": _float(record.latency_p90_us),
-        "baseline_us": _float(record.baseline_us),
-        "speedup": speedup,
-        "trials": record.trials,
-        "timing": record.timing,
-        "study_name": record.study_name,
-        "tuner_version": record.tuner_version,
+        "speedup": record.baseline_us / record.latency_p50_us if record.baseline_us is not None else None,
         "created_at": stamp,
         "updated_at": stamp,
     }
+    return {**values, **stored, "dims_signature": dims_signature(record.shape)}
 
 
 def upsert_records(dialect: str, rows: list[dict[str, Any]]) -> Any:
@@ -265,19 +243,19 @@ def nearest_params(shape: dict[str, int], limit: int) -> dict[str, Any]:
     return params
 
 
-#: a NewRecord's fields, in order; `shape` and `config` as the database's JSON text
-_EXPORTED = tuple(field.name for field in dataclasses.fields(NewRecord))
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
 def export_json(*, hardware_id: str, kernel: str | None, after: int, limit: int) -> sa.Select:
+    """Id and published fields, in order, of a page of a hardware's records; `shape` and `config` as the
+    database's JSON text."""
     c = _RECORDS.c
-    columns = [sa.cast(c[n], sa.Text).label(n) if n in ("shape", "config") else c[n] for n in _EXPORTED]
+    columns = [sa.cast(c[n], sa.Text).label(n) if n in ("shape", "config") else c[n] for n in PUBLISHED]
     where = [c.hardware_id == hardware_id, c.id > after, *([c.kernel == kernel] if kernel is not None else [])]
     return sa.select(c.id, *columns).where(*where).order_by(c.id).limit(limit)
 
 
-_SCALARS = tuple(name for name in _EXPORTED if name not in ("shape", "config"))
+_SCALARS = tuple(name for name in PUBLISHED if name not in ("shape", "config"))
 
 
 def export_text(row: sa.Row[Any]) -> str:
@@ -301,30 +279,16 @@ def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
+#: Record fields read from a row as they are; `to_record` converts the others
+_AS_READ = tuple(name for name in RECORD_FIELDS if name not in ("shape", "config", "created_at", "updated_at"))
+
+
 def to_record(row: RecordRow | sa.Row[Any]) -> Record:
     """A Record from an ORM row or a Core row of the records table (same attribute names)."""
     return Record(
-        id=row.id,
-        kernel=row.kernel,
-        kernel_version=row.kernel_version,
-        space_version=row.space_version,
+        **{name: getattr(row, name) for name in _AS_READ},
         shape={name: int(value) for name, value in row.shape.items()},
-        shape_key=row.shape_key,
-        dtype=row.dtype,
-        world_size=row.world_size,
-        hardware_id=row.hardware_id,
-        triton_version=row.triton_version,
         config=dict(row.config),
-        config_hash=row.config_hash,
-        latency_p10_us=row.latency_p10_us,
-        latency_p50_us=row.latency_p50_us,
-        latency_p90_us=row.latency_p90_us,
-        baseline_us=row.baseline_us,
-        speedup=row.speedup,
-        trials=row.trials,
-        timing=row.timing,
-        study_name=row.study_name,
-        tuner_version=row.tuner_version,
         created_at=_utc(row.created_at),
         updated_at=_utc(row.updated_at),
     )

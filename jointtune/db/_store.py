@@ -42,7 +42,8 @@ from jointtune.db._engine import (
 from jointtune.db._migrate import MigrationResult, current_revision, head_revision, upgrade
 from jointtune.db._models import RECORD_KEY, HardwareRow, KernelRow, RecordRow
 from jointtune.db._url import backend_name, is_memory_sqlite, redact_url, resolve_db_url
-from jointtune.db._values import HardwareProfile, KernelInfo, NewRecord, Record
+from jointtune.db._values import HardwareProfile, KernelInfo
+from jointtune.db.record import NewRecord, Record
 from jointtune.dtypes import canonical_dtype
 from jointtune.errors import StoreError
 

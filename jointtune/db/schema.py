@@ -2,8 +2,9 @@
 
 Defined once here and used by the store (`NewRecord.validate`, the lookup checks), the service (its
 request models and parameters are these types, so its OpenAPI document states these rules), the
-client (checks a record before sending it) and bundles. The rules exist so that whatever the store
-accepts, it can always read back and serve, on SQLite and PostgreSQL alike:
+client (checks a record before sending it) and bundles; `RecordIn` is the record's format, from which
+every other model of a record is built (`jointtune.db.record`). The rules exist so that whatever the
+store accepts, it can always read back and serve, on SQLite and PostgreSQL alike:
 
 - strict types: no bool -> number, no "2" -> 2, no 2.5 -> 2 (JSON's `true` is not 1 µs; 2.0 is
   JSON Schema's integer 2, so it is taken as 2);
@@ -48,6 +49,7 @@ from pydantic_core import PydanticCustomError
 
 from jointtune import __version__
 from jointtune.dtypes import DTYPE_ALIASES, TORCH_DTYPES, canonical_dtype
+from jointtune.timings import TIMINGS
 
 #: a name: letters, digits and `_ . : -`, starting with a letter, digit or `_`
 NAME_CHARS = "A-Z a-z 0-9 _ . : - (starting with a letter, digit or _)"
@@ -56,9 +58,6 @@ NAME_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"
 DIM_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,31}$"
 #: the lookup's own query parameters, which can't also be dim names
 RESERVED_DIM_NAMES = ("dtype", "world_size", "hardware_id", "kernel_version", "nearest", "timing")
-#: how a record's latency was measured (the tuner's policies): GPU time behind a hold, wall time of calls
-#: issued back to back, or replays of a captured CUDA graph; records made before policies existed are gpu
-TIMINGS = ("gpu", "eager", "graph")
 MAX_DIMS = 8
 #: 2**53: exact in a double (PostgreSQL's nearest-shape arithmetic) and in JavaScript
 MAX_DIM = 2**53
@@ -264,14 +263,21 @@ JsonObject = Annotated[
 ]
 
 
+#: how a record's latency was measured: one of `jointtune.timings.TIMINGS` (the tuner's policies: GPU time
+#: behind a hold, wall time of calls issued back to back, or replays of a captured CUDA graph); records made
+#: before policies existed are gpu
 Timing = Annotated[
     Literal[TIMINGS],
     WithJsonSchema({"type": "string", "enum": list(TIMINGS), "description": "how the latency was measured"}),
 ]
 
 
+# The one definition of a record's published fields: names, order, types, limits and defaults are declared
+# here only; `jointtune.db.record` builds NewRecord, Record and the lookup's answer from them. Each rule lives
+# in a field's Annotated type (never in `= Field(...)`, which the built types would not carry), and
+# tests/db/test_db_record.py checks that the OpenAPI document states the same rules for every model.
 class RecordIn(BaseModel):
-    """A tuning result to publish: the fields of `jointtune.db.NewRecord`, checked strictly.
+    """A tuning result to publish, checked strictly.
 
     `latency_p10_us <= latency_p50_us <= latency_p90_us` where given; the store derives `speedup`.
     """

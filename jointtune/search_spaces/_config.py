@@ -1,7 +1,9 @@
 """Configs as values: canonical JSON text and a short hash, the same whatever the key order.
 
 Configs are plain dicts of field -> int | str | bool. The store keys records by `config_hash` and
-ranks exchange configs as `canonical_json`, so both must not depend on how a dict was built.
+ranks exchange configs as `canonical_json`, so both must not depend on how a dict was built. The text
+and the hash are `jointtune.canonical`'s, the store's own: a space only first checks that a config is
+one of its flat dicts of scalars (SpaceError naming the field otherwise).
 
 Example:
     >>> canonical_json({"mode": "push", "BLOCK_M": 128}) == canonical_json({"BLOCK_M": 128, "mode": "push"})
@@ -10,11 +12,10 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
+from jointtune import canonical
 from jointtune.errors import SpaceError
 from jointtune.search_spaces._params import Value
 
@@ -36,9 +37,9 @@ def _plain(config: Any) -> dict[str, Value]:
 
 def canonical_json(config: Mapping[str, Value]) -> str:
     """Sorted keys, no spaces: equal configs give equal text, whatever their key order."""
-    return json.dumps(_plain(config), sort_keys=True, separators=(",", ":"))
+    return canonical.canonical_json(_plain(config))
 
 
 def config_hash(config: Mapping[str, Value]) -> str:
-    """A short stable id of a config (sha256 of its canonical JSON)."""
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()[:16]
+    """A short stable id of a config (sha256 of its canonical JSON): the store's `config_hash`."""
+    return canonical.config_hash(_plain(config))

@@ -1,9 +1,11 @@
 """Request and response bodies, and the error bodies every route documents.
 
 Requests are the store's own schema (`jointtune.db.RecordIn`, `HardwareIn`): one definition of what
-a record may hold, so a body the service accepts is one the store accepts and can serve back.
-Responses are documented with the models here, and every status code a route can answer is listed
-with its body (`responses`), so the OpenAPI document says what the service does.
+a record may hold, so a body the service accepts is one the store accepts and can serve back. The
+records it answers are the store's own types too, built from that schema (`Record`, and `LookupOut`
+for a lookup, in `jointtune.db.record`). The other responses are documented with the models here,
+and every status code a route can answer is listed with its body (`responses`), so the OpenAPI
+document says what the service does.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from jointtune.db import HardwareIn, Record, RecordIn
-from jointtune.db.schema import Integral, Timing
+from jointtune.db.schema import Integral
 
 SCHEMA_VERSION = 1
 
@@ -40,42 +42,8 @@ class Message(BaseModel):
     detail: str
 
 
-class Latency3(BaseModel):
-    p10: float | None
-    p50: float
-    p90: float | None
-
-
-class Provenance(BaseModel):
-    study_name: str | None
-    trials: int
-    tuner_version: str
-    triton_version: str
-    updated_at: datetime
-
-
-class LookupOut(BaseModel):
-    """The config to run for a query, and how close the stored shape is to the asked one."""
-
-    id: int
-    kernel: str
-    kernel_version: str
-    shape: dict[str, int]
-    dtype: str
-    world_size: int
-    hardware_id: str
-    timing: Timing
-    config: dict[str, Any]
-    latency_us: Latency3
-    baseline_us: float | None
-    speedup: float | None
-    provenance: Provenance
-    match: Literal["exact", "nearest"]
-    distance: float
-
-
 class PublishOut(BaseModel):
-    record: Record  # the store's own value type: one definition of a record's fields
+    record: Record  # the store's own value type, built from RecordIn
     changed: bool
 
 

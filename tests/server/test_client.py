@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import warnings
@@ -12,6 +13,7 @@ import pytest
 from jt_server import READ, WRITE, LiveServer, record
 
 from jointtune.autotune.runtime.client import ConfigClient, ServiceWarning
+from jointtune.db import LookupOut
 from jointtune.errors import ServiceError
 
 SHAPE = {"M": 8192, "N": 4096, "K": 12288}
@@ -89,6 +91,38 @@ def test_lookup_never_raises_and_warns_once_per_cause(silent_socket: str) -> Non
     finally:
         s5.shutdown()
         sj.shutdown()
+
+
+def test_answers_are_read_with_the_stores_model(sqlite_server: LiveServer) -> None:
+    with ConfigClient(sqlite_server.url, token=WRITE) as client:
+        client.publish(record())
+        served, answer = client.lookup(*KEY), client.find(*KEY)
+    assert isinstance(answer, LookupOut) and answer.model_dump(mode="json") == served
+    assert answer.provenance.triton_version == served["provenance"]["triton_version"] and answer.match == "exact"
+    older = {k: v for k, v in served.items() if k != "timing"} | {"added_later": 1}  # an older or newer service
+    bad = [
+        {**served, "config": ["not", "an", "object"]},
+        {**served, "provenance": None},
+        {**served, "world_size": 0},
+        {k: v for k, v in served.items() if k != "latency_us"},
+        [served],
+    ]
+    servers = [_answering(200, json.dumps(body).encode()) for body in (older, *bad)]
+    try:
+        with ConfigClient(servers[0][0]) as other:
+            found = other.find(*KEY)
+            assert found is not None and found.timing == "gpu" and found.config == served["config"]
+            assert other.lookup(*KEY) == older  # the JSON as the service sent it
+        for url, _ in servers[1:]:
+            with warnings.catch_warnings(record=True) as caught, ConfigClient(url) as broken:
+                warnings.simplefilter("always")
+                assert broken.lookup(*KEY) is None and broken.find(*KEY) is None  # a warned miss, no exception
+            warned = [w for w in caught if issubclass(w.category, ServiceWarning)]
+            assert len(warned) == 1 and "answered a malformed lookup" in str(warned[0].message), warned
+            assert warned[0].filename == __file__  # attributed to the caller
+    finally:
+        for _, httpd in servers:
+            httpd.shutdown()
 
 
 def test_publish_retries_then_raises(silent_socket: str) -> None:

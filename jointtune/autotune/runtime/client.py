@@ -1,7 +1,9 @@
 """`ConfigClient`: the decorator's view of the config service; a lookup never breaks a training job.
 
 `lookup` answers None whenever the service can't help (down, slow, 5xx, bad JSON, a miss) and
-warns once per cause, so a flaky service costs one warning, not a log flood or a crash.
+warns once per cause, so a flaky service costs one warning, not a log flood or a crash. An answer is
+read with the store's own model of it (`jointtune.db.LookupOut`, built from the record schema): one
+that doesn't fit is malformed, a warned miss. `find` returns that model, `lookup` the JSON it checked.
 `publish` retries connection errors and 5xx with exponential backoff, then raises ServiceError.
 
 Example:
@@ -14,17 +16,18 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 import httpx
 
 from jointtune.errors import ServiceError
 
+if TYPE_CHECKING:
+    from jointtune.db import LookupOut
+
 ENV_SERVER = "JOINTTUNE_SERVER"
 ENV_TOKEN = "JOINTTUNE_TOKEN"
-#: fields a stored record has that a publish must not send (the service derives them)
-_STORED_ONLY = frozenset({"id", "shape_key", "config_hash", "speedup", "created_at", "updated_at"})
 _ALLOWED = "http://HOST[:PORT][/PREFIX] or https://HOST[:PORT][/PREFIX] (no query, fragment or credentials)"
 
 
@@ -101,7 +104,8 @@ class ConfigClient:
     def _warn(self, cause: str, message: str) -> None:
         if cause not in self._warned:
             self._warned.add(cause)
-            warnings.warn(f"config service {self.base_url}: {message}; falling back", ServiceWarning, stacklevel=3)
+            # attributed to the code that called lookup/find (their helper `_answer` calls this)
+            warnings.warn(f"config service {self.base_url}: {message}; falling back", ServiceWarning, stacklevel=4)
 
     def lookup(
         self,
@@ -115,9 +119,45 @@ class ConfigClient:
         nearest: bool = True,
         timing: str = "gpu",
     ) -> dict[str, Any] | None:
-        """The service's answer for this key and timing policy (`match` says exact or nearest), or None.
-        Never raises."""
+        """The service's answer for this key and timing policy (`match` says exact or nearest), as the
+        JSON object it sent once `LookupOut` has accepted it, or None. Never raises."""
+        answer = self._answer(kernel, shape, dtype, world_size, hardware_id, kernel_version, nearest, timing)
+        return None if answer is None else answer[0]
+
+    def find(
+        self,
+        kernel: str,
+        shape: dict[str, int],
+        dtype: str,
+        world_size: int,
+        hardware_id: str,
+        kernel_version: str | None = None,
+        *,
+        nearest: bool = True,
+        timing: str = "gpu",
+    ) -> LookupOut | None:
+        """`lookup`'s answer as a `jointtune.db.LookupOut` (typed fields), or None. Never raises."""
+        answer = self._answer(kernel, shape, dtype, world_size, hardware_id, kernel_version, nearest, timing)
+        return None if answer is None else answer[1]
+
+    def _answer(
+        self,
+        kernel: str,
+        shape: dict[str, int],
+        dtype: str,
+        world_size: int,
+        hardware_id: str,
+        kernel_version: str | None,
+        nearest: bool,
+        timing: str,
+    ) -> tuple[dict[str, Any], LookupOut] | None:
+        """(the answer's JSON, the answer) or None, with one warning per cause when the service can't help."""
         try:
+            from pydantic import ValidationError
+
+            from jointtune.db import LookupOut
+            from jointtune.db.schema import describe
+
             params: dict[str, Any] = {"dtype": dtype, "world_size": world_size, "hardware_id": hardware_id}
             if timing != "gpu":  # gpu is the service's default; a server older than policies takes no `timing`
                 params["timing"] = timing
@@ -149,12 +189,15 @@ class ConfigClient:
             return None
         try:
             data = response.json()
-        except ValueError:
-            data = None
-        if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        except Exception:  # not JSON (or nested past the parser's recursion limit)
             self._warn("malformed", "answered with malformed JSON")
             return None
-        return data
+        try:  # the store's own model of the answer: one that doesn't fit is a miss, never an exception
+            return data, LookupOut.model_validate(data)
+        except Exception as exc:
+            why = describe(exc, limit=3) if isinstance(exc, ValidationError) else type(exc).__name__
+            self._warn("malformed", f"answered a malformed lookup ({why})")
+            return None
 
     def publish(self, record: dict[str, Any]) -> dict[str, Any]:
         """Publish a record (the service keeps the better one); returns {"record": ..., "changed": bool}.
@@ -166,9 +209,10 @@ class ConfigClient:
         """
         from pydantic import ValidationError
 
-        from jointtune.db.schema import RecordIn, describe
+        from jointtune.db import STORE_SET, RecordIn
+        from jointtune.db.schema import describe
 
-        body = {k: v for k, v in record.items() if k not in _STORED_ONLY}  # a Record's JSON publishes as-is
+        body = {k: v for k, v in record.items() if k not in STORE_SET}  # a Record's JSON publishes as-is
         try:  # the store's own schema: a record it would refuse is not sent (nor retried)
             RecordIn.model_validate(body)
         except ValidationError as exc:

@@ -2,7 +2,8 @@
 
 Both sources are optional and neither may break a run: a store that can't be opened (a corrupt
 file), answers an error or takes longer than `store_timeout_s` (a lock held elsewhere) is
-skipped with one warning and not asked again in this process; the service client never raises.
+skipped with one warning and not asked again in this process; the service client never raises, and
+hands over the service's answer parsed with the store's own model of it (`jointtune.db.LookupOut`).
 
 Records that don't fit are not used silently. A record of another Triton major.minor, or whose
 config the current space (or config list) rejects, is skipped with a warning and counts as a
@@ -241,20 +242,18 @@ class Sources:
         """(exact answer, nearest answer) of the service; both None when it can't help."""
         if self.client is None:
             return None, None
-        data = self.client.lookup(
+        answer = self.client.find(
             ident.kernel, dict(shape), ident.dtype, ident.world_size, ident.hardware_id, ident.kernel_version,
             timing=ident.timing,
         )  # fmt: skip
-        if data is None:
+        if answer is None:
             return None, None
-        if data.get("timing", "gpu") != ident.timing:  # an older service answers without filtering by policy
+        if answer.timing != ident.timing:  # an older service answers without filtering by policy (gpu records)
             return None, None
-        triton = (data.get("provenance") or {}).get("triton_version", ident.triton_version)
-        latency = (data.get("latency_us") or {}).get("p50")
-        if data.get("match") == "exact":
-            return _usable(ident, data["config"], triton, "service", accept, latency), None
-        distance = float(data.get("distance") or 0.0)
-        near = _usable(ident, data["config"], triton, "nearest-service", accept, latency, distance=distance,
+        triton, latency = answer.provenance.triton_version, answer.latency_us.p50
+        if answer.match == "exact":
+            return _usable(ident, answer.config, triton, "service", accept, latency), None
+        near = _usable(ident, answer.config, triton, "nearest-service", accept, latency, distance=answer.distance,
                        quiet=True)  # fmt: skip
         return None, near
 

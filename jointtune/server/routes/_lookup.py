@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import HTTPException
 
-from jointtune.db import Record, Store
+from jointtune.db import Store, shape_key
 from jointtune.db.schema import DIM_NAME_RE, MAX_DIM, MAX_DIMS, printable
 
 _DIM_NAME = re.compile(DIM_NAME_RE)
@@ -57,7 +57,7 @@ def _log_distance(a: dict[str, int], b: dict[str, int]) -> float:
 def explain_miss(store: Store, *, kernel: str, shape: dict[str, int], query: dict[str, Any]) -> str:
     """A 404 message that says what exists for this kernel: the closest shapes, dtypes, world sizes."""
     asked = ", ".join(f"{k}={v}" for k, v in query.items() if v is not None)
-    base = f"no stored config for kernel {kernel!r} with {asked} and shape {_fmt(shape)}"
+    base = f"no stored config for kernel {kernel!r} with {asked} and shape {shape_key(shape)}"
     on_hw = store.list_records(kernel=kernel, hardware_id=query["hardware_id"], limit=_SCAN)
     if not on_hw:
         hardware = sorted({r.hardware_id for r in store.list_records(kernel=kernel, limit=_SCAN)})
@@ -83,34 +83,4 @@ def explain_miss(store: Store, *, kernel: str, shape: dict[str, int], query: dic
         dims = " or ".join(sorted({",".join(sorted(r.shape)) for r in same}))
         return f"{base}; stored shapes have dims {dims}, the query has {','.join(sorted(shape))}"
     closest = sorted(comparable, key=lambda r: _log_distance(shape, r.shape))[:3]
-    return f"{base}; closest stored shapes: " + "; ".join(_fmt(r.shape) for r in closest)
-
-
-def _fmt(shape: dict[str, int]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(shape.items()))
-
-
-def lookup_json(record: Record, distance: float) -> dict[str, Any]:
-    return {
-        "id": record.id,
-        "kernel": record.kernel,
-        "kernel_version": record.kernel_version,
-        "shape": record.shape,
-        "dtype": record.dtype,
-        "world_size": record.world_size,
-        "hardware_id": record.hardware_id,
-        "timing": record.timing,
-        "config": record.config,
-        "latency_us": {"p10": record.latency_p10_us, "p50": record.latency_p50_us, "p90": record.latency_p90_us},
-        "baseline_us": record.baseline_us,
-        "speedup": record.speedup,
-        "provenance": {
-            "study_name": record.study_name,
-            "trials": record.trials,
-            "tuner_version": record.tuner_version,
-            "triton_version": record.triton_version,
-            "updated_at": record.updated_at,
-        },
-        "match": "exact" if distance == 0 else "nearest",
-        "distance": distance,
-    }
+    return f"{base}; closest stored shapes: " + "; ".join(shape_key(r.shape) for r in closest)

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
-from jointtune.db import NewRecord, RecordIn
+from jointtune.db import LookupOut, NewRecord, RecordIn
 from jointtune.db.schema import (
     MAX_INT32,
     RESERVED_DIM_NAMES,
@@ -19,9 +19,9 @@ from jointtune.db.schema import (
 )
 from jointtune.server.auth import AuthDep, ReadAuthDep
 from jointtune.server.deps import StoreDep
-from jointtune.server.routes._lookup import explain_miss, lookup_json, parse_dims
+from jointtune.server.routes._lookup import explain_miss, parse_dims
 from jointtune.server.routing import ServiceRoute
-from jointtune.server.schemas import LookupOut, PublishOut, RecordPage, responses
+from jointtune.server.schemas import PublishOut, RecordPage, responses
 
 router = APIRouter(prefix="/v1/configs", tags=["configs"], route_class=ServiceRoute)
 
@@ -58,7 +58,7 @@ def lookup(
             "replay). Only records of this policy answer; the default keeps older clients' answers."
         ),
     ] = "gpu",
-) -> dict[str, Any]:
+) -> Any:
     """The stored config for a shape; dims are extra query parameters named after the kernel's dims
     (e.g. `?M=8192&N=4096&K=12288`). Falls back to the nearest stored shape of the same timing policy
     unless `nearest=false`; 404 when nothing comparable is stored, saying what the store has for this kernel."""
@@ -78,7 +78,7 @@ def lookup(
     if found and (nearest or found[1] == 0):
         record, distance = found
         lookups.labels(result="exact" if distance == 0 else "nearest").inc()
-        return lookup_json(record, distance)
+        return LookupOut.of(record, distance)
     if not store.list_kernels(name=kernel):  # only on a miss: a hit proves the kernel exists
         lookups.labels(result="miss").inc()
         known = sorted({k.name for k in store.list_kernels()})
