@@ -143,7 +143,7 @@ def print_summary(
     if hardware_id.startswith(CPU_NAME):
         _say(console, "CPU: the fused modes ran in Triton's interpreter (Python, one program at a time, milliseconds")
         _say(console, "per launch), so the unfused baseline wins most shapes here. On GPUs they overlap the NVLink")
-        _say(console, "transfer with the GEMM: that is what the gpu profile tunes.")
+        _say(console, "transfer with the computation (GEMM or attention): that is what the gpu profile tunes.")
     _say(console, "next:")
     commands = next_commands(url, default_url=resolve_db_url(None), report_hint=None if report else report_hint)
     width = max(len(command) for command, _ in commands)
