@@ -178,6 +178,22 @@ def guarded_measure(rig, bench: Bench, *, eager_calls: int, replays: int, watchd
     return run
 
 
+def time_candidates(entry: dict, candidates: dict, run, rig, label: str, modes: str = "", partial_save=None) -> None:
+    """Every candidate config of every mode (or of `modes`, comma-separated) through `run` (`guarded_measure`'s),
+    into `entry["modes"][mode]`; `partial_save(entry)` after each, so a hang later keeps what was measured."""
+    for mode, cands in candidates.items():
+        if modes and mode not in modes.split(","):
+            continue
+        entry["modes"][mode] = []
+        for cfg in cands:
+            name = json.dumps(cfg, sort_keys=True)
+            if dist.get_rank() == 0:
+                print(f"  {label} {name}", flush=True)
+            entry["modes"][mode].append(dict(config=cfg, **run(name, rig.call(cfg), {})))
+            if partial_save:
+                partial_save(entry)
+
+
 def measure(rig: Rig, fn, bench: Bench, *, eager_calls: int, replays: int, graphable: bool = True) -> dict:
     """Correctness (eager and under replay), then gpu / eager / graph timings of one call."""
     world = rig.world

@@ -30,7 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ag_gemm_bench import Bench, init_cuda_world, spin_up
-from ag_gemm_modes import TOL, compiled_call_check, guarded_measure, max_over_ranks, measure_only, run_header
+from ag_gemm_modes import (
+    TOL,
+    compiled_call_check,
+    guarded_measure,
+    max_over_ranks,
+    measure_only,
+    run_header,
+    time_candidates,
+)
 from ag_gemm_modes import stress as modes_stress
 
 from jointtune.kernels._runtime import num_sms
@@ -176,17 +184,8 @@ def bench_shape(shape: tuple, world, bench: Bench, copy_bw: float, modes: str = 
     user = UserPath(rig)
     run("sdpa_nccl_combine", user, entry["anchors"])
     entry["anchors"]["sdpa_alone"] = measure_only(rig, user.attention, bench, eager_calls, replays)
-    for mode, cands in candidates(B, rig.S_r, num_sms(world.device)).items():
-        if modes and mode not in modes.split(","):
-            continue
-        entry["modes"][mode] = []
-        for cfg in cands:
-            name = json.dumps(cfg, sort_keys=True)
-            if world.rank == 0:
-                print(f"  {'x'.join(map(str, shape))} {name}", flush=True)
-            entry["modes"][mode].append(dict(config=cfg, **run(name, rig.call(cfg), {})))
-            if partial_save:
-                partial_save(entry)
+    time_candidates(entry, candidates(B, rig.S_r, num_sms(world.device)), run, rig, "x".join(map(str, shape)), modes,
+                    partial_save)  # fmt: skip
     # the per-rank decode kernel alone (split-KV and the merge of the splits; no exchange), at baseline's best
     ok = [r for r in entry["modes"].get("baseline", []) if r.get("eager_error", 1) < TOL and "median_ms" in r]
     if ok:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ag_gemm_bench import Bench, init_cuda_world, spin_up
-from ag_gemm_modes import TOL, guarded_measure, measure_only, run_header
+from ag_gemm_modes import TOL, guarded_measure, measure_only, run_header, time_candidates
 from ag_gemm_modes import stress as modes_stress
 
 from jointtune.kernels.gemm_rs import gemm_rs
@@ -165,16 +165,7 @@ def bench_shape(M: int, N: int, K: int, world, bench: Bench, group_name: str, mo
                                                   eager_calls, replays)  # fmt: skip
     entry["anchors"]["nccl_rs_alone"] = measure_only(rig, lambda: dist.reduce_scatter_tensor(rig.out, partial), bench,
                                                      eager_calls, replays)  # fmt: skip
-    for mode, cands in candidates(M, K, world.world_size).items():
-        if modes and mode not in modes.split(","):
-            continue
-        entry["modes"][mode] = []
-        for cfg in cands:
-            name = json.dumps(cfg, sort_keys=True)
-            if world.rank == 0:
-                print(f"  {M}x{N}x{K} {name}", flush=True)
-            entry["modes"][mode].append(dict(config=cfg, **run(name, rig.call(cfg), {})))
-            partial_save(entry)
+    time_candidates(entry, candidates(M, K, world.world_size), run, rig, f"{M}x{N}x{K}", modes, partial_save)
     base, anchors = entry["anchors"]["gemm_nccl_rs"], entry["anchors"]
     summary = {}
     for regime in ("median_ms", "eager_ms", "graph_ms"):
