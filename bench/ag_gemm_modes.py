@@ -416,15 +416,22 @@ def run_header(world, script: str) -> dict:
     }  # fmt: skip
 
 
-def main() -> None:
+def modes_arguments(out: str, shapes_help: str) -> argparse.ArgumentParser:
+    """The options every modes benchmark takes: where the JSON goes, shapes, stress replays, timing iterations,
+    which of our modes to time."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="ag_gemm_modes.json")
-    ap.add_argument("--shapes", default="", help="MxNxK,... (default: the anchor shapes and the decode shapes)")
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--shapes", default="", help=shapes_help)
     ap.add_argument("--stress", type=int, default=600, help="graph replays in the stress run (0: skip)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--skip-compile", action="store_true")
     ap.add_argument("--modes", default="", help="comma-separated modes of ours to time (default: all)")
+    return ap
+
+
+def main() -> None:
+    ap = modes_arguments("ag_gemm_modes.json", "MxNxK,... (default: the anchor shapes and the decode shapes)")
+    ap.add_argument("--skip-compile", action="store_true")
     args = ap.parse_args()
     world = init_cuda_world()
     bench = Bench(args.iters, args.warmup, world)

@@ -16,7 +16,6 @@ scaled_dot_product_attention over the unsharded cache).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -36,6 +35,7 @@ from ag_gemm_modes import (
     guarded_measure,
     max_over_ranks,
     measure_only,
+    modes_arguments,
     run_header,
     time_candidates,
 )
@@ -274,13 +274,7 @@ def compiled_module_check(world) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="flash_decode_modes.json")
-    ap.add_argument("--shapes", default="", help="BxHxH_KVxSxD,... (default: batch 1, 8, 32 x S 8K..512K)")
-    ap.add_argument("--stress", type=int, default=600, help="graph replays in the stress run (0: skip)")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--modes", default="", help="comma-separated modes of ours to time (default: all)")
+    ap = modes_arguments("flash_decode_modes.json", "BxHxH_KVxSxD,... (default: batch 1, 8, 32 x S 8K..512K)")
     ap.add_argument("--compile-check", action="store_true", help="torch.compile + graph capture through the op")
     args = ap.parse_args()
     world = init_cuda_world()

@@ -12,7 +12,6 @@ K is split across ranks: rank r holds A_r [M, K/W] and B_r [K/W, N] and gets [M/
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -25,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ag_gemm_bench import Bench, init_cuda_world, spin_up
-from ag_gemm_modes import TOL, guarded_measure, measure_only, run_header, time_candidates
+from ag_gemm_modes import TOL, guarded_measure, measure_only, modes_arguments, run_header, time_candidates
 from ag_gemm_modes import stress as modes_stress
 
 from jointtune.kernels.gemm_rs import gemm_rs
@@ -224,13 +223,7 @@ def stress(world, iterations: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="gemm_rs_modes.json")
-    ap.add_argument("--shapes", default="", help="MxNxK,... (default: the issue's six shapes)")
-    ap.add_argument("--stress", type=int, default=600, help="graph replays in the stress run (0: skip)")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--modes", default="", help="comma-separated modes of ours to time (default: all)")
+    ap = modes_arguments("gemm_rs_modes.json", "MxNxK,... (default: the issue's six shapes)")
     args = ap.parse_args()
     world = init_cuda_world()
     bench = Bench(args.iters, args.warmup, world)
