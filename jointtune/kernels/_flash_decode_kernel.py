@@ -98,36 +98,39 @@ def _decode_split(q_ptr, k_ptr, v_ptr, lens_ptr, parts_ptr, row0, split, n_split
 
 @triton.jit
 def _send_chunk(parts_ptr, dest_ptr, dest_deltas_ptr, chunk, n_items, n_splits, half, D: tl.constexpr,
-                PW: tl.constexpr, HPP: tl.constexpr, IPF: tl.constexpr, SPLITS: tl.constexpr,
+                PW: tl.constexpr, HPP: tl.constexpr, HB: tl.constexpr, IPF: tl.constexpr, SPLITS: tl.constexpr,
                 SEND_TO: tl.constexpr):  # fmt: skip
-    # merge each head's splits into one packed row [O, LSE] and store it at every destination. A head's
-    # splits are read SPLITS at a time as one [SPLITS, D] block (and the heads are unrolled), so the merge
-    # costs a few memory round trips, not one per split
+    # merge each head's splits into one packed row [O, LSE] and store it at every destination. All HPP heads of
+    # an item are merged at once, SPLITS splits per step as one [HB, SPLITS, D] block: the merge is the serial
+    # tail of the launch (one program per chunk, after every split), so it costs n_splits / SPLITS memory round
+    # trips per item, not one per head
+    hs = tl.arange(0, HB)
+    hmask = hs < HPP
     ds = tl.arange(0, D)
     for item in range(chunk * IPF, tl.minimum(chunk * IPF + IPF, n_items)):
-        for hh in tl.static_range(HPP):
-            row = item * HPP + hh
-            m = float("-inf")
-            l = 0.0
-            o = tl.zeros((D,), dtype=tl.float32)
-            for s0 in range(0, n_splits, SPLITS):
-                ss = s0 + tl.arange(0, SPLITS)
-                smask = ss < n_splits
-                part = parts_ptr + (row * n_splits + ss).to(tl.int64) * PW
-                lse_s = tl.load(part + D, mask=smask, other=EMPTY, cache_modifier=".cg")
-                o_s = tl.load(part[:, None] + ds[None, :], mask=smask[:, None], other=0.0, cache_modifier=".cg")
-                m_new = tl.maximum(m, tl.max(lse_s, 0))
-                a = tl.exp2(m - m_new)
-                w = tl.exp2(lse_s - m_new)
-                l = l * a + tl.sum(w, 0)
-                o = o * a + tl.sum(w[:, None] * o_s, 0)
-                m = m_new
-            o = o / l
-            lse = m + tl.log2(l)
-            for t in range(0, SEND_TO):
-                dest = dest_ptr + half + (tl.load(dest_deltas_ptr + t) // 16) * 16 + row * PW  # 16-element aligned
-                tl.store(dest + ds, o)
-                tl.store(dest + D, lse)
+        rows = (item * HPP + hs).to(tl.int64)
+        m = tl.full((HB,), float("-inf"), dtype=tl.float32)
+        l = tl.zeros((HB,), dtype=tl.float32)
+        o = tl.zeros((HB, D), dtype=tl.float32)
+        for s0 in range(0, n_splits, SPLITS):
+            ss = s0 + tl.arange(0, SPLITS)
+            smask = hmask[:, None] & (ss < n_splits)[None, :]
+            part = parts_ptr + (rows[:, None] * n_splits + ss[None, :]) * PW  # [HB, SPLITS]
+            lse_s = tl.load(part + D, mask=smask, other=EMPTY, cache_modifier=".cg")
+            o_s = tl.load(part[:, :, None] + ds[None, None, :], mask=smask[:, :, None], other=0.0,
+                          cache_modifier=".cg")  # fmt: skip
+            m_new = tl.maximum(m, tl.max(lse_s, 1))
+            a = tl.exp2(m - m_new)
+            w = tl.exp2(lse_s - m_new[:, None])
+            l = l * a + tl.sum(w, 1)
+            o = o * a[:, None] + tl.sum(w[:, :, None] * o_s, 1)
+            m = m_new
+        o = o / l[:, None]
+        lse = m + tl.log2(l)
+        for t in range(0, SEND_TO):
+            dest = dest_ptr + half + (tl.load(dest_deltas_ptr + t) // 16) * 16 + rows * PW  # 16-element aligned
+            tl.store(dest[:, None] + ds[None, :], o, mask=hmask[:, None])
+            tl.store(dest + D, lse, mask=hmask)
 
 
 @triton.jit
@@ -204,6 +207,7 @@ def flash_decode_kernel(
     BLOCK_N: tl.constexpr,
     KV_SPLIT: tl.constexpr,
     IPF: tl.constexpr,
+    HB: tl.constexpr,
     SPLITS: tl.constexpr,
     WORLD: tl.constexpr,
     DECODE: tl.constexpr,
@@ -250,8 +254,8 @@ def flash_decode_kernel(
                 tl.store(counts_ptr + chunk, 0)
                 tl.debug_barrier()
                 acq_rel_fence(THREADS, FENCE, False)  # every thread acquires the other splits' partials (read past L1)
-                _send_chunk(parts_ptr, dest_ptr, dest_deltas_ptr, chunk, n_items, n_splits, half, D, PW, HPP, IPF,
-                            SPLITS, SEND_TO)  # fmt: skip
+                _send_chunk(parts_ptr, dest_ptr, dest_deltas_ptr, chunk, n_items, n_splits, half, D, PW, HPP, HB,
+                            IPF, SPLITS, SEND_TO)  # fmt: skip
                 if SIGNAL:
                     thread_fence(fence_ptr, fence_slot, THREADS, FENCE)  # the rows reach every peer before the flag
                     tl.debug_barrier()

@@ -17,6 +17,7 @@ splits into the rank's partial (O, LSE); the ranks' partials are then combined, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from jointtune.errors import SpaceError
@@ -35,6 +36,9 @@ from jointtune.search_spaces._problem import Problem
 from jointtune.search_spaces._space import Space
 
 HEAD_DIMS = (64, 128, 256)
+#: any divisor of G works (the kernel pads a program's heads to 16 rows for the dot): GQA groups of 5 or 7
+#: (Qwen2.5's 40/8 and 28/4 heads) read K and V once per kv head, not once per query head
+HEADS_PER_PROGRAM = tuple(range(1, 17))
 KV_SPLIT_MIN = 64
 MODES = ("fused", "pull", "wait", "baseline")
 #: the default's pull region: at most this many decode items, keys per rank (measured, see `_default`)
@@ -128,31 +132,43 @@ def _items_per_flag(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     )
 
 
-def _pow2_at_most(value: int) -> int:
-    return 1 << (max(value, 1).bit_length() - 1)
+def _one_program_per_sm(items: int, s_r: int, num_sms: int) -> int:
+    """The kv_split (a power of two the space allows) whose program count, items * cdiv(S_r, kv_split), is nearest
+    to one per SM by ratio; of two as near, the longer split."""
+    splits = [k for k in (KV_SPLIT_MIN << i for i in range(9)) if k <= max(KV_SPLIT_MIN, next_pow2(s_r))]
+    return min(reversed(splits), key=lambda k: abs(math.log2(items * cdiv(s_r, k) / num_sms)))
 
 
 def _default(ctx: Context) -> dict[str, Value]:
-    """Valid for any shape, and what measured best on 2x H200 (bench/results/flash_decode_*_2xH200_2026-11-24.json):
-    a whole GQA group per program (K and V are read once per kv head), splits for about two programs per SM, 64-key
-    steps; `pull` where few decode items share a short shard (batch 1 up to 64K keys per rank: 1.6x / 1.4x / 1.2x
-    the user's SDPA + NCCL path in a graph at 8K / 32K / 128K), else the collective path, which the fused modes
-    did not beat once the decode kernel is bound by HBM (batch 8 and 32, or batch 1 at 512K)."""
-    hpp = _pow2_at_most(min(ctx["G"] & -ctx["G"], 16))  # the largest power of two dividing G, at most 16
+    """Valid for any shape, and what measured best (bench/results/flash_decode_kernel_*_1xH200_2026-11-24.json for
+    the decode kernel, flash_decode_*_2xH200_2026-11-24.json for the modes): a whole GQA group per program (K and V
+    are read once per kv head); splits for about one program per SM, each streaming its keys 128 at a time (64 in
+    splits under 1024 keys) through 3 pipeline stages, which keeps enough of HBM's latency covered with one
+    program per SM; `pull` where few decode items share a short shard (batch 1 up to 64K keys per rank), else the
+    collective path, which the fused modes did not beat once the decode kernel is bound by HBM (batch 8 and 32, or
+    batch 1 at 512K)."""
+    hpp = max(h for h in HEADS_PER_PROGRAM if ctx["G"] % h == 0)  # the largest divisor of G, at most 16
     items = ctx["B"] * ctx["H_KV"] * (ctx["G"] // hpp)
-    splits = cdiv(2 * ctx["num_sms"], items)
-    kv_split = min(max(KV_SPLIT_MIN, next_pow2(cdiv(ctx["S_r"], splits))), max(KV_SPLIT_MIN, next_pow2(ctx["S_r"])))
-    kv_split = min(kv_split, 16384)
-    block_n = min(64, kv_split)
-    while block_n > 16 and 2 * block_n * ctx["D"] * ctx["dtype_bytes"] > ctx["max_shared_mem"]:
+    kv_split = _one_program_per_sm(items, ctx["S_r"], ctx["num_sms"])
+    block_n = min(128 if kv_split >= 1024 else 64, kv_split)
+    stages = min(3, kv_split // block_n)
+
+    def smem(bn: int, st: int) -> int:
+        return 2 * bn * ctx["D"] * ctx["dtype_bytes"] * st
+
+    while stages > 1 and smem(block_n, stages) > ctx["max_shared_mem"]:
+        if block_n > 64:  # shorter steps first: the depth of the pipeline is what covers HBM's latency
+            block_n //= 2
+        else:
+            stages -= 1
+    while block_n > 16 and smem(block_n, stages) > ctx["max_shared_mem"]:
         block_n //= 2
-    stages = 2 if 2 * block_n * ctx["D"] * ctx["dtype_bytes"] * 2 <= ctx["max_shared_mem"] else 1
     tiles: dict[str, Value] = {
         "kv_split": kv_split,
         "BLOCK_N": block_n,
         "heads_per_program": hpp,
         "num_warps": min(4, block_n // 8),
-        "num_stages": min(stages, kv_split // block_n),
+        "num_stages": stages,
     }
     if ctx["W"] > 1 and items <= PULL_MAX_ITEMS and ctx["S_r"] <= PULL_MAX_KEYS:
         return {"mode": "pull", **tiles, "items_per_flag": 1}
@@ -164,13 +180,18 @@ _COMM = when(mode=("fused", "pull", "wait"))
 FLASH_DECODE = Space(
     "flash_decode",
     dims=("B", "H", "H_KV", "S", "D"),
-    revision=2,  # 2: the kernel's modes (fused, pull, wait, baseline), items_per_flag, push_programs
+    revision=3,  # 2: the kernel's modes (fused, pull, wait, baseline), items_per_flag, push_programs; 3: any divisor
+    # of G as heads_per_program, the default's tiles (one program per SM, 128-key steps, 3 stages)
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         categorical("mode", MODES, doc="how the ranks' partial results meet: fused push, pull, wait, or NCCL"),
         pow2("kv_split", KV_SPLIT_MIN, 16384, doc="keys per program (split-KV over the rank's sequence)"),
         pow2("BLOCK_N", 16, 256, doc="keys per step of a program's loop"),
-        pow2("heads_per_program", 1, 16, doc="query heads of one GQA group per program (K, V read G / this times)"),
+        choice(
+            "heads_per_program",
+            HEADS_PER_PROGRAM,
+            doc="query heads of one GQA group per program, a divisor of G (K, V read G / this times)",
+        ),
         choice("num_warps", (1, 2, 4, 8), doc="warps per decode program"),
         choice("num_stages", (1, 2, 3, 4), doc="software-pipeline depth of the key loop"),
         pow2("items_per_flag", 1, 64, when=_COMM, doc="decode items per flag: the unit that is sent and combined"),

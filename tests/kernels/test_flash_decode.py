@@ -12,6 +12,7 @@ from capture import capture
 
 from jointtune.errors import ShapeError, SpaceError
 from jointtune.kernels import get_family
+from jointtune.kernels._flash_decode_args import merge_splits
 from jointtune.kernels.flash_decode import config_json, flash_decode, prepare, reference
 from jointtune.kernels.gemm_rs import gemm_rs
 from jointtune.kernels.world import LocalWorld
@@ -96,20 +97,39 @@ def test_lengths_zero_on_a_rank_or_everywhere_and_whole_shards():
 
 @pytest.mark.parametrize("name", ["baseline", "fused"])
 def test_more_splits_than_one_merge_block(name):
-    """35 splits of one item: the chunk's merge reads its splits in blocks of 32, so it takes two."""
+    """35 splits of an item of 8 heads: the chunk's merge reads [8 heads, 32 splits, D] blocks, so it takes two."""
+    assert merge_splits(35, 8, 64) == 32
     world = LocalWorld(world_size=2)
-    call = Call(world, 1, 2, 1, 64 * 35, 64, seed=8)
+    call = Call(world, 1, 16, 2, 64 * 35, 64, seed=8)
     call.fresh(lens=[[64 * 35], [64 * 33 + 5]])
     call(
         dict(
             CONFIGS[name],
             BLOCK_N=64,
             num_stages=1,
-            heads_per_program=2,
+            heads_per_program=8,
             **({"items_per_flag": 1} if name != "baseline" else {}),
         )
     )
     assert call.error() < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize(("H", "H_KV", "hpp"), [(10, 2, 5), (7, 1, 7), (12, 1, 6)])
+def test_gqa_groups_of_any_size_in_one_program(name, H, H_KV, hpp):
+    """Groups of 5, 7 and 12 heads (Qwen2.5's 40/8 and 28/4 layers, a 12-head group run as two of 6): a program
+    takes heads_per_program of them (fewer than its 16 dot rows, more than a power of two), and the chunk's merge
+    masks the rows past them; the space default takes the largest divisor of G up to 16."""
+    space = get_space("flash_decode")
+    problem = space.make_problem(dict(B=3, H=H, H_KV=H_KV, S=200, D=64), world_size=2)
+    limits = DeviceLimits(max_shared_mem=232448, num_sms=132, compute_capability=(9, 0))
+    assert space.default(problem, limits)["heads_per_program"] == H // H_KV  # G itself: every G here is <= 16
+    world = LocalWorld(world_size=2)
+    call = Call(world, 3, H, H_KV, 100, 64, seed=H)
+    for _ in range(2):
+        call.fresh()
+        call(dict(CONFIGS[name], heads_per_program=hpp))
+        assert call.error() < TOL[torch.bfloat16], (name, H, hpp)
 
 
 def test_float16_and_head_dim_128_and_a_scale():

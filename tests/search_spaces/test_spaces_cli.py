@@ -80,7 +80,7 @@ def test_list_and_show(invoke, kernelless) -> None:
     assert rows[1] == {
         "name": "flash_decode",
         "version": get_space("flash_decode").version,
-        "revision": 2,
+        "revision": 3,
         "dims": ["B", "H", "H_KV", "S", "D"],
         "params": 8,
         "kernels": ["flash_decode"],

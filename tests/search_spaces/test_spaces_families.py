@@ -102,11 +102,12 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
         # reduce_sms_budget, atomic_tile; no comm_sms) changed it from 1fd89d6bea81
         "gemm_rs": "f8b5ac3391ee",
         # revision 2 (the kernel's modes: fused, pull, wait, baseline; the decode tiles in every mode, baseline
-        # included; items_per_flag, push_programs; items_per_flag_fit; no combine_chunks) changed it from b08fba860040
-        "flash_decode": "42db48894d7e",
+        # included; items_per_flag, push_programs; items_per_flag_fit; no combine_chunks) changed it from b08fba860040;
+        # revision 3 (heads_per_program any divisor of G up to 16; the default's tiles) from 42db48894d7e
+        "flash_decode": "c3312b6eea52",
     }
     assert get_space("gemm_rs").revision == 3
-    assert get_space("flash_decode").revision == 2
+    assert get_space("flash_decode").revision == 3
 
 
 def _rebuild(space: Space, **changes) -> Space:
@@ -292,7 +293,7 @@ def test_flash_decode_params_are_exactly_the_kernel_contract() -> None:
         "mode": ("fused", "pull", "wait", "baseline"),
         "kv_split": (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
         "BLOCK_N": (16, 32, 64, 128, 256),
-        "heads_per_program": (1, 2, 4, 8, 16),
+        "heads_per_program": tuple(range(1, 17)),
         "num_warps": (1, 2, 4, 8),
         "num_stages": (1, 2, 3, 4),
         "items_per_flag": (1, 2, 4, 8, 16, 32, 64),
@@ -451,7 +452,7 @@ def test_flash_decode_counts_per_mode() -> None:
     # the tiles are the same in every mode; fused and pull add items_per_flag, wait also push_programs (no rule)
     space = get_space("flash_decode")
     few = _problem("flash_decode", "B=1,H=8,H_KV=2,S=4096,D=128")  # 8, 4 or 2 items: items_per_flag is capped
-    many = _problem("flash_decode", "B=3,H=24,H_KV=8,S=1000,D=256")  # G = 3: 72 items, never capped
+    many = _problem("flash_decode", "B=9,H=24,H_KV=8,S=1000,D=256")  # G = 3: 216 or 72 items, never capped
     for problem in (few, many):
         modes = space.count_by_mode(problem, HOPPER)
         assert list(modes) == ["fused", "pull", "wait", "baseline"]

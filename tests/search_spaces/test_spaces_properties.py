@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from typing import Any
 
 import optuna
@@ -213,26 +214,40 @@ def test_default_is_always_valid(named, limits: DeviceLimits) -> None:
 
 def _check_flash_decode_default(default: dict[str, Any], problem: Problem, limits: DeviceLimits) -> None:
     """The spec's flash_decode default, by its documented properties: a whole GQA group per program (the largest
-    power of two dividing G, at most 16); splits for about two programs per SM; 64-key steps where one stage of them
-    fits in shared memory; mode pull (one decode item per flag) where several ranks share few decode items
-    (B * H_KV * (G / heads_per_program) <= 16) over a short shard (S_r <= 65536 keys per rank), else baseline."""
+    divisor of G up to 16); the split whose program count is nearest one per SM by ratio (of two as near, the
+    longer); 128-key steps from 1024-key splits (64 below), 3 stages where the split has the steps and shared memory
+    holds them (shorter steps first, then fewer stages); mode pull (one decode item per flag) where several ranks
+    share few decode items (B * H_KV * (G / heads_per_program) <= 16) over a short shard (S_r <= 65536 keys per
+    rank), else baseline."""
     d, w = problem.dims, problem.world_size
     g, s_r = d["H"] // d["H_KV"], -(-d["S"] // w)
     hpp = default["heads_per_program"]
-    assert hpp == max(p for p in (1, 2, 4, 8, 16) if g % p == 0)
+    assert hpp == max(p for p in range(1, 17) if g % p == 0)
     items = d["B"] * d["H_KV"] * (g // hpp)
     if w > 1 and items <= 16 and s_r <= 65536:
         assert default["mode"] == "pull" and default["items_per_flag"] == 1
     else:
         assert default["mode"] == "baseline"
     assert set(default) == active_fields("flash_decode", default)  # the mode's fields, no others
-    # about two programs per SM: at least one per SM unless the splits are already the shortest (64 keys), fewer
-    # than two per SM plus one split of each item unless they are already the longest (16384 keys)
+    # nearest to one program per SM: no allowed split is nearer by ratio, and none as near is longer
     kv_split = default["kv_split"]
-    programs = items * -(-s_r // kv_split)
-    assert kv_split == 64 or programs >= limits.num_sms, (kv_split, programs)
-    assert kv_split == 16384 or programs < 2 * limits.num_sms + items, (kv_split, programs)
-    assert default["BLOCK_N"] == 64 or 2 * 64 * d["D"] * problem.dtype_bytes > limits.max_shared_mem
+
+    def off(k: int) -> float:
+        return abs(math.log2(items * -(-s_r // k) / limits.num_sms))
+
+    allowed = [k for k in (64 << i for i in range(9)) if k <= max(64, np2(s_r))]
+    assert kv_split in allowed
+    assert all(off(k) > off(kv_split) or (off(k) == off(kv_split) and k <= kv_split) for k in allowed), kv_split
+    # keys per step and stages: as long and as deep as the split and shared memory allow, in that order
+    bn, stages = default["BLOCK_N"], default["num_stages"]
+    want_bn = min(128 if kv_split >= 1024 else 64, kv_split)
+    depth = min(3, kv_split // want_bn)
+    order = [(b, depth) for b in (128, 64) if b <= want_bn]  # shorter steps first (down to 64),
+    order += [(min(64, want_bn), st) for st in range(depth - 1, 0, -1)]  # then fewer stages,
+    order += [(b, 1) for b in (32, 16) if b < min(64, want_bn)]  # then shorter steps again
+    fits = [(b, st) for b, st in order if 2 * b * d["D"] * problem.dtype_bytes * st <= limits.max_shared_mem]
+    assert (bn, stages) == (fits or order[-1:])[0], (bn, stages, fits[:3])
+    assert default["num_warps"] == min(4, bn // 8)
 
 
 @pytest.mark.parametrize(
@@ -247,9 +262,10 @@ def _check_flash_decode_default(default: dict[str, Any], problem: Problem, limit
         ({"B": 2, "H": 64, "H_KV": 8, "S": 8192}, 2, "pull", 8),  # 16 items
         ({"B": 3, "H": 64, "H_KV": 8, "S": 8192}, 2, "baseline", 8),  # 24 items
         ({"B": 8, "H": 32, "H_KV": 8, "S": 8192}, 2, "baseline", 4),  # 64 items
-        ({"B": 5, "H": 3, "H_KV": 1, "S": 8192}, 2, "pull", 1),  # G = 3: one head per program, 15 items
-        ({"B": 6, "H": 3, "H_KV": 1, "S": 8192}, 2, "baseline", 1),  # 18 items
-        ({"B": 1, "H": 24, "H_KV": 1, "S": 8192}, 2, "pull", 8),  # G = 24: 8 divides it, 16 does not
+        ({"B": 16, "H": 3, "H_KV": 1, "S": 8192}, 2, "pull", 3),  # G = 3: the whole group per program, 16 items
+        ({"B": 17, "H": 3, "H_KV": 1, "S": 8192}, 2, "baseline", 3),  # 17 items
+        ({"B": 5, "H": 10, "H_KV": 2, "S": 8192}, 2, "pull", 5),  # G = 5 (a 40/8 layer's group): 10 items
+        ({"B": 1, "H": 24, "H_KV": 1, "S": 8192}, 2, "pull", 12),  # G = 24: 12 divides it, 13-16 do not
         ({"B": 1, "H": 64, "H_KV": 2, "S": 8192}, 2, "pull", 16),  # G = 32: capped at 16 heads
         ({"B": 4, "H": 64, "H_KV": 2, "S": 8192}, 2, "pull", 16),  # 4 * 2 * (32 / 16) = 16 items
         ({"B": 5, "H": 64, "H_KV": 2, "S": 8192}, 2, "baseline", 16),  # 20 items

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# What one GPU can check, run on the lent single-GPU machine (nvidia-h200) from the repository root:
+#   bash bench/single_gpu_device.sh tune19 [kernel-ab] [kernel-grid] [kernel-defaults] [kernel-merge]
+# tune19:      issue 19's before/after tuning run: the same exhaustive `jointtune tune` (world size 1) from a
+#              checkout before the autotune/ restructure (.old19, `git archive 0777b74`) and after it (.new19,
+#              `git archive 8b94e6c`), each on its own SQLite store, for flash_decode and ag_gemm.
+# kernel-ab:   bench/flash_decode_kernel.py on flash_decode_modes' tile, .old19's kernel then this tree's.
+# kernel-grid: bench/flash_decode_kernel.py --grid full on this tree's kernel.
+# kernel-defaults: --grid defaults (the space default against revision 2's and its neighbours, 14 layer shapes).
+# kernel-merge: --grid defaults at three shapes with a chunk merge of 4096 and of 16384 floats per step.
+# Needs .whl (../shared/tools/device-wheels.sh) and, for tune19 and kernel-ab, .old19/.new19; carry them all.
+set -uo pipefail
+SITE=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl || exit 1
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+ROOT=$PWD
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.csv"
+
+cli() {  # cli TREE DB ARGS...: the jointtune CLI of one checkout, on its own store
+  local tree=$1 db=$2
+  shift 2
+  (cd "$tree" && PYTHONPATH="$SITE:$tree" JOINTTUNE_DB_URL="sqlite:///$db" \
+    timeout 140 python3 -m jointtune.cli "$@")
+}
+
+tune19() {
+  local fd=(tune --kernel flash_decode --shape 1x64x8x16384x128 --world-size 1 --strategy exhaustive --trials 40
+            --restrict mode=baseline --restrict heads_per_program=8 --restrict BLOCK_N=32,64 --restrict num_warps=4
+            --restrict num_stages=2 --restrict kv_split=64,256,1024,4096)
+  local ag=(tune --kernel ag_gemm --shape 4096x8192x8192 --world-size 1 --strategy exhaustive --trials 40
+            --restrict mode=push --restrict BLOCK_M=128 --restrict BLOCK_N=64,128,256 --restrict BLOCK_K=64
+            --restrict GROUP_M=8 --restrict num_warps=4,8 --restrict num_stages=3 --restrict SPLIT_K=1
+            --restrict comm_sms=4 --restrict chunk_m=512)
+  for tree in old19 new19; do
+    for job in fd ag; do
+      local -n argv=$job
+      echo "== tune19 $tree $job: jointtune ${argv[*]}"
+      cli "$ROOT/.$tree" "$OUT/tune19_$tree.db" "${argv[@]}" --report "$OUT/tune19_${tree}_$job" \
+        > "$OUT/tune19_${tree}_$job.log" 2>&1
+      echo "rc $?"
+      grep -A4 "tuned configs" "$OUT/tune19_${tree}_$job.log" | tail -1
+    done
+  done
+}
+
+kernel_ab() {
+  for tree in old19 main; do
+    local t=$ROOT
+    [ "$tree" = old19 ] && t=$ROOT/.old19
+    echo "== kernel-ab $tree"
+    PYTHONPATH="$SITE" timeout 280 torchrun --nproc-per-node=1 bench/flash_decode_kernel.py --tree "$t" --label "$tree" \
+      --out "$OUT/flash_decode_kernel_ab_$tree.json" > "$OUT/flash_decode_kernel_ab_$tree.log" 2>&1
+    echo "rc $?"
+    grep "^\[" "$OUT/flash_decode_kernel_ab_$tree.log"
+  done
+}
+
+kernel() {  # kernel NAME SECONDS ARGS...: bench/flash_decode_kernel.py on this tree into $OUT/flash_decode_kernel_NAME.*
+  local name=$1 seconds=$2
+  shift 2
+  echo "== kernel $name: $*"
+  PYTHONPATH="$SITE" timeout "$seconds" torchrun --nproc-per-node=1 bench/flash_decode_kernel.py --label "$name" \
+    --out "$OUT/flash_decode_kernel_$name.json" "$@" > "$OUT/flash_decode_kernel_$name.log" 2>&1
+  echo "rc $?"
+  grep "^\[" "$OUT/flash_decode_kernel_$name.log"
+}
+
+for step in "$@"; do
+  case $step in
+    tune19) tune19 ;;
+    kernel-ab) kernel_ab ;;
+    kernel-grid) kernel grid 560 --grid full ;;
+    kernel-defaults) kernel defaults 420 --grid defaults ;;
+    kernel-merge)
+      for m in 4096 16384; do
+        kernel "merge$m" 150 --grid defaults --merge-elements "$m" \
+          --shapes 1x64x8x4096x128,1x64x8x16384x128,8x64x8x16384x128
+      done ;;
+    *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge)"; exit 2 ;;
+  esac
+done
