@@ -101,8 +101,8 @@ def probe(M: int, N: int, K: int, bm: int, bn: int, bk: int, warps: int, stages:
     cols = sorted({int(c) % 16 for c in bad[:4096, 1]}) if len(bad) else []
     n = M * N
     counted = sorted(set(count.tolist())) if fences else None  # each tile's counting atomic: once, so [1]
-    return {"tile_counts_seen": counted, "tile": [bm, bn, bk], "num_warps": warps, "num_stages": stages, "variant": VARIANTS[variant],
-            "delta": delta, "fences": fences, "persistent": persist, "int64_offsets": i64,
+    return {"tile": [bm, bn, bk], "num_warps": warps, "num_stages": stages, "variant": VARIANTS[variant],
+            "tile_counts_seen": counted, "delta": delta, "fences": fences, "persistent": persist, "int64_offsets": i64,
             "missed": missed.sum().item() / n, "added_twice": twice.sum().item() / n, "other": wrong.sum().item() / n,
             "bad_row_residues_mod16": rows, "bad_col_residues_mod16": cols}  # fmt: skip
 
