@@ -248,6 +248,17 @@ STRESS = [
     ((8, 64, 8, 32768, 128), dict(mode="wait", kv_split=2048, items_per_flag=4, push_programs=16, **TILE)),
     ((2, 16, 16, 3000, 256), dict(mode="baseline", kv_split=64, **dict(TILE, BLOCK_N=32, heads_per_program=1))),
     ((8, 64, 8, 32768, 128), dict(mode="baseline", kv_split=1024, **TILE)),
+    # GQA groups of 5 and 7 in one program (space revision 3), 128-key steps through 3 stages
+    (
+        (2, 40, 8, 8192, 128),
+        dict(
+            mode="fused", kv_split=1024, items_per_flag=2, **dict(TILE, heads_per_program=5, BLOCK_N=128, num_stages=3)
+        ),
+    ),
+    (
+        (1, 28, 4, 16384, 128),
+        dict(mode="pull", kv_split=512, items_per_flag=1, **dict(TILE, heads_per_program=7, num_stages=3)),
+    ),
 ]
 
 
