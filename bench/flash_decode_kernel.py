@@ -96,7 +96,11 @@ def grid(shape: tuple, sms: int, smem: int, kind: str, default: dict | None = No
                for bn in (32, 64, 128) for w, st in WARPS_STAGES]  # fmt: skip
         return [c for c in out if _valid(c, D, smem)]
     assert kind == "defaults" and default is not None
-    rev2 = dict(base, kv_split=k0, BLOCK_N=min(64, k0), num_warps=4, num_stages=min(2, k0 // min(64, k0)))
+    # revision 2's default: a power of two of heads per program (the largest dividing G), two programs per SM
+    hpp2 = min(H // H_KV & -(H // H_KV), 16)
+    k2 = min(max(64, _pow2(S_r * (B * H // hpp2) / (2 * sms))), 16384, max(64, _pow2(S_r)))
+    rev2 = dict(base, heads_per_program=hpp2, kv_split=k2, BLOCK_N=min(64, k2), num_warps=4,
+                num_stages=min(2, k2 // min(64, k2)))  # fmt: skip
     out = [dict(default), rev2]
     for k in _splits_around(default["kv_split"], S_r):
         for bn in (64, 128):
@@ -182,6 +186,8 @@ def main() -> None:
     if args.merge_elements:
         from jointtune.kernels import _flash_decode_args
 
+        if not hasattr(_flash_decode_args, "MERGE_ELEMENTS"):
+            raise SystemExit(f"--merge-elements: the kernel of {args.tree or 'this tree'} has no MERGE_ELEMENTS")
         _flash_decode_args.MERGE_ELEMENTS = args.merge_elements
     world = init_cuda_world()
     if world.world_size != 1:

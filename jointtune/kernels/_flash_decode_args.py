@@ -16,8 +16,9 @@ from jointtune.kernels._runtime import interpreted
 from jointtune.kernels._symm import cdiv, slot_elems
 
 LOG2E = 1.4426950408889634
-#: floats of one step of a chunk's merge ([heads, splits, D], see `_send_chunk`): 16384 read 16 splits of 8 heads
-#: at once and took 9.0 / 23.3 us at batch 1, 4K / 16K keys, against 10.4 / 24.8 us at 8192 and 11.6 / 26.2 at 4096
+#: floats of one step of a chunk's merge ([heads, splits, D], see `_send_chunk`) at 4 warps (fewer warps take a
+#: proportional share, so a thread holds the same): 16384 read 16 splits of 8 heads at once and took 9.0 / 23.3 us at
+#: batch 1, 4K / 16K keys, against 10.4 / 24.8 us at 8192 and 11.6 / 26.2 at 4096
 #: (bench/results/flash_decode_kernel_merge*_1xH200_2026-11-24.json)
 MERGE_ELEMENTS = 16384
 
@@ -115,7 +116,7 @@ def kernel_args(cfg: FlashDecodeConfig, s: DecodeShape, w: Work, *, q: Any, k: A
         stride_qb=s.q_stride[0], stride_qh=s.q_stride[1], stride_kb=s.k_stride[0], stride_kh=s.k_stride[1],
         stride_kn=s.k_stride[2], stride_vb=s.v_stride[0], stride_vh=s.v_stride[1], stride_vn=s.v_stride[2],
         stride_ob=s.H * s.D, stride_oh=s.D, D=s.D, PW=s.PW, HPP=hpp, BLOCK_H=max(16, hpp), BLOCK_N=cfg.BLOCK_N,
-        KV_SPLIT=cfg.kv_split, HB=triton.next_power_of_2(hpp), SPLITS=merge_splits(w.n_splits, hpp, s.D),
+        KV_SPLIT=cfg.kv_split, HB=triton.next_power_of_2(hpp), SPLITS=merge_splits(w.n_splits, hpp, s.D, cfg.num_warps),
         IPF=cfg.items_per_flag if cfg.mode != "baseline" else 1, WORLD=s.W, DECODE=decode,
         COMBINE=combine, SEND_TO=send_to, SIGNAL=signal, WAIT=wait, WAIT_OWN=wait_own, HALF_OWN=half_own,
         TICKET=ticket is not None, EPOCH=epoch, THREADS=32 * cfg.num_warps, FENCE=not interpreted(),
@@ -123,9 +124,11 @@ def kernel_args(cfg: FlashDecodeConfig, s: DecodeShape, w: Work, *, q: Any, k: A
     )  # fmt: skip
 
 
-def merge_splits(n_splits: int, hpp: int, D: int) -> int:
-    """Splits per step of a chunk's merge: as many as fit MERGE_ELEMENTS beside the item's heads (a power of two)."""
-    fit = max(1, MERGE_ELEMENTS // (triton.next_power_of_2(hpp) * D))
+def merge_splits(n_splits: int, hpp: int, D: int, num_warps: int = 4) -> int:
+    """Splits per step of a chunk's merge: as many as fit the warps' share of MERGE_ELEMENTS beside the item's heads
+    (a power of two; at 1 warp, 16384 floats would be 512 registers a thread, spilled)."""
+    budget = MERGE_ELEMENTS * min(num_warps, 4) // 4
+    fit = max(1, budget // (triton.next_power_of_2(hpp) * D))
     return min(triton.next_power_of_2(n_splits), 1 << (fit.bit_length() - 1))
 
 

@@ -97,8 +97,10 @@ def test_lengths_zero_on_a_rank_or_everywhere_and_whole_shards():
 
 @pytest.mark.parametrize("name", ["baseline", "fused"])
 def test_more_splits_than_one_merge_block(name):
-    """35 splits of an item of 8 heads: the chunk's merge reads [8 heads, 32 splits, D] blocks, so it takes two."""
-    assert merge_splits(35, 8, 64) == 32
+    """35 splits of an item of 8 heads at 2 warps: the chunk's merge reads [8 heads, 16 splits, D] blocks, so it
+    takes three, the last one partial (4 warps would read 32 splits a step, 1 warp 8)."""
+    assert (merge_splits(35, 8, 64, 2), merge_splits(35, 8, 64, 4), merge_splits(35, 8, 64, 1)) == (16, 32, 8)
+    assert CONFIGS[name]["num_warps"] == 2
     world = LocalWorld(world_size=2)
     call = Call(world, 1, 16, 2, 64 * 35, 64, seed=8)
     call.fresh(lens=[[64 * 35], [64 * 33 + 5]])

@@ -51,6 +51,11 @@ if TYPE_CHECKING:
 
 #: larger spaces are explored with Optuna's random sampler instead of a walk of their configs
 _MAX_WALK = 2_000_000
+#: invalid proposals in a row after which the sampler is handed a valid unseen config from the walk: in a space
+#: where few of the cross product's configs are valid for the problem (flash_decode's heads_per_program must
+#: divide the GQA group: 1 of 16 choices for multi-head attention), a sampler alone runs into the invalid streak
+#: long before the valid configs are used up
+_INVALID_NUDGE = 20
 _HISTORY_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 
 
@@ -219,6 +224,8 @@ class Searcher:
                 invalid += 1
                 if invalid >= self.settings.max_invalid_streak:
                     return "invalid-streak"
+                if invalid % _INVALID_NUDGE == 0:
+                    explore = True
                 continue
             earlier = known.get(key)
             if earlier is None and key not in running:

@@ -158,6 +158,28 @@ def test_invalid_suggestions_are_pruned_uncounted_and_bounded():
     assert len(state.counted) == sum(isinstance(o, Proposal) for o in outcomes)
 
 
+def test_a_sparse_space_is_searched_to_its_end_not_cut_by_the_invalid_streak():
+    """One config in 400 valid (as flash_decode's heads_per_program for multi-head attention, 1 of 16): the
+    sampler alone proposes 100 invalid configs in a row most of the time; the walk hands it the valid one."""
+
+    def only_seven(cfg, ctx):
+        return None if cfg["x"] == 7 else f"x: {cfg['x']} is not allowed; allowed: 7"
+
+    space = register_space(
+        Space("jt_sparse", dims=("M",), params=[choice("x", tuple(range(1, 401)))],
+              constraints=[Constraint("seven", ("x",), "x == 7", only_seven)], revision=1,
+              default=lambda ctx: {"x": 7}),
+        replace=True,
+    )  # fmt: skip
+    for seed in range(3):
+        study = optuna.create_study()
+        searcher = Searcher(space, PROBLEM, LIMITS, TuneSettings(trials=10, seed=seed, strategy="random"))
+        first = searcher.propose(study)
+        assert isinstance(first, Proposal) and first.config == {"x": 7}, first
+        study.tell(first.trial, 1.0)
+        assert searcher.propose(study) == "exhausted"
+
+
 def test_repeats_are_answered_from_history_and_exploration_finds_new_configs():
     space = _picky_space()
     study = optuna.create_study()
