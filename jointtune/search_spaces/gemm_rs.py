@@ -74,9 +74,10 @@ def _reduce_budget(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     )
 
 
-#: the largest atomic-mode tile measured right on 2x H200 (Triton 3.6): 64x128 with 4 warps summed correctly at
-#: every shape; 128x128 and 128x256 tiles (4 or 8 warps) lost or doubled some adds at M >= 1024 (about 5% of the
-#: elements off, bench/results/gemm_rs_atomic_2026-11-23.json). Until the cause is found, atomic keeps to these.
+#: the largest atomic-mode tile that summed right in most runs (Triton 3.6): 64x128 with 4 warps. Larger and 8-warp
+#: tiles lose about 5% of the elements in every call (bench/results/gemm_rs_atomic_2xH200_2026-11-23.json), on one
+#: GPU too, and the 4-warp tiles a few now and then (bench/results/gemm_rs_atomic_1xH200_2026-11-24.json): atomic
+#: mode is wrong until the cause is found (its reduce reads rows before the adds land); it is off by default.
 ATOMIC_MAX_TILE = 64 * 128
 
 
