@@ -5,14 +5,7 @@
 #   bash bench/ag_gemm_device.sh all     # both
 # Results go to $OUT (or ./out). "before" needs the previous tree at .device/before (git archive of 37d9ad0).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=$(realpath -m "${OUT:-out}")
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-nvidia-smi -L
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
-run() { timeout "$1" torchrun --nproc-per-node=2 "${@:2}"; echo "exit $? after: ${*:2}"; }
+source "$(dirname "$0")/device_env.sh"
 phase=${1:-small}
 case "$phase" in all) phases="small large" ;; final) phases="small-timings large" ;; *) phases=$phase ;; esac
 for phase in $phases; do

@@ -5,19 +5,7 @@
 #   bash bench/flash_decode_device.sh sweep    # one jointtune sweep of flash_decode on the GPUs, then a decorator lookup
 # Carry .whl (../shared/tools/device-wheels.sh); results go to $OUT (or ./out).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=$(realpath -m "${OUT:-out}")
-mkdir -p "$OUT"
-if [ -d .whl ]; then
-  SITE=$(mktemp -d)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl
-  export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=$PWD:$PYTHONPATH
-nvidia-smi -L
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
-run() { timeout "$1" torchrun --nproc-per-node=2 "${@:2}"; echo "exit $? after: ${*:2}"; }
+source "$(dirname "$0")/device_env.sh"
 B1=1x64x8x8192x128,1x64x8x32768x128,1x64x8x131072x128,1x64x8x524288x128
 B8=8x64x8x8192x128,8x64x8x32768x128,8x64x8x131072x128,8x64x8x524288x128
 B32=32x64x8x8192x128,32x64x8x32768x128,32x64x8x131072x128,32x64x8x524288x128

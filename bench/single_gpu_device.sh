@@ -10,11 +10,9 @@
 # kernel-merge: --grid defaults at three shapes with a chunk merge of 4096 and of 16384 floats per step.
 # Needs .whl (../shared/tools/device-wheels.sh) and, for tune19 and kernel-ab, .old19/.new19; carry them all.
 set -uo pipefail
-SITE=$(mktemp -d)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/device_env.sh"
+[ -n "$SITE" ] || { echo "single_gpu_device.sh: carry .whl (the tuner's and the service's wheels)"; exit 1; }
+NPROC=1
 ROOT=$PWD
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.csv"
 
@@ -50,9 +48,9 @@ kernel_ab() {
     local t=$ROOT
     [ "$tree" = old19 ] && t=$ROOT/.old19
     echo "== kernel-ab $tree"
-    PYTHONPATH="$SITE" timeout 280 torchrun --nproc-per-node=1 bench/flash_decode_kernel.py --tree "$t" --label "$tree" \
-      --out "$OUT/flash_decode_kernel_ab_$tree.json" > "$OUT/flash_decode_kernel_ab_$tree.log" 2>&1
-    echo "rc $?"
+    run 280 bench/flash_decode_kernel.py --tree "$t" --label "$tree" --out "$OUT/flash_decode_kernel_ab_$tree.json" \
+      > "$OUT/flash_decode_kernel_ab_$tree.log" 2>&1
+    tail -1 "$OUT/flash_decode_kernel_ab_$tree.log"
     grep "^\[" "$OUT/flash_decode_kernel_ab_$tree.log"
   done
 }
@@ -61,9 +59,9 @@ kernel() {  # kernel NAME SECONDS ARGS...: bench/flash_decode_kernel.py on this 
   local name=$1 seconds=$2
   shift 2
   echo "== kernel $name: $*"
-  PYTHONPATH="$SITE" timeout "$seconds" torchrun --nproc-per-node=1 bench/flash_decode_kernel.py --label "$name" \
-    --out "$OUT/flash_decode_kernel_$name.json" "$@" > "$OUT/flash_decode_kernel_$name.log" 2>&1
-  echo "rc $?"
+  run "$seconds" bench/flash_decode_kernel.py --label "$name" --out "$OUT/flash_decode_kernel_$name.json" "$@" \
+    > "$OUT/flash_decode_kernel_$name.log" 2>&1
+  tail -1 "$OUT/flash_decode_kernel_$name.log"
   grep "^\[" "$OUT/flash_decode_kernel_$name.log"
 }
 
