@@ -416,6 +416,23 @@ def run_header(world, script: str) -> dict:
     }  # fmt: skip
 
 
+def save_result(world, result: dict, out: str, **extra) -> None:
+    """The benchmark's JSON as it stands (rank 0 writes it), `extra` keys beside (an unfinished shape)."""
+    if world.rank == 0:
+        Path(out).write_text(json.dumps(dict(result, **extra), indent=1))
+
+
+def run_shapes(world, result: dict, out: str, shapes, measure) -> None:
+    """`measure(shape, partial)` per shape into result["shapes"], saved after each shape and, through
+    `partial(entry)`, after each candidate (a hang later keeps what was measured); then the process group ends."""
+    for shape in shapes:
+        result["shapes"].append(measure(shape, lambda entry: save_result(world, result, out, partial=entry)))
+        torch.cuda.empty_cache()
+        save_result(world, result, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def modes_arguments(out: str, shapes_help: str) -> argparse.ArgumentParser:
     """The options every modes benchmark takes: where the JSON goes, shapes, stress replays, timing iterations,
     which of our modes to time."""
@@ -448,8 +465,7 @@ def main() -> None:
     result = run_header(world, "bench/ag_gemm_modes.py")
 
     def save() -> None:
-        if world.rank == 0:
-            Path(args.out).write_text(json.dumps(result, indent=1))
+        save_result(world, result, args.out)
 
     spin_up(2.0)
     if args.stress:
@@ -465,12 +481,7 @@ def main() -> None:
         if world.rank == 0:
             print("compiled module", result["compiled_module"], flush=True)
         save()
-    for M, N, K in shapes:
-        result["shapes"].append(bench_shape(M, N, K, world, bench, group_name, args.modes))
-        torch.cuda.empty_cache()
-        save()
-    dist.barrier()
-    dist.destroy_process_group()
+    run_shapes(world, result, args.out, shapes, lambda s, _: bench_shape(*s, world, bench, group_name, args.modes))
 
 
 if __name__ == "__main__":

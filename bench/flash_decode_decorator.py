@@ -19,10 +19,11 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from ag_gemm_bench import init_cuda_world
 from ag_gemm_modes import max_over_ranks, run_header
 from flash_decode_modes import FdRig
 
-from jointtune import create_world, joint_autotune
+from jointtune import joint_autotune
 from jointtune.kernels.flash_decode import flash_decode
 
 
@@ -39,10 +40,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="1x64x8x32768x128,8x64x8x131072x128,1x64x8x24576x128,4x32x8x10000x128")
     args = ap.parse_args()
     os.environ["JOINTTUNE_DB_URL"] = args.db
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    world = create_world()
+    world = init_cuda_world()
     rows = []
     for text in args.shapes.split(","):
         B, H, H_KV, S, D = (int(x) for x in text.split("x"))

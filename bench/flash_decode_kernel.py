@@ -40,8 +40,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from ag_gemm_bench import Bench, init_cuda_world, spin_up  # noqa: E402
-from ag_gemm_modes import TOL, measure_only, run_header  # noqa: E402
-from flash_decode_modes import FdRig, UserPath, copy_bandwidth  # noqa: E402
+from ag_gemm_modes import TOL, measure_only, run_header, run_shapes  # noqa: E402
+from flash_decode_modes import (  # noqa: E402
+    FdRig,
+    UserPath,
+    copy_bandwidth,
+    decode_launch,
+    pow2_at_least,
+    two_per_sm_split,
+)
 
 from jointtune.kernels._runtime import device_limits  # noqa: E402
 from jointtune.search_spaces import get_space  # noqa: E402
@@ -59,17 +66,13 @@ DEFAULT_SHAPES = [(1, 64, 8, 1024, 128), (1, 64, 8, 4096, 128), (1, 64, 8, 16384
 WARPS_STAGES = ((4, 2), (4, 3), (8, 3))
 
 
-def _pow2(x: float) -> int:
-    return 1 << max(0, (max(int(x), 1) - 1).bit_length())
-
-
 def _hpp(G: int) -> int:
     """A whole GQA group per program: the largest divisor of G up to 16 (the space default's)."""
     return max(h for h in range(1, 17) if G % h == 0)
 
 
 def _splits_around(k0: int, S_r: int) -> list[int]:
-    return sorted({k for k in (k0 // 2, k0, k0 * 2) if 64 <= k <= min(16384, max(64, _pow2(S_r)))})
+    return sorted({k for k in (k0 // 2, k0, k0 * 2) if 64 <= k <= min(16384, max(64, pow2_at_least(S_r)))})
 
 
 def _valid(cfg: dict, D: int, smem: int) -> bool:
@@ -88,7 +91,7 @@ def grid(shape: tuple, sms: int, smem: int, kind: str, default: dict | None = No
     hpp = _hpp(H // H_KV)
     items = B * H // hpp
     base = dict(mode="baseline", heads_per_program=hpp)
-    k0 = min(max(64, _pow2(S_r * items / (2 * sms))), 16384, max(64, _pow2(S_r)))
+    k0 = two_per_sm_split(items, S_r, sms)
     if kind == "modes":
         return [dict(base, kv_split=k, BLOCK_N=64, num_warps=4, num_stages=2) for k in _splits_around(k0, S_r)]
     if kind == "full":
@@ -98,7 +101,7 @@ def grid(shape: tuple, sms: int, smem: int, kind: str, default: dict | None = No
     assert kind == "defaults" and default is not None
     # revision 2's default: a power of two of heads per program (the largest dividing G), two programs per SM
     hpp2 = min(H // H_KV & -(H // H_KV), 16)
-    k2 = min(max(64, _pow2(S_r * (B * H // hpp2) / (2 * sms))), 16384, max(64, _pow2(S_r)))
+    k2 = two_per_sm_split(B * H // hpp2, S_r, sms)
     rev2 = dict(base, heads_per_program=hpp2, kv_split=k2, BLOCK_N=min(64, k2), num_warps=4,
                 num_stages=min(2, k2 // min(64, k2)))  # fmt: skip
     out = [dict(default), rev2]
@@ -109,14 +112,6 @@ def grid(shape: tuple, sms: int, smem: int, kind: str, default: dict | None = No
                 if _valid(c, D, smem) and c not in out:
                     out.append(c)
     return out
-
-
-def decode_launch(world, rig: FdRig, config: dict):
-    """The plan's decode launch of this config (built by one call), bound to the rig's tensors."""
-    plan = next(p for k, p in world.plans.items() if k[0] == "flash_decode" and dict(k[1]) == config
-                and k[2] == rig.q.shape and k[3] == rig.k.shape)  # fmt: skip
-    decode = plan.steps[0][0]
-    return lambda: decode(rig.q, rig.k, rig.v, rig.lens, rig.out)
 
 
 def bench_shape(world, bench: Bench, shape: tuple, copy_bw: float, kind: str) -> dict:
@@ -205,10 +200,7 @@ def main() -> None:
     spin_up(2.0)
     copy_bw = copy_bandwidth()
     result["copy_bandwidth_tb_s"] = copy_bw / 1e12
-    for shape in shapes:
-        result["shapes"].append(bench_shape(world, bench, shape, copy_bw, args.grid))
-        torch.cuda.empty_cache()
-        Path(args.out).write_text(json.dumps(result, indent=1))
+    run_shapes(world, result, args.out, shapes, lambda s, _: bench_shape(world, bench, s, copy_bw, args.grid))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ scaled_dot_product_attention over the unsharded cache).
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -37,6 +36,8 @@ from ag_gemm_modes import (
     measure_only,
     modes_arguments,
     run_header,
+    run_shapes,
+    save_result,
     time_candidates,
 )
 from ag_gemm_modes import stress as modes_stress
@@ -134,15 +135,28 @@ class UserPath:
         r.out.copy_(o_all.view(r.out.shape))
 
 
-def _pow2(x: float) -> int:
+def pow2_at_least(x: float) -> int:
     return 1 << max(0, math.ceil(math.log2(max(x, 1))))
+
+
+def two_per_sm_split(items: int, S_r: int, sms: int) -> int:
+    """The kv_split (a power of two the space allows) for about two programs per SM: space revision 2's rule."""
+    return min(max(64, pow2_at_least(S_r * items / (2 * sms))), 16384, max(64, pow2_at_least(S_r)))
+
+
+def decode_launch(world, rig: FdRig, config: dict):
+    """The decode launch of `config`'s plan for the rig's shapes (built by one earlier call), bound to its tensors:
+    the per-rank kernel alone (split-KV and the merge of the splits; no exchange)."""
+    plan = next(p for k, p in world.plans.items() if k[0] == "flash_decode" and dict(k[1]) == config
+                and k[2] == rig.q.shape and k[3] == rig.k.shape)  # fmt: skip
+    decode = plan.steps[0][0]
+    return lambda: decode(rig.q, rig.k, rig.v, rig.lens, rig.out)
 
 
 def candidates(B: int, S_r: int, sms: int) -> dict[str, list[dict]]:
     """A short list per mode around the space default's split (about 2 programs per SM), whole GQA groups."""
-    items = B * H // 8
-    k0 = min(max(64, _pow2(S_r * items / (2 * sms))), 16384, max(64, _pow2(S_r)))
-    splits = sorted({k for k in (k0 // 4, k0 // 2, k0, k0 * 2) if 64 <= k <= min(16384, max(64, _pow2(S_r)))})
+    k0 = two_per_sm_split(B * H // 8, S_r, sms)
+    splits = sorted({k for k in (k0 // 4, k0 // 2, k0, k0 * 2) if 64 <= k <= min(16384, max(64, pow2_at_least(S_r)))})
     tile = dict(BLOCK_N=64, heads_per_program=8, num_warps=4, num_stages=2)
     out: dict[str, list[dict]] = {"baseline": [dict(mode="baseline", kv_split=k, **tile) for k in splits]}
     out["fused"] = [dict(mode="fused", kv_split=k, items_per_flag=f, **tile) for k in splits for f in (1, 8)]
@@ -191,12 +205,9 @@ def bench_shape(shape: tuple, world, bench: Bench, copy_bw: float, modes: str = 
     if ok:
         best = min(ok, key=lambda r: r["median_ms"])
         rig.call(best["config"])()
-        plan = next(p for k, p in world.plans.items() if k[0] == "flash_decode" and dict(k[1]) == best["config"]
-                    and k[2] == rig.q.shape and k[3] == rig.k.shape)  # fmt: skip
-        decode = plan.steps[0][0]
         entry["anchors"]["decode_kernel_alone"] = dict(
             config=best["config"],
-            **measure_only(rig, lambda: decode(rig.q, rig.k, rig.v, rig.lens, rig.out), bench, eager_calls, replays),
+            **measure_only(rig, decode_launch(world, rig, best["config"]), bench, eager_calls, replays),
         )
     kv_bytes = 2 * B * Hkv * rig.S_r * Dh * 2
     entry["anchors"]["hbm_bound_ms"] = kv_bytes / copy_bw * 1e3  # KV bytes read / measured copy bandwidth
@@ -294,8 +305,7 @@ def main() -> None:
     result = run_header(world, "bench/flash_decode_modes.py")
 
     def save() -> None:
-        if world.rank == 0:
-            Path(args.out).write_text(json.dumps(result, indent=1))
+        save_result(world, result, args.out)
 
     spin_up(2.0)
     copy_bw = -max_over_ranks([-copy_bandwidth()])[0]  # the slower rank's
@@ -310,17 +320,8 @@ def main() -> None:
         if world.rank == 0:
             print("stress", {k: v for k, v in result["stress"].items() if k != "per_config"}, flush=True)
         save()
-    for shape in shapes:
-
-        def partial(entry: dict) -> None:  # a hang later in the shape keeps what was measured
-            if world.rank == 0:
-                Path(args.out).write_text(json.dumps(dict(result, partial=entry), indent=1))
-
-        result["shapes"].append(bench_shape(shape, world, bench, copy_bw, args.modes, partial))
-        torch.cuda.empty_cache()
-        save()
-    dist.barrier()
-    dist.destroy_process_group()
+    run_shapes(world, result, args.out, shapes,
+               lambda s, partial: bench_shape(s, world, bench, copy_bw, args.modes, partial))  # fmt: skip
 
 
 if __name__ == "__main__":

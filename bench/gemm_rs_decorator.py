@@ -9,13 +9,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from jointtune import create_world, joint_autotune
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ag_gemm_bench import init_cuda_world
+
+from jointtune import joint_autotune
 from jointtune.kernels.gemm_rs import gemm_rs, reference
 
 
@@ -36,10 +41,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="64x8192x8192,1024x8192x8192,8192x4096x12288,96x4096x4096")
     args = ap.parse_args()
     os.environ["JOINTTUNE_DB_URL"] = args.db
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    world = create_world()
+    world = init_cuda_world()
     W, rank = world.world_size, world.rank
     rows = []
     for text in args.shapes.split(","):

@@ -12,7 +12,6 @@ K is split across ranks: rank r holds A_r [M, K/W] and B_r [K/W, N] and gets [M/
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ag_gemm_bench import Bench, init_cuda_world, spin_up
-from ag_gemm_modes import TOL, guarded_measure, measure_only, modes_arguments, run_header, time_candidates
+from ag_gemm_modes import (
+    TOL,
+    guarded_measure,
+    measure_only,
+    modes_arguments,
+    run_header,
+    run_shapes,
+    save_result,
+    time_candidates,
+)
 from ag_gemm_modes import stress as modes_stress
 
 from jointtune.kernels.gemm_rs import gemm_rs
@@ -238,8 +246,7 @@ def main() -> None:
     result = run_header(world, "bench/gemm_rs_modes.py")
 
     def save() -> None:
-        if world.rank == 0:
-            Path(args.out).write_text(json.dumps(result, indent=1))
+        save_result(world, result, args.out)
 
     spin_up(2.0)
     if args.stress:
@@ -247,17 +254,8 @@ def main() -> None:
         if world.rank == 0:
             print("stress", {k: v for k, v in result["stress"].items() if k != "per_config"}, flush=True)
         save()
-    for M, N, K in shapes:
-
-        def partial(entry: dict) -> None:  # a hang later in the shape keeps what was measured
-            if world.rank == 0:
-                Path(args.out).write_text(json.dumps(dict(result, partial=entry), indent=1))
-
-        result["shapes"].append(bench_shape(M, N, K, world, bench, group_name, args.modes, partial))
-        torch.cuda.empty_cache()
-        save()
-    dist.barrier()
-    dist.destroy_process_group()
+    run_shapes(world, result, args.out, shapes,
+               lambda s, partial: bench_shape(*s, world, bench, group_name, args.modes, partial))  # fmt: skip
 
 
 if __name__ == "__main__":
