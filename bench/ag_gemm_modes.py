@@ -443,6 +443,9 @@ def modes_arguments(out: str, shapes_help: str) -> argparse.ArgumentParser:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--modes", default="", help="comma-separated modes of ours to time (default: all)")
+    ap.add_argument(
+        "--tree", default="", help="the checkout whose jointtune is run (default: this one; bench/checkout.py)"
+    )
     return ap
 
 

@@ -15,33 +15,20 @@ graph replays of CALLS back-to-back launches (min of three medians' runs, per la
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import time
 from pathlib import Path
 
-
-def _tree_from_argv() -> Path:
-    """The checkout whose `jointtune` is timed: `--tree DIR`, else this one (read before anything imports it)."""
-    argv = sys.argv[1:]
-    for i, a in enumerate(argv):
-        if a == "--tree" and i + 1 < len(argv):
-            return Path(argv[i + 1]).resolve()
-        if a.startswith("--tree="):
-            return Path(a.split("=", 1)[1]).resolve()
-    return Path(__file__).resolve().parents[1]
-
-
-sys.path.insert(0, str(_tree_from_argv()))
-# imported first, so that the bench modules below (which put this checkout on the path) find it loaded
-jointtune = importlib.import_module("jointtune")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkout import jointtune  # first: `--tree` picks the jointtune every import below gets
 
-import torch  # noqa: E402
-from ag_gemm_bench import Bench, init_cuda_world, spin_up  # noqa: E402
-from ag_gemm_modes import TOL, measure_only, run_header, run_shapes  # noqa: E402
-from flash_decode_modes import (  # noqa: E402
+# isort: split
+
+import torch
+from ag_gemm_bench import Bench, init_cuda_world, spin_up
+from ag_gemm_modes import TOL, measure_only, run_header, run_shapes
+from flash_decode_modes import (
     FdRig,
     UserPath,
     copy_bandwidth,
@@ -50,8 +37,8 @@ from flash_decode_modes import (  # noqa: E402
     two_per_sm_split,
 )
 
-from jointtune.kernels._runtime import device_limits  # noqa: E402
-from jointtune.search_spaces import get_space  # noqa: E402
+from jointtune.kernels._runtime import device_limits
+from jointtune.search_spaces import get_space
 
 #: (B, H, H_KV, S_r, D): a batch, heads, kv heads, keys on this rank, head dim
 SHAPES = [(1, 64, 8, 4096, 128), (1, 64, 8, 16384, 128), (1, 64, 8, 65536, 128), (1, 64, 8, 262144, 128),

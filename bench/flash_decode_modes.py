@@ -24,8 +24,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import checkout  # noqa: F401  (first: `--tree` picks the jointtune every import below gets)
+
+# isort: split
 
 from ag_gemm_bench import Bench, init_cuda_world, spin_up
 from ag_gemm_modes import (

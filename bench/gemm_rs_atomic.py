@@ -1,12 +1,13 @@
 """GEMM+RS atomic mode's correctness by tile and variant, on any number of GPUs: one GPU is enough to ask whether
 its fault needs NVLink (with W = 1 every atomic lands in the rank's own accumulator).
 
-Launch: `torchrun --nproc-per-node=1 bench/gemm_rs_atomic.py --out atomic.json [--any-tile]`
+Launch: `torchrun --nproc-per-node=1 bench/gemm_rs_atomic.py --out atomic.json [--any-tile] [--tree DIR]`
 
 Per case: `--calls` eager calls and `--replays` graph replays, each on fresh data with a NaN-poisoned output, each
 checked against the float32 reference (`gemm_rs_modes.RsRig`): the relative error and the share of elements off by
-more than 2% of the reference's RMS, max over ranks. `--any-tile` lifts the space's atomic_tile rule (64x128 tiles of
-4 warps at most), so that the tiles found wrong on 2 GPUs can be tried here.
+more than 2% of the reference's RMS, max over ranks. `--any-tile` lifts the atomic_tile rule (64x128 tiles of 4 warps
+at most) that the gemm_rs space had before revision 4, so that a `--tree` from before the fix can run the tiles it got
+wrong; this tree's space has no such rule.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkout import TREE  # first: `--tree` picks the jointtune every import below gets
+
+# isort: split
 
 from ag_gemm_bench import init_cuda_world, spin_up
 from ag_gemm_modes import capture, max_over_ranks, run_header
@@ -131,10 +134,11 @@ def main() -> None:
     ap.add_argument("--out", default="gemm_rs_atomic.json")
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--replays", type=int, default=8)
-    ap.add_argument("--any-tile", action="store_true", help="lift the space's atomic_tile rule")
+    ap.add_argument("--any-tile", action="store_true", help="lift the atomic_tile rule (a --tree before revision 4)")
     ap.add_argument("--shapes", default="", help="MxNxK,... (default: SHAPES)")
     ap.add_argument("--tiles", default="", help="indices into TILES, comma-separated (default: all)")
     ap.add_argument("--modes", default="atomic,push")
+    ap.add_argument("--tree", default="", help="the checkout whose jointtune is checked (default: this one)")
     args = ap.parse_args()
     world = init_cuda_world()
     if args.any_tile:
@@ -142,6 +146,7 @@ def main() -> None:
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
     result = run_header(world, "bench/gemm_rs_atomic.py")
     result["command"] = result["command"].replace("--nproc-per-node=2", f"--nproc-per-node={world.world_size}")
+    result["tree"] = str(TREE)
     result["cases"] = []
     spin_up(1.0)
     for M, N, K in shapes:

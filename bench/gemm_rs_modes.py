@@ -19,8 +19,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import checkout  # noqa: F401  (first: `--tree` picks the jointtune every import below gets)
+
+# isort: split
 
 from ag_gemm_bench import Bench, init_cuda_world, spin_up
 from ag_gemm_modes import (
@@ -52,28 +54,17 @@ def candidates(M: int, K: int, W: int) -> dict[str, list[dict]]:
     R = M // W
     fused = []
     if R >= 2048:
-        for mode in ("push", "pull"):
+        for mode in ("push", "pull", "atomic"):
             for chunk, red in ((256, 16), (1024, 32)):
                 fused.append(dict(mode=mode, chunk_m=chunk, reduce_sms=red, tile_order="peers_first", **BIG))
-        fused.append(
-            dict(
-                mode="atomic",
-                chunk_m=1024,
-                reduce_sms=32,
-                tile_order="peers_first",
-                **dict(BIG, BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4),
-            )
-        )  # the space's atomic tiles
     else:
         tiles = BIG if R >= 512 else _small(R)
         split = 1 if R >= 512 else 4
         chunk = min(256, 1 << (R - 1).bit_length())
         for mode in ("push", "pull", "atomic"):
             for red in (8, 32):
-                t = dict(tiles, SPLIT_K=split)
-                if mode == "atomic":  # the space's atomic tiles
-                    t.update(BLOCK_M=min(t["BLOCK_M"], 64), BLOCK_N=min(t["BLOCK_N"], 128), num_warps=4)
-                fused.append(dict(mode=mode, chunk_m=chunk, reduce_sms=red, tile_order="peers_first", **t))
+                fused.append(dict(mode=mode, chunk_m=chunk, reduce_sms=red, tile_order="peers_first",
+                                  **dict(tiles, SPLIT_K=split)))  # fmt: skip
         if R < 512:
             fused.append(dict(mode="push", chunk_m=chunk, reduce_sms=16, tile_order="peers_first",
                               **_small(R, BLOCK_N=128, SPLIT_K=2)))  # fmt: skip
@@ -214,6 +205,8 @@ STRESS = [
     ),
     ((64, 8192, 8192), dict(mode="pull", chunk_m=32, reduce_sms=32, tile_order="own_first", **_small(32, SPLIT_K=2))),
     ((256, 4096, 4096), dict(mode="atomic", chunk_m=64, reduce_sms=8, tile_order="peers_first", **_small(128))),
+    # 8-warp atomic tiles: the ones its read/zero race hit in every call before the fix
+    ((1024, 4096, 8192), dict(mode="atomic", chunk_m=128, reduce_sms=16, tile_order="own_first", **BIG)),
     ((1024, 4096, 8192), dict(mode="push", chunk_m=128, reduce_sms=16, tile_order="peers_first", **BIG)),
     ((1000, 3000, 2000), dict(mode="pull", chunk_m=64, reduce_sms=8, tile_order="peers_first", **_small(500))),
     ((1024, 4096, 8192), dict(mode="ce", ce_consumer="cublas", ce_chunks=2, reduce_sms=16)),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What one GPU can check, run on the lent single-GPU machine (nvidia-h200) from the repository root:
-#   bash bench/single_gpu_device.sh tune19 [kernel-ab] [kernel-grid] [kernel-defaults] [kernel-merge]
+#   bash bench/single_gpu_device.sh tune19 [kernel-ab] [kernel-grid] [kernel-defaults] [kernel-merge] [atomic-fix]
+#   [stress-w1] [fix-ab]
 # tune19:      issue 19's before/after tuning run: the same exhaustive `jointtune tune` (world size 1) from a
 #              checkout before the autotune/ restructure (.old19, `git archive 0777b74`) and after it (.new19,
 #              `git archive 8b94e6c`), each on its own SQLite store, for flash_decode and ag_gemm.
@@ -8,7 +9,14 @@
 # kernel-grid: bench/flash_decode_kernel.py --grid full on this tree's kernel.
 # kernel-defaults: --grid defaults (the space default against revision 2's and its neighbours, 14 layer shapes).
 # kernel-merge: --grid defaults at three shapes with a chunk merge of 4096 and of 16384 floats per step.
-# Needs .whl (../shared/tools/device-wheels.sh) and, for tune19 and kernel-ab, .old19/.new19; carry them all.
+# atomic-fix:  issue 15: bench/gemm_rs_atomic.py --any-tile on the kernels before the ordering fix (.variants/base),
+#              with only its acquire (.variants/acquire), with only its barriers (.variants/barrier), then this tree
+#              with more calls and push beside it. .variants/* hold a `jointtune` each (made with git archive).
+# stress-w1:   every family's modes benchmark with its graph-replay stress run at world size 1.
+# fix-ab:      what the ordering fix costs: the Flash-Decode and GEMM+RS modes benchmarks (no stress) on the kernels
+#              before it (.variants/base) and on this tree, alternating, twice.
+# Needs .whl (../shared/tools/device-wheels.sh) and, for tune19 and kernel-ab, .old19/.new19, for atomic-fix
+# and fix-ab .variants; carry them all.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 [ -n "$SITE" ] || { echo "single_gpu_device.sh: carry .whl (the tuner's and the service's wheels)"; exit 1; }
@@ -65,6 +73,48 @@ kernel() {  # kernel NAME SECONDS ARGS...: bench/flash_decode_kernel.py on this 
   grep "^\[" "$OUT/flash_decode_kernel_$name.log"
 }
 
+atomic_fix() {
+  local shapes=1024x8192x8192,256x4096x4096
+  for v in base acquire barrier; do
+    echo "== atomic-fix $v"
+    run 150 bench/gemm_rs_atomic.py --tree "$ROOT/.variants/$v" --any-tile --modes atomic --tiles 2,3,4 \
+      --shapes $shapes --calls 6 --replays 6 --out "$OUT/atomic_fix_$v.json" > "$OUT/atomic_fix_$v.log" 2>&1
+    grep -E "^[0-9]+x|^exit" "$OUT/atomic_fix_$v.log"
+  done
+  echo "== atomic-fix both (this tree)"
+  run 280 bench/gemm_rs_atomic.py --any-tile --calls 24 --replays 24 --out "$OUT/atomic_fix_both.json" \
+    > "$OUT/atomic_fix_both.log" 2>&1
+  grep -E "^[0-9]+x|^exit" "$OUT/atomic_fix_both.log"
+}
+
+stress_w1() {
+  run 200 bench/flash_decode_modes.py --compile-check --stress 600 --shapes 1x64x8x16384x128 \
+    --out "$OUT/flash_decode_modes_w1.json" > "$OUT/flash_decode_modes_w1.log" 2>&1
+  tail -4 "$OUT/flash_decode_modes_w1.log"
+  run 300 bench/gemm_rs_modes.py --stress 600 --shapes 64x8192x8192,1024x8192x8192,8192x4096x12288 \
+    --out "$OUT/gemm_rs_modes_w1.json" > "$OUT/gemm_rs_modes_w1.log" 2>&1
+  tail -4 "$OUT/gemm_rs_modes_w1.log"
+  run 150 bench/ag_gemm_modes.py --stress 600 --shapes 128x8192x8192 \
+    --out "$OUT/ag_gemm_modes_w1.json" > "$OUT/ag_gemm_modes_w1.log" 2>&1
+  tail -4 "$OUT/ag_gemm_modes_w1.log"
+}
+
+fix_ab() {
+  for round in 1 2; do
+    for tree in base this; do
+      local t=()
+      [ "$tree" = base ] && t=(--tree "$ROOT/.variants/base")
+      echo "== fix-ab round $round: $tree"
+      run 150 bench/flash_decode_modes.py "${t[@]}" --stress 0 --shapes 1x64x8x4096x128,1x64x8x16384x128 \
+        --out "$OUT/fix_ab_fd_${tree}_$round.json" > "$OUT/fix_ab_fd_${tree}_$round.log" 2>&1
+      grep -E "^\[|^exit" "$OUT/fix_ab_fd_${tree}_$round.log" | cut -c1-400
+      run 150 bench/gemm_rs_modes.py "${t[@]}" --stress 0 --modes push,pull --shapes 64x8192x8192,1024x8192x8192 \
+        --out "$OUT/fix_ab_rs_${tree}_$round.json" > "$OUT/fix_ab_rs_${tree}_$round.log" 2>&1
+      grep -E "^\[|^exit" "$OUT/fix_ab_rs_${tree}_$round.log" | cut -c1-400
+    done
+  done
+}
+
 for step in "$@"; do
   case $step in
     tune19) tune19 ;;
@@ -76,6 +126,10 @@ for step in "$@"; do
         kernel "merge$m" 150 --grid defaults --merge-elements "$m" \
           --shapes 1x64x8x4096x128,1x64x8x16384x128,8x64x8x16384x128
       done ;;
-    *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge)"; exit 2 ;;
+    atomic-fix) atomic_fix ;;
+    stress-w1) stress_w1 ;;
+    fix-ab) fix_ab ;;
+    *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge, atomic-fix,"\
+         "stress-w1, fix-ab)"; exit 2 ;;
   esac
 done

@@ -185,6 +185,7 @@ def ag_gemm_kernel(
                     zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                     total = tl.atomic_add(slot_ptrs, zeros, sem="acquire")
                     tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+                    tl.debug_barrier()  # every thread has read the slot before any zeroes it (layouts may differ)
                     tl.store(slot_ptrs, zeros)
                     tl.store(counts_ptr + tile, 0)
             if DYNAMIC:

@@ -167,6 +167,7 @@ def gemm_rs_kernel(
                     if finished:
                         zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                         acc = tl.atomic_add(slot_ptrs, zeros, sem="acquire")
+                        tl.debug_barrier()  # every thread has read the slot before any zeroes it (layouts may differ)
                         tl.store(slot_ptrs, zeros)
                         tl.store(counts_ptr + tile, 0)
                 if finished:
@@ -228,7 +229,13 @@ def gemm_rs_kernel(
                 o_ptrs = out_ptr + rws[:, None].to(tl.int64) * stride_om + cols[None, :]
                 tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
                 if ZERO_SRC:
-                    tl.store(src_ptr + half + in_slot, tl.zeros((RED_M, RED_N), dtype=tl.float32), mask=mask)
+                    # Triton may give the zeroing store another thread layout than the loads (8 warps: rows
+                    # per warp vs a 4x2 warp grid), so without the barrier one thread zeroes an element
+                    # before another has read it; every read must be done first
+                    tl.debug_barrier()
+                    delta = tl.load(src_deltas_ptr)
+                    zeros = tl.zeros((RED_M, RED_N), dtype=tl.float32)
+                    tl.store(src_ptr + half + delta + in_slot, zeros, mask=mask)
     if EPOCH == 1:
         if EXIT:
             # pull_cublas: the last program to finish tells every peer "done reading your partial of call

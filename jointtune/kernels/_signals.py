@@ -77,10 +77,14 @@ def release_flag(flag_ptrs_ptr, rank, index, epoch, WORLD: tl.constexpr):
 @triton.jit
 def wait_flag(flag_ptr, epoch):
     # Poll with plain volatile loads (no read-modify-write for the writer's atomic to queue behind), then
-    # acquire once: what the writer released before the flag is visible to this program after it.
+    # acquire once: what the writer released before the flag is visible to this program after it. The
+    # acquiring read's value must be used: Triton (3.6 to 3.9) folds away a scalar `atomic_add(p, 0)` whose
+    # result is unused, acquire or not, which left every wait without its acquire (tests/kernels/
+    # test_kernel_ordering.py checks the compiled PTX).
     while tl.load(flag_ptr, volatile=True) < epoch:
         pass
-    tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    while tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys") < epoch:
+        pass
 
 
 @triton.jit

@@ -47,7 +47,14 @@ def compile_config(config: dict, *, M: int = 1024, N: int = 2048, K: int = 1024,
 
 
 def compile_kernel(kernel, named: dict, options: dict) -> str:
-    """Lower one kernel for sm_90, specialised as a launch with these arguments would be."""
+    """Lower one kernel for sm_90, specialised as a launch with these arguments would be; returns a summary."""
+    ptx = lower(kernel, named, options).asm["ptx"]
+    vectorised = "ld.global.v4" in ptx or "cp.async.cg.shared.global" in ptx
+    return f"{kernel.fn.__name__}: {len(ptx)} PTX chars, {'vectorised' if vectorised else 'scalar'} loads"
+
+
+def lower(kernel, named: dict, options: dict):
+    """The compiled kernel (its `asm` holds "ttgir" and "ptx") for sm_90, specialised as a launch would be."""
     names = list(inspect.signature(kernel.fn).parameters)
     const_names = {n for n, p in inspect.signature(kernel.fn).parameters.items() if "constexpr" in str(p.annotation)}
     constexprs = {n: named[n] for n in names if n in const_names}
@@ -77,10 +84,7 @@ def compile_kernel(kernel, named: dict, options: dict) -> str:
         constexprs={(names.index(k),): v for k, v in constexprs.items()},
         attrs=attrs,
     )
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    ptx = compiled.asm["ptx"]
-    vectorised = "ld.global.v4" in ptx or "cp.async.cg.shared.global" in ptx
-    return f"{kernel.fn.__name__}: {len(ptx)} PTX chars, {'vectorised' if vectorised else 'scalar'} loads"
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def _small_kernels() -> list[tuple[str, str]]:

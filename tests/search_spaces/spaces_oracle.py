@@ -121,8 +121,6 @@ def broken_rules(space: str, cfg: dict[str, Any], problem: Problem, lim: DeviceL
             budget = lim.num_sms // 4 if cfg["mode"] in GEMM_RS_FUSED else lim.num_sms
             if cfg["reduce_sms"] > budget:
                 bad.append("reduce_sms_budget")
-        if cfg["mode"] == "atomic" and (cfg["BLOCK_M"] * cfg["BLOCK_N"] > 8192 or cfg["num_warps"] != 4):
-            bad.append("atomic_tile")
     if "ce_chunks" in cfg and cfg["ce_chunks"] > rows:
         bad.append("ce_chunks_fit_rows")
     return bad

@@ -86,7 +86,6 @@ def test_gemm_rs_params_are_exactly_the_kernel_contract() -> None:
         "chunk_fits_rows",
         "reduce_sms_budget",
         "ce_chunks_fit_rows",
-        "atomic_tile",
     }
     # only atomic mode's sums depend on the order of the adds
     assert space.nondeterministic == ("atomic",)
@@ -99,14 +98,15 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
     assert {name: get_space(name).version for name in ("ag_gemm", "gemm_rs", "flash_decode")} == {
         "ag_gemm": "f157dc3fa290",
         # revision 3 (the kernel's modes: atomic, pull_cublas, reduce_sms, tile_order; chunk_fits_rows,
-        # reduce_sms_budget, atomic_tile; no comm_sms) changed it from 1fd89d6bea81
-        "gemm_rs": "f8b5ac3391ee",
+        # reduce_sms_budget, atomic_tile; no comm_sms) changed it from 1fd89d6bea81; revision 4 (no atomic_tile)
+        # from f8b5ac3391ee
+        "gemm_rs": "7685ce476574",
         # revision 2 (the kernel's modes: fused, pull, wait, baseline; the decode tiles in every mode, baseline
         # included; items_per_flag, push_programs; items_per_flag_fit; no combine_chunks) changed it from b08fba860040;
         # revision 3 (heads_per_program any divisor of G up to 16; the default's tiles) from 42db48894d7e
         "flash_decode": "c3312b6eea52",
     }
-    assert get_space("gemm_rs").revision == 3
+    assert get_space("gemm_rs").revision == 4
     assert get_space("flash_decode").revision == 3
 
 
@@ -151,11 +151,8 @@ def test_to_json_describes_params_conditions_and_rules() -> None:
         "rule": "chunk_m <= max(16, next_pow2(R))",
     }
     assert rules["reduce_sms_budget"]["fields"] == ["reduce_sms", "mode"]
-    assert rules["atomic_tile"] == {
-        "name": "atomic_tile",
-        "fields": ["mode", "BLOCK_M", "BLOCK_N", "num_warps"],
-        "rule": "mode != atomic or (BLOCK_M*BLOCK_N <= 8192 and num_warps == 4)",
-    }
+    # atomic mode takes the other fused modes' tiles (revision 4): no rule of its own
+    assert not any("atomic" in name for name in rules)
     # gemm_rs chunks may be ragged, and it has no comm_sms; ag_gemm keeps both rules
     assert "chunk_divides_rows" not in rules and "comm_sms_budget" not in rules
     assert all(p["name"] != "comm_sms" for p in data["params"])
@@ -477,7 +474,7 @@ def test_flash_decode_counts_per_mode() -> None:
         ("gemm_rs", "256x256x2040", {"mode": "ce", "reduce_sms": 64}),
         # push's reduce programs at the edge of their budget (64 // 4 = 16); R=100: ragged chunks up to 128
         ("gemm_rs", "200x40x100", {"mode": "push", "reduce_sms": 16, "tile_order": "peers_first"}),
-        # atomic keeps to 4-warp tiles of <= 8192 elements
+        # atomic: every tile and warp count the other fused modes take
         ("gemm_rs", "2048x1024x1024", {"mode": "atomic", "reduce_sms": 8, "tile_order": "peers_first"}),
         ("gemm_rs", "200x40x100", {"mode": "pull_cublas"}),
         # flash_decode: the decode tiles in every mode; items_per_flag capped by few items (B * H = 8); kv_split by

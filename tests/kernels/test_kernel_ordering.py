@@ -1,0 +1,75 @@
+"""Every flag wait acquires, and every read-then-zero of an fp32 buffer has a barrier between, in the PTX/TTGIR
+that this Triton and the GPU image's (3.6) emit for Hopper.
+
+Both faults made GEMM+RS atomic mode sum wrong on a GPU (whole warps' rows read as zero) while every CPU test
+passed: the interpreter neither drops atomics nor runs threads out of step. `ordering_probe.py` compiles
+without a GPU and reports what the compiler kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+GPU_TRITON = Path(os.environ.get("JOINTTUNE_GPU_TRITON_DIR", ROOT / ".venv" / "gpu-triton"))
+
+GEMM = dict(M=1024, N=2048, K=1024)
+TILE = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)
+FD = dict(kv_split=1024, BLOCK_N=64, heads_per_program=8, num_warps=4, num_stages=2, items_per_flag=4)
+FD_SHAPE = dict(B=4, H=64, H_KV=8, S=65536, D=128)
+CONFIGS = [
+    # atomic with 8-warp tiles: the reduce's read and its zeroing get different thread layouts
+    dict(family="gemm_rs", shape=GEMM, mode="atomic", chunk_m=128, reduce_sms=16, tile_order="peers_first",
+         SPLIT_K=1, **TILE),
+    dict(family="gemm_rs", shape=GEMM, mode="atomic", chunk_m=128, reduce_sms=16, tile_order="own_first", SPLIT_K=2,
+         **dict(TILE, BLOCK_M=64, num_warps=4, num_stages=3)),
+    dict(family="gemm_rs", shape=GEMM, mode="pull", chunk_m=64, reduce_sms=8, tile_order="own_first", SPLIT_K=2,
+         **dict(TILE, BLOCK_M=64, BLOCK_K=32)),
+    dict(family="gemm_rs", shape=GEMM, mode="pull_cublas", reduce_sms=16),
+    dict(family="ag_gemm", shape=GEMM, mode="push", comm_sms=16, chunk_m=128, SPLIT_K=2, **TILE),
+    dict(family="flash_decode", shape=FD_SHAPE, mode="fused", **FD),
+    dict(family="flash_decode", shape=FD_SHAPE, mode="wait", push_programs=8, **FD),
+]  # fmt: skip
+
+
+def _facts(extra_path: str | None) -> tuple[str, list[dict]]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, str(ROOT)) if p)
+    cmd = [sys.executable, str(HERE / "ordering_probe.py"), json.dumps(CONFIGS)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return lines[0]["triton"], lines[1:]
+
+
+def _check(facts: list[dict]) -> None:
+    waiting = {f["kernel"] for f in facts if f["spins"]}
+    # the probe sees the waits at all: every family's fused kernel and the shared wait kernels poll
+    assert {"gemm_rs_kernel", "ag_gemm_kernel", "flash_decode_kernel", "wait_chunks_kernel", "open_call_kernel",
+            "release_chunk_kernel"} <= waiting  # fmt: skip
+    for f in facts:
+        where = f"{f['kernel']} of {f['config']}"
+        assert f["flag_acquires"] >= f["spins"], f"{where}: {f['spins']} polling loops, {f['flag_acquires']} acquires"
+        assert f["unfenced_zeroing"] == [], f"{where}: zeroing with no barrier after the read: {f['unfenced_zeroing']}"
+
+
+def test_waits_acquire_and_zeroing_waits_for_every_read_with_this_triton():
+    _, facts = _facts(None)
+    _check(facts)
+
+
+def test_waits_acquire_and_zeroing_waits_for_every_read_with_the_gpu_images_triton():
+    if not (GPU_TRITON / "triton").is_dir():
+        if os.environ.get("JOINTTUNE_REQUIRE_GPU_TRITON"):
+            pytest.fail(f"{GPU_TRITON} has no Triton; `make test` installs the GPU image's Triton there")
+        pytest.skip(f"no GPU-image Triton at {GPU_TRITON} (`make test` installs it)")
+    version, facts = _facts(str(GPU_TRITON))
+    assert version.startswith("3.6")
+    _check(facts)
