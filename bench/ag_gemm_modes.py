@@ -31,8 +31,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkout import add_tree_argument  # first: `--tree` picks the jointtune every import below gets
+
+# isort: split
 
 from ag_gemm_bench import Bench, init_cuda_world, spin_up
 
@@ -443,9 +445,7 @@ def modes_arguments(out: str, shapes_help: str) -> argparse.ArgumentParser:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--modes", default="", help="comma-separated modes of ours to time (default: all)")
-    ap.add_argument(
-        "--tree", default="", help="the checkout whose jointtune is run (default: this one; bench/checkout.py)"
-    )
+    add_tree_argument(ap)
     return ap
 
 

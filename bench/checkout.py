@@ -6,6 +6,7 @@ the bench modules imported after it (which put this checkout on the path) find i
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 from pathlib import Path
@@ -20,6 +21,11 @@ def tree_from_argv() -> Path:
         if a.startswith("--tree="):
             return Path(a.split("=", 1)[1]).resolve()
     return Path(__file__).resolve().parents[1]
+
+
+def add_tree_argument(ap: argparse.ArgumentParser) -> None:
+    """Declare `--tree` to a script's parser (this module has read it already), so that `--help` shows it."""
+    ap.add_argument("--tree", default="", help="the checkout whose jointtune is run (default: this one)")
 
 
 sys.path.insert(0, str(tree_from_argv()))

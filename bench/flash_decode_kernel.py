@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from checkout import jointtune  # first: `--tree` picks the jointtune every import below gets
+from checkout import add_tree_argument, jointtune  # first: `--tree` picks the jointtune every import below gets
 
 # isort: split
 
@@ -153,7 +153,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="flash_decode_kernel.json")
     ap.add_argument("--shapes", default="", help="BxHxH_KVxS_rxD,... (S_r: keys on this rank)")
-    ap.add_argument("--tree", default="", help="the checkout whose jointtune is timed (default: this one)")
+    add_tree_argument(ap)
     ap.add_argument("--grid", default="modes", choices=("modes", "full", "defaults"), help="which configs (see grid)")
     ap.add_argument("--label", default="", help="a name for this run in the JSON (e.g. before/after)")
     ap.add_argument(

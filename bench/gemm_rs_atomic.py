@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from checkout import TREE  # first: `--tree` picks the jointtune every import below gets
+from checkout import TREE, add_tree_argument  # first: `--tree` picks the jointtune every import below gets
 
 # isort: split
 
@@ -138,7 +138,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="MxNxK,... (default: SHAPES)")
     ap.add_argument("--tiles", default="", help="indices into TILES, comma-separated (default: all)")
     ap.add_argument("--modes", default="atomic,push")
-    ap.add_argument("--tree", default="", help="the checkout whose jointtune is checked (default: this one)")
+    add_tree_argument(ap)
     args = ap.parse_args()
     world = init_cuda_world()
     if args.any_tile:

@@ -5,7 +5,7 @@ failures that only a GPU run used to show (a pass pipeline that breaks on one Tr
 are caught on the CPU, with the launcher's own arguments and constants (`standin_launches`, as the tuner's
 precompile uses). The small kernels every family shares (open a call, release a chunk, wait for chunks)
 are compiled once per run. A config names its family in a `family` field (ag_gemm when it has none), and may name its
-problem's dims in `shape` and its dtype in `dtype`.
+problem's dims in `shape`, its dtype in `dtype` and its world size in `world_size`.
 
     python tests/kernels/aot_compile.py '[{"mode": "push", ...}, ...]'   # prints one line per config
 
@@ -35,15 +35,20 @@ _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32
           torch.int64: "*i64"}  # fmt: skip
 
 
-def compile_config(config: dict, *, M: int = 1024, N: int = 2048, K: int = 1024, world_size: int = 2) -> str:
-    """Compile one config's Triton kernels for sm_90 (its `family`, ag_gemm if none); returns the PTX sizes as
-    text, raises on failure."""
+def config_launches(config: dict, *, M: int = 1024, N: int = 2048, K: int = 1024) -> list:
+    """(kernel, arguments, options) of each Triton launch of one config: its `family` (ag_gemm if none), its
+    problem's dims in `shape` (else M x N x K), `dtype` (bfloat16) and `world_size` (2)."""
     config = dict(config)
     family = get_family(config.pop("family", "ag_gemm"))
     dims = config.pop("shape", {"M": M, "N": N, "K": K})
-    problem = Problem.of(dims, dtype=config.pop("dtype", "bfloat16"), world_size=world_size)
-    launches = family.standin_launches(config, problem, torch.device("cpu"))
-    return "; ".join(compile_kernel(kernel, named, options) for kernel, named, options in launches)
+    dtype, world_size = config.pop("dtype", "bfloat16"), config.pop("world_size", 2)
+    problem = Problem.of(dims, dtype=dtype, world_size=world_size)
+    return family.standin_launches(config, problem, torch.device("cpu"))
+
+
+def compile_config(config: dict) -> str:
+    """Compile one config's Triton kernels for sm_90; returns the PTX sizes as text, raises on failure."""
+    return "; ".join(compile_kernel(kernel, named, options) for kernel, named, options in config_launches(config))
 
 
 def compile_kernel(kernel, named: dict, options: dict) -> str:
@@ -87,11 +92,11 @@ def lower(kernel, named: dict, options: dict):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def _small_kernels() -> list[tuple[str, str]]:
+def shared_kernels() -> list[tuple]:
+    """(kernel, arguments) of the small kernels every family shares: wait, release (with and without its wait),
+    open a call, release behind the copy engine."""
     i64 = torch.zeros(1, dtype=torch.int64)
-    done = []
-    one = dict(num_warps=1)
-    for kernel, named in (
+    return [
         (wait_chunks_kernel, dict(flags_ptr=i64, state_ptr=i64, rank=0, n_chunks=2, p_lo=0, p_hi=1, c_lo=0, c_hi=1)),
         (release_chunk_kernel, dict(flag_ptrs_ptr=i64, flags_ptr=i64, state_ptr=i64, rank=0, n_chunks=2, chunk=1,
                                     WORLD=2, WAIT_ALL=False)),
@@ -100,9 +105,18 @@ def _small_kernels() -> list[tuple[str, str]]:
         (open_call_kernel, dict(state_ptr=i64, entered_ptrs_ptr=i64, entered_ptr=i64, rank=0, WORLD=2, SIGNAL=True,
                                 WAIT=True)),
         (release_flag_kernel, dict(flag_ptrs_ptr=i64, state_ptr=i64, owner=1, index=3)),
-    ):  # fmt: skip
+    ]  # fmt: skip
+
+
+#: the options the shared kernels launch with
+SHARED_OPTIONS = dict(num_warps=1)
+
+
+def _small_kernels() -> list[tuple[str, str]]:
+    done = []
+    for kernel, named in shared_kernels():
         try:
-            done.append(("ok", compile_kernel(kernel, named, one)))
+            done.append(("ok", compile_kernel(kernel, named, SHARED_OPTIONS)))
         except Exception as exc:
             done.append(("FAILED", f"{kernel.fn.__name__} {type(exc).__name__}: {str(exc)[-300:]}"))
     return done

@@ -10,29 +10,22 @@ Two faults that only a GPU showed, as wrong sums now and then, are visible in wh
     python tests/kernels/ordering_probe.py '[{"family": "gemm_rs", "mode": "atomic", ...}, ...]'
 
 prints one JSON line per compiled kernel: its spins (volatile polling loads), acquiring reads of an int64
-flag, and the zeroing stores not preceded by a barrier. Configs are given as for `aot_compile.py`, plus an optional
-`world_size`.
+flag, and the zeroing stores not preceded by a barrier. Configs are given as for `aot_compile.py`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)
-
-import torch
-import triton
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aot_compile import lower
+from aot_compile import SHARED_OPTIONS, config_launches, lower, shared_kernels  # first: it turns the interpreter off
 
-from jointtune.kernels import get_family
-from jointtune.kernels._signals import open_call_kernel, release_chunk_kernel, wait_chunks_kernel
-from jointtune.search_spaces import Problem
+# isort: split
+
+import triton
 
 _ZERO_CONST = re.compile(r"^\s*(%[\w.]+) = arith\.constant dense<0\.000000e\+00> : tensor<[\dx]+xf32")
 _STORE = re.compile(r"^\s*tt\.store (%[\w.]+), (%[\w.]+)")
@@ -72,25 +65,13 @@ def facts(name: str, compiled) -> dict:
 
 
 def config_facts(config: dict) -> list[dict]:
-    config = dict(config)
-    family = get_family(config.pop("family"))
-    problem = Problem.of(config.pop("shape"), dtype=config.pop("dtype", "bfloat16"),
-                         world_size=config.pop("world_size", 2))  # fmt: skip
-    return [facts(kernel.fn.__name__, lower(kernel, named, options))
-            for kernel, named, options in family.standin_launches(config, problem, torch.device("cpu"))]  # fmt: skip
+    return [
+        facts(kernel.fn.__name__, lower(kernel, named, options)) for kernel, named, options in config_launches(config)
+    ]
 
 
 def shared_kernel_facts() -> list[dict]:
-    i64 = torch.zeros(1, dtype=torch.int64)
-    one = dict(num_warps=1)
-    waits = (
-        (wait_chunks_kernel, dict(flags_ptr=i64, state_ptr=i64, rank=0, n_chunks=2, p_lo=0, p_hi=1, c_lo=0, c_hi=1)),
-        (release_chunk_kernel, dict(flag_ptrs_ptr=i64, flags_ptr=i64, state_ptr=i64, rank=1, n_chunks=1, chunk=0,
-                                    WORLD=4, WAIT_ALL=True)),
-        (open_call_kernel, dict(state_ptr=i64, entered_ptrs_ptr=i64, entered_ptr=i64, rank=0, WORLD=2, SIGNAL=True,
-                                WAIT=True)),
-    )  # fmt: skip
-    return [facts(kernel.fn.__name__, lower(kernel, named, one)) for kernel, named in waits]
+    return [facts(kernel.fn.__name__, lower(kernel, named, SHARED_OPTIONS)) for kernel, named in shared_kernels()]
 
 
 def main() -> None:

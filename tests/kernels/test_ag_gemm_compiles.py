@@ -8,17 +8,7 @@ installs the GPU image's Triton (3.6) beside the venv's so both versions are che
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-GPU_TRITON = Path(os.environ.get("JOINTTUNE_GPU_TRITON_DIR", ROOT / ".venv" / "gpu-triton"))
+from sm90 import gpu_image_triton, run_sm90
 
 FD_TILE = dict(kv_split=1024, BLOCK_N=64, heads_per_program=8, num_warps=4, num_stages=2, items_per_flag=4)
 TILE = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=6)
@@ -76,24 +66,13 @@ CONFIGS = [
 SMALL_KERNELS = 5  # the shared wait, release (with and without its wait) and open-call kernels, once per run
 
 
-def _compile(extra_path: str | None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, str(ROOT)) if p)
-    cmd = [sys.executable, str(HERE / "aot_compile.py"), json.dumps(CONFIGS)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-
-
 def test_every_mode_compiles_for_sm90_with_this_triton():
-    done = _compile(None)
+    done = run_sm90("aot_compile.py", CONFIGS)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("\nok ") + done.stdout.startswith("ok ") == len(CONFIGS) + SMALL_KERNELS
 
 
 def test_every_mode_compiles_for_sm90_with_the_gpu_images_triton():
-    if not (GPU_TRITON / "triton").is_dir():
-        if os.environ.get("JOINTTUNE_REQUIRE_GPU_TRITON"):
-            pytest.fail(f"{GPU_TRITON} has no Triton; `make test` installs the GPU image's Triton there")
-        pytest.skip(f"no GPU-image Triton at {GPU_TRITON} (`make test` installs it)")
-    done = _compile(str(GPU_TRITON))
+    done = run_sm90("aot_compile.py", CONFIGS, gpu_image_triton())
     assert done.returncode == 0, done.stdout + done.stderr
     assert "triton 3.6" in done.stdout

@@ -9,16 +9,9 @@ without a GPU and reports what the compiler kept.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-GPU_TRITON = Path(os.environ.get("JOINTTUNE_GPU_TRITON_DIR", ROOT / ".venv" / "gpu-triton"))
+from sm90 import gpu_image_triton, run_sm90
 
 GEMM = dict(M=1024, N=2048, K=1024)
 TILE = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)
@@ -39,11 +32,8 @@ CONFIGS = [
 ]  # fmt: skip
 
 
-def _facts(extra_path: str | None) -> tuple[str, list[dict]]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, str(ROOT)) if p)
-    cmd = [sys.executable, str(HERE / "ordering_probe.py"), json.dumps(CONFIGS)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+def _facts(triton_dir: Path | None = None) -> tuple[str, list[dict]]:
+    done = run_sm90("ordering_probe.py", CONFIGS, triton_dir)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     return lines[0]["triton"], lines[1:]
@@ -61,15 +51,11 @@ def _check(facts: list[dict]) -> None:
 
 
 def test_waits_acquire_and_zeroing_waits_for_every_read_with_this_triton():
-    _, facts = _facts(None)
+    _, facts = _facts()
     _check(facts)
 
 
 def test_waits_acquire_and_zeroing_waits_for_every_read_with_the_gpu_images_triton():
-    if not (GPU_TRITON / "triton").is_dir():
-        if os.environ.get("JOINTTUNE_REQUIRE_GPU_TRITON"):
-            pytest.fail(f"{GPU_TRITON} has no Triton; `make test` installs the GPU image's Triton there")
-        pytest.skip(f"no GPU-image Triton at {GPU_TRITON} (`make test` installs it)")
-    version, facts = _facts(str(GPU_TRITON))
+    version, facts = _facts(gpu_image_triton())
     assert version.startswith("3.6")
     _check(facts)
