@@ -3,7 +3,7 @@
 (KV bytes read / measured copy bandwidth). It is the part of every mode that one GPU can measure, so it runs on a
 single-GPU machine, and `--tree` times another checkout's kernel in the same way for before/after comparisons.
 
-Launch: `torchrun --nproc-per-node=1 bench/flash_decode_kernel.py --out k.json [--grid modes|full|defaults]
+Launch: `torchrun --nproc-per-node=1 bench/flash_decode_kernel.py --out k.json [--grid modes|full|defaults|floors]
 [--shapes BxHxH_KVxS_rxD,...] [--tree DIR]`
 
 Shapes are B x H x H_KV x S_r x D (S_r: the keys on this rank), bf16. Every config is
@@ -36,6 +36,7 @@ from flash_decode_modes import (
     pow2_at_least,
     two_per_sm_split,
 )
+from read_floor import floors
 
 from jointtune.kernels._runtime import device_limits
 from jointtune.search_spaces import get_space
@@ -49,6 +50,9 @@ DEFAULT_SHAPES = [(1, 64, 8, 1024, 128), (1, 64, 8, 4096, 128), (1, 64, 8, 16384
                   (2, 64, 8, 16384, 128), (4, 32, 8, 32768, 128), (8, 64, 8, 4096, 128), (8, 64, 8, 65536, 128),
                   (32, 64, 8, 4096, 128), (32, 64, 8, 16384, 128), (1, 28, 4, 16384, 128), (2, 40, 8, 8192, 128),
                   (4, 32, 32, 8192, 64), (1, 16, 2, 32768, 256)]  # fmt: skip
+#: `--grid floors`: batch 1 from 1K to 64K keys per rank, and the batches whose gap to the HBM bound is largest
+FLOOR_SHAPES = [(1, 64, 8, 1024, 128), (1, 64, 8, 4096, 128), (1, 64, 8, 16384, 128), (1, 64, 8, 65536, 128),
+                (2, 64, 8, 16384, 128), (8, 64, 8, 4096, 128)]  # fmt: skip
 #: (num_warps, num_stages) pairs of the full grid; BLOCK_N and kv_split are crossed with them
 WARPS_STAGES = ((4, 2), (4, 3), (8, 3))
 
@@ -73,7 +77,8 @@ def grid(shape: tuple, sms: int, smem: int, kind: str, default: dict | None = No
               half and twice that;
     full:     those splits x BLOCK_N 32-128 x the WARPS_STAGES pairs;
     defaults: this checkout's space default, revision 2's rule (the modes tile at two programs per SM), and the
-              default's neighbours (kv_split halved and doubled, 64/128-key steps, 3-4 stages)."""
+              default's neighbours (kv_split halved and doubled, 64/128-key steps, 3-4 stages);
+    floors:   the space default alone (bench_shape adds the read floor, `read_floor.floors`)."""
     B, H, H_KV, S_r, D = shape
     hpp = _hpp(H // H_KV)
     items = B * H // hpp
@@ -85,7 +90,9 @@ def grid(shape: tuple, sms: int, smem: int, kind: str, default: dict | None = No
         out = [dict(base, kv_split=k, BLOCK_N=bn, num_warps=w, num_stages=st) for k in _splits_around(k0, S_r)
                for bn in (32, 64, 128) for w, st in WARPS_STAGES]  # fmt: skip
         return [c for c in out if _valid(c, D, smem)]
-    assert kind == "defaults" and default is not None
+    assert kind in ("defaults", "floors") and default is not None
+    if kind == "floors":
+        return [dict(default)]
     # revision 2's default: a power of two of heads per program (the largest dividing G), two programs per SM
     hpp2 = min(H // H_KV & -(H // H_KV), 16)
     k2 = two_per_sm_split(B * H // hpp2, S_r, sms)
@@ -129,6 +136,10 @@ def bench_shape(world, bench: Bench, shape: tuple, copy_bw: float, kind: str) ->
         entry["configs"].append(row)
         print(f"  {label} {json.dumps(cfg)} err {row.get('error')} gpu {row.get('median_ms')} graph "
               f"{row.get('graph_ms')} {row.get('failure', '')}", flush=True)  # fmt: skip
+    if kind == "floors":
+        programs = B * H // default["heads_per_program"] * -(-S_r // default["kv_split"])
+        entry["floors"] = floors(rig.k, rig.v, programs, lambda fn: measure_only(rig, fn, bench, calls, replays))
+        print(f"  floors: read {json.dumps(entry['floors']['read'])} empty {json.dumps(entry['floors']['empty'])}")
     good = [r for r in entry["configs"] if r.get("error", 1) < TOL and "graph_ms" in r]
     of_default = next((r for r in good if r["config"] == default), None)
     if of_default:
@@ -141,6 +152,8 @@ def bench_shape(world, bench: Bench, shape: tuple, copy_bw: float, kind: str) ->
                 "vs_hbm_bound": best[regime] / entry["hbm_bound_ms"],
                 "vs_sdpa": best[regime] / entry["sdpa_alone"][regime],
             }  # fmt: skip
+            if "floors" in entry:
+                entry[f"best_{regime}"]["vs_read_floor"] = best[regime] / entry["floors"]["read"][regime]
     entry["seconds"] = time.time() - t0
     print(f"[{label}] {entry['seconds']:.0f}s default/best {entry.get('default_over_best_graph')} "
           f"best gpu {entry.get('best_median_ms')} best graph {entry.get('best_graph_ms')} "
@@ -154,7 +167,9 @@ def main() -> None:
     ap.add_argument("--out", default="flash_decode_kernel.json")
     ap.add_argument("--shapes", default="", help="BxHxH_KVxS_rxD,... (S_r: keys on this rank)")
     add_tree_argument(ap)
-    ap.add_argument("--grid", default="modes", choices=("modes", "full", "defaults"), help="which configs (see grid)")
+    ap.add_argument(
+        "--grid", default="modes", choices=("modes", "full", "defaults", "floors"), help="which configs (see grid)"
+    )
     ap.add_argument("--label", default="", help="a name for this run in the JSON (e.g. before/after)")
     ap.add_argument(
         "--merge-elements",
@@ -176,7 +191,7 @@ def main() -> None:
         raise SystemExit("flash_decode_kernel.py times one rank's kernel: run it with --nproc-per-node=1")
     bench = Bench(args.iters, args.warmup, world)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
-    shapes = shapes or (DEFAULT_SHAPES if args.grid == "defaults" else SHAPES)
+    shapes = shapes or {"defaults": DEFAULT_SHAPES, "floors": FLOOR_SHAPES}.get(args.grid, SHAPES)
     result = run_header(world, "bench/flash_decode_kernel.py")
     result["command"] = result["command"].replace("--nproc-per-node=2", "--nproc-per-node=1")
     result.update(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one GPU can check, run on the lent single-GPU machine (nvidia-h200) from the repository root:
 #   bash bench/single_gpu_device.sh tune19 [kernel-ab] [kernel-grid] [kernel-defaults] [kernel-merge] [atomic-fix]
-#   [stress-w1] [fix-ab]
+#   [stress-w1] [fix-ab] [kernel-floors]
 # tune19:      issue 19's before/after tuning run: the same exhaustive `jointtune tune` (world size 1) from a
 #              checkout before the autotune/ restructure (.old19, `git archive 0777b74`) and after it (.new19,
 #              `git archive 8b94e6c`), each on its own SQLite store, for flash_decode and ag_gemm.
@@ -15,6 +15,8 @@
 # stress-w1:   every family's modes benchmark with its graph-replay stress run at world size 1.
 # fix-ab:      what the ordering fix costs: the Flash-Decode and GEMM+RS modes benchmarks (no stress) on the kernels
 #              before it (.variants/base) and on this tree, alternating, twice.
+# kernel-floors: --grid floors: the space default against what any kernel needs to read the same KV bytes once
+#              (bench/read_floor.py: best streaming read over program counts and steps, and an empty launch).
 # Needs .whl (../shared/tools/device-wheels.sh) and, for tune19 and kernel-ab, .old19/.new19, for atomic-fix
 # and fix-ab .variants; carry them all.
 set -uo pipefail
@@ -121,6 +123,7 @@ for step in "$@"; do
     kernel-ab) kernel_ab ;;
     kernel-grid) kernel grid 560 --grid full ;;
     kernel-defaults) kernel defaults 420 --grid defaults ;;
+    kernel-floors) kernel floors 300 --grid floors ;;
     kernel-merge)
       for m in 4096 16384; do
         kernel "merge$m" 150 --grid defaults --merge-elements "$m" \
@@ -130,6 +133,6 @@ for step in "$@"; do
     stress-w1) stress_w1 ;;
     fix-ab) fix_ab ;;
     *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge, atomic-fix,"\
-         "stress-w1, fix-ab)"; exit 2 ;;
+         "stress-w1, fix-ab, kernel-floors)"; exit 2 ;;
   esac
 done
