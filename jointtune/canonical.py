@@ -27,6 +27,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+#: the largest dim a shape may have anywhere (CLI, spaces, store, service): 2**53 is exact in a double
+#: (PostgreSQL's nearest-shape arithmetic) and in JavaScript
+MAX_DIM = 2**53
 
 def plain(value: Any) -> Any:
     """`value` with every integral float made its integer, in objects and arrays at any depth."""

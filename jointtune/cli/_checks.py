@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from jointtune.errors import TuningError
+from jointtune.errors import DatabaseURLError, TuningError
 
 PROFILES = ("auto", "gpu", "cpu")
 
@@ -35,14 +35,18 @@ def check_profile(profile: str, *, on_gpu: bool) -> str:
     return profile
 
 
-def prepare_report_dir(path: Path | None) -> Path | None:
+def prepare_report_dir(text: str | None) -> Path | None:
     """Make `--report`'s directory now and prove it writable, so the report at the end can't fail.
 
-    An existing file is refused rather than replaced: `--report README.md` is a typo, not a wish.
+    An existing file is refused rather than replaced: `--report README.md` is a typo, not a wish; an empty
+    value too (an unset variable in a script), rather than read as the current directory.
     """
-    if path is None:
+    if text is None:
         return None
     allowed = "allowed: a directory (new or existing) for the tuning-curve PNGs and results.json"
+    if not text.strip():
+        raise TuningError(f"--report: {text!r} is empty; {allowed}")
+    path = Path(text)
     if path.exists() and not path.is_dir():
         raise TuningError(f"--report: {str(path)!r} is an existing file; {allowed}")
     try:
@@ -57,3 +61,21 @@ def prepare_report_dir(path: Path | None) -> Path | None:
     if not os.access(path, os.W_OK | os.X_OK):
         raise TuningError(f"--report: {str(path)!r} is not writable; {allowed}")
     return path
+
+
+def existing_store_url(db: str | None) -> str:
+    """The store a read-only command opens. A SQLite file that isn't there is refused: opening it would leave a
+    new empty store at a mistyped path and show nothing."""
+    from sqlalchemy.engine import make_url
+
+    from jointtune.db import resolve_db_url
+
+    url = resolve_db_url(db)
+    parsed = make_url(url)
+    path = parsed.database or ""
+    if parsed.get_backend_name() == "sqlite" and path and path != ":memory:" and not Path(path).exists():
+        source = "--db" if db is not None else "$JOINTTUNE_DB_URL" if os.environ.get("JOINTTUNE_DB_URL") else "store"
+        raise DatabaseURLError(
+            f"{source}: {path!r} does not exist; give an existing store (`db upgrade`, `tune` and `serve` make one)"
+        )
+    return url

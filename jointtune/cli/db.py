@@ -39,9 +39,10 @@ def upgrade_command(db: DbOption = None) -> None:
 @db_app.command("info")
 def info_command(db: DbOption = None) -> None:
     """Show the URL (password hidden), backend, schema revision and how much the store holds."""
+    from jointtune.cli._checks import existing_store_url
     from jointtune.db import Store
 
-    with Store(db, migrate=False) as store:
+    with Store(existing_store_url(db), migrate=False) as store:
         revision, head = store.revision(), store.head_revision()
         typer.echo(f"url:      {store.display_url}")
         typer.echo(f"backend:  {store.backend}")
@@ -65,16 +66,17 @@ def list_command(
     world_size: Annotated[int | None, typer.Option(help="only this world size")] = None,
     timing: Annotated[str | None, typer.Option(help="only this timing policy (gpu, eager, graph)")] = None,
     limit: Annotated[int, typer.Option(help="rows to show")] = 50,
-    offset: Annotated[int, typer.Option(help="rows to skip")] = 0,
+    offset: Annotated[int, typer.Option(help="rows to skip", min=0, max=2**31 - 1)] = 0,
 ) -> None:
     """Show stored records as a table (best config per key, with its study's trial count)."""
     from rich.console import Console
     from rich.table import Table
 
+    from jointtune.cli._checks import existing_store_url
     from jointtune.db import Store
 
     filters = {"kernel": kernel, "hardware_id": hardware, "dtype": dtype, "world_size": world_size, "timing": timing}
-    with Store(db) as store:
+    with Store(existing_store_url(db)) as store:
         records = store.list_records(**filters, limit=limit, offset=offset)
         total = store.count_records(**filters)
         url = store.url

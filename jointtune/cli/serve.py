@@ -10,11 +10,14 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from jointtune.errors import JointtuneError, ServiceError
+
+if TYPE_CHECKING:
+    from jointtune.server.settings import Settings
 
 DbOption = Annotated[
     str | None,
@@ -39,32 +42,53 @@ def serve_command(
 
     from jointtune.db import open_store, resolve_db_url
     from jointtune.server.auth import TokenSet
-    from jointtune.server.settings import Settings
 
     url = resolve_db_url(db)
     os.environ["JOINTTUNE_DB_URL"] = url  # workers build their app from the environment
-    settings = Settings()  # bad JOINTTUNE_* settings fail here, once, not in every worker
+    settings = _settings()  # bad JOINTTUNE_* settings fail here, once, not in every worker
     TokenSet.load(settings.tokens, settings.tokens_file)
     open_store(url).close()
+    sock = _listen(host, port)
+    config = uvicorn.Config(
+        "jointtune.server.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info"
+    )
     if workers == 1:
-        uvicorn.run("jointtune.server.app:app_from_env", factory=True, host=host, port=port, log_level="info")
+        uvicorn.Server(config).run(sockets=[sock])
         return
-    # uvicorn's shared socket for several workers is made with protocol 0, so asyncio never sets
-    # TCP_NODELAY on accepted connections and every keep-alive response waits ~40 ms for a delayed
-    # ACK (measured: bench/README.md, "Config service load"). Make the socket ourselves.
     from uvicorn.supervisors import Multiprocess
 
+    Multiprocess(config, sockets=[sock]).run()
+
+
+def _settings() -> Settings:
+    """The service's settings from the environment, or one line naming each bad variable."""
+    from pydantic import ValidationError
+
+    from jointtune.server.settings import Settings
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        bad = "; ".join(
+            f"JOINTTUNE_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise ServiceError(f"environment: {bad}") from None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for uvicorn, so a busy port is one line and exit 2 with any worker count. Ours, not
+    uvicorn's: its shared socket is made with protocol 0, so asyncio never sets TCP_NODELAY on accepted
+    connections and every keep-alive response waits ~40 ms for a delayed ACK (measured: bench/README.md,
+    "Config service load")."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
+        sock.close()
         raise ServiceError(f"--host/--port: can't listen on {host}:{port} ({exc.strerror})") from None
-    config = uvicorn.Config(
-        "jointtune.server.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info"
-    )
-    Multiprocess(config, sockets=[sock]).run()
+    return sock
 
 
 def export_command(
@@ -75,11 +99,15 @@ def export_command(
 ) -> None:
     """Write one hardware's profile and all its records to a bundle file (the format /v1/bundles serves),
     streamed a page at a time; the file is replaced only once it is complete."""
+    from jointtune.cli._checks import existing_store_url
     from jointtune.db import Store
     from jointtune.server.bundle import write_bundle
 
     partial = output.with_name(output.name + ".partial")
-    with Store(db) as store:
+    with Store(existing_store_url(db)) as store:
+        if kernel is not None and not store.count_records(kernel=kernel, hardware_id=hardware):
+            stored = sorted({k.name for k in store.list_kernels()})
+            raise BundleFileError(f"--kernel: {hardware!r} has no records of {kernel!r}; stored kernels: {stored}")
         try:
             with partial.open("w", encoding="utf-8") as out:
                 count = write_bundle(store, hardware, out, kernel=kernel)

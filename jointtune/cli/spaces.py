@@ -31,7 +31,9 @@ from jointtune.search_spaces import (
 
 spaces_app = typer.Typer(no_args_is_help=True, help="Inspect the joint search spaces: list, show, count, validate.")
 
-Dtype = Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32 (torch names work too).")]
+Dtype = Annotated[
+    str, typer.Option("--dtype", help="bf16 or fp16, the dtypes every kernel family runs (torch names work too).")
+]
 WorldSize = Annotated[int, typer.Option("--world-size", help="Ranks the problem is split over.")]
 Nominal = Annotated[bool, typer.Option("--nominal", help="Use nominal Hopper limits, not the local GPU's.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]

@@ -35,13 +35,22 @@ if TYPE_CHECKING:
 _DB_HELP = "database URL of the store and the Optuna studies (default: $JOINTTUNE_DB_URL or the per-user SQLite file)"
 
 
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
+        raise TuningError(f"{name}: {text[:40]!r} is not allowed; give whole seconds (e.g. {default})")
+    return int(text)
+
+
 def _options(heartbeat: int | None, grace: int | None) -> GroupOptions:
     """Heartbeat and grace from the options, else $JOINTTUNE_HEARTBEAT_S / $JOINTTUNE_GRACE_S."""
     from jointtune.autotune.workers.coordinator import GroupOptions
 
     defaults = GroupOptions()
-    beat = heartbeat or int(os.environ.get("JOINTTUNE_HEARTBEAT_S", defaults.heartbeat_s))
-    grace_s = grace or int(os.environ.get("JOINTTUNE_GRACE_S", defaults.grace_s))
+    beat = heartbeat or _env_int("JOINTTUNE_HEARTBEAT_S", defaults.heartbeat_s)
+    grace_s = grace or _env_int("JOINTTUNE_GRACE_S", defaults.grace_s)
     if beat < 1 or grace_s <= beat:
         raise TuningError(
             f"heartbeat/grace: {beat}/{grace_s} s is not allowed; need heartbeat >= 1 and grace > heartbeat"
@@ -55,8 +64,8 @@ def _import_all(modules: list[str]) -> None:
     for module in modules:
         try:
             importlib.import_module(module)
-        except ImportError as exc:
-            raise TuningError(f"--import: {module!r} can't be imported ({exc})") from None
+        except Exception as exc:  # a bad name (ValueError, TypeError) or a module that fails as it loads
+            raise TuningError(f"--import: {module!r} can't be imported ({type(exc).__name__}: {exc})") from None
 
 
 def _restriction_value(text: str) -> int | bool | str:
@@ -87,7 +96,7 @@ GroupsOption = Annotated[
     int | None, typer.Option(min=1, help="tuning groups on this node (default: all GPUs; one on the CPU)")
 ]
 ReportOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(help="directory for tuning-curve PNGs and results.json (made and checked before tuning starts)"),
 ]
 ProfileOption = Annotated[str, typer.Option(help="auto (gpu when CUDA is visible), gpu or cpu")]
@@ -134,7 +143,7 @@ def _tune_and_summarise(
 def tune(
     kernel: Annotated[str, typer.Option("--kernel", help="kernel family, e.g. ag_gemm")],
     shape: Annotated[str, typer.Option("--shape", help="e.g. 8192x4096x12288 or M=8192,N=4096,K=12288")],
-    dtype: Annotated[str, typer.Option(help="bf16, fp16 or fp32")] = "bf16",
+    dtype: Annotated[str, typer.Option(help="bf16 or fp16 (what every kernel family runs)")] = "bf16",
     world_size: Annotated[int, typer.Option("--world-size", min=1, help="ranks of the kernel")] = 2,
     trials: Annotated[int, typer.Option(help="trial budget (configs measured)")] = 64,
     time_budget: Annotated[float | None, typer.Option("--time-budget", help="seconds of trial time")] = None,
@@ -147,7 +156,7 @@ def tune(
             "host included) or graph (replays of a captured CUDA graph; needs a GPU)"
         ),
     ] = "gpu",
-    seed: Annotated[int, typer.Option(help="sampler seed")] = 0,
+    seed: Annotated[int, typer.Option(help="sampler seed", min=0, max=2**32 - 1)] = 0,
     warmup: Annotated[int | None, typer.Option(help="untimed runs per trial")] = None,
     iters: Annotated[int | None, typer.Option(help="timed runs per trial")] = None,
     db: Annotated[str | None, typer.Option("--db", help=_DB_HELP)] = None,

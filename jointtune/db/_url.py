@@ -73,6 +73,8 @@ def resolve_db_url(url: str | None = None) -> str:
     PostgreSQL URLs get the psycopg driver. Raises DatabaseURLError for a URL that can't be
     parsed or names another backend; nothing is connected here.
     """
+    if url is not None and not url.strip():  # an unset variable in a script: not a wish for the default
+        raise DatabaseURLError(f"database URL: {url!r} is empty; give {_ALLOWED}, or leave it out for ${ENV_DB_URL}")
     raw = url if url is not None else os.environ.get(ENV_DB_URL)
     if raw is None or not raw.strip():
         path = default_sqlite_path()

@@ -48,6 +48,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from jointtune import __version__
+from jointtune.canonical import MAX_DIM
 from jointtune.dtypes import DTYPE_ALIASES, TORCH_DTYPES, canonical_dtype
 from jointtune.timings import TIMINGS
 
@@ -59,8 +60,6 @@ DIM_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,31}$"
 #: the lookup's own query parameters, which can't also be dim names
 RESERVED_DIM_NAMES = ("dtype", "world_size", "hardware_id", "kernel_version", "nearest", "timing")
 MAX_DIMS = 8
-#: 2**53: exact in a double (PostgreSQL's nearest-shape arithmetic) and in JavaScript
-MAX_DIM = 2**53
 MAX_WORLD_SIZE = 1_000_000
 #: 1 ns .. 11.6 days; speedup = baseline / p50 stays finite
 MIN_US, MAX_US = 1e-3, 1e12
@@ -307,6 +306,28 @@ class RecordIn(BaseModel):
         p10, p50, p90 = self.latency_p10_us, self.latency_p50_us, self.latency_p90_us
         if (p10 is not None and p10 > p50) or (p90 is not None and p90 < p50):
             raise _error("latency_order", f"p10={p10}, p50={p50}, p90={p90} must satisfy p10 <= p50 <= p90")
+        return self
+
+    @model_validator(mode="after")
+    def _fits_space(self) -> RecordIn:
+        # A record of a registered family at its current space version must be a config that space takes: the
+        # store keeps one record per key, so a config no kernel runs would shadow every valid one published later
+        # (records of older space versions are kept as they are: their rules are gone).
+        from jointtune.errors import SpaceError
+        from jointtune.search_spaces import Problem, get_space, space_names
+
+        if self.kernel not in space_names():
+            return self
+        space = get_space(self.kernel)
+        if self.space_version != space.version:
+            return self
+        try:
+            problem = Problem.of(self.shape, dtype=self.dtype, world_size=self.world_size)
+            space.check_record(self.config, problem)
+        except SpaceError as exc:
+            raise _error(
+                "space", f"config: the {self.kernel} space (version {space.version}) refuses this record: {exc}"
+            ) from None
         return self
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jointtune.canonical import MAX_DIM
 from jointtune.dtypes import DTYPE_ALIASES
 from jointtune.errors import SpaceError
 
@@ -43,8 +44,8 @@ class Problem:
     def of(cls, shape: Mapping[str, int], *, dtype: Any, world_size: int) -> Problem:
         dims = []
         for name, value in shape.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SpaceError(f"shape.{name}: {value!r} is not allowed; dims must be positive integers")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DIM:
+                raise SpaceError(f"shape.{name}: {value!r} is not allowed; dims must be integers in 1..{MAX_DIM}")
             dims.append((str(name), int(value)))
         if not isinstance(world_size, int) or world_size < 1:
             raise SpaceError(f"world_size: {world_size!r} is not allowed; it must be an integer >= 1")
@@ -89,3 +90,9 @@ class DeviceLimits:
     @classmethod
     def nominal_hopper(cls, *, interpreter: bool = True) -> DeviceLimits:
         return cls(max_shared_mem=232448, num_sms=132, compute_capability=(9, 0), interpreter=interpreter)
+
+    @classmethod
+    def unbounded(cls) -> DeviceLimits:
+        """A device no limit rule rejects: checks a config whose device is known only by an id (every limit
+        rule is an upper bound)."""
+        return cls(max_shared_mem=1 << 40, num_sms=1 << 20, compute_capability=(99, 0))

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from jointtune.canonical import MAX_DIM
 from jointtune.errors import SpaceError
 
 
 def _positive(name: str, text: str, shape: str) -> int:
     text = text.strip()
-    if not text.isdigit() or int(text) < 1:
-        raise SpaceError(f"shape.{name}: {text!r} in {shape!r} is not allowed; dims must be positive integers")
+    # ASCII digits only: str.isdigit also takes '²' (which int() refuses) and full-width digits
+    if not (text.isascii() and text.isdigit()) or len(text) > 16 or not 1 <= int(text) <= MAX_DIM:
+        raise SpaceError(f"shape.{name}: {text!r} in {shape!r} is not allowed; dims must be integers in 1..{MAX_DIM}")
     return int(text)
 
 

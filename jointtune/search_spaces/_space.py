@@ -32,7 +32,7 @@ from jointtune.search_spaces._params import (
     format_choices,
     format_value,
 )
-from jointtune.search_spaces._problem import DeviceLimits, Problem
+from jointtune.search_spaces._problem import DTYPE_BYTES, DeviceLimits, Problem
 from jointtune.search_spaces._shape import parse_shape
 
 if TYPE_CHECKING:
@@ -67,8 +67,11 @@ class Space:
         check_problem: Callable[[Problem], None] | None = None,
         doc: str = "",
         nondeterministic: Sequence[str] = (),
+        dtypes: Sequence[str] = tuple(DTYPE_BYTES),
     ) -> None:
         self.name = name
+        #: element types the family's kernels run (a problem of another dtype is refused before any trial)
+        self.dtypes = tuple(dtypes)
         #: modes whose results may differ in the last bits between identical calls (atomic reductions):
         #: tuners and the decorator offer them only where the caller allows it
         self.nondeterministic = tuple(nondeterministic)
@@ -125,7 +128,7 @@ class Space:
         data = self._definition()
         for entry, p in zip(data["params"], self.params, strict=True):
             entry["doc"] = p.doc
-        return {"name": self.name, "version": self.version, "doc": self.doc, **data}
+        return {"name": self.name, "version": self.version, "doc": self.doc, "dtypes": list(self.dtypes), **data}
 
     def __repr__(self) -> str:
         return f"Space({self.name!r}, version={self.version!r}, params={len(self.params)})"
@@ -202,6 +205,7 @@ class Space:
             check_problem=self._check_problem,
             doc=self.doc,
             nondeterministic=[m for m in self.nondeterministic if m in kept.get("mode", ())],
+            dtypes=self.dtypes,
         )
         sub.restricted_from = self
         sub.restriction = {**self.restriction, **{name: list(values) for name, values in allowed.items()}}
@@ -221,6 +225,10 @@ class Space:
                 raise SpaceError(
                     f"shape: dim {dim!r} is not allowed for space {self.name!r}; allowed: {', '.join(self.dims)}"
                 )
+        if problem.dtype not in self.dtypes:
+            raise SpaceError(
+                f"dtype: {problem.dtype!r} is not supported by {self.name}; allowed: {', '.join(self.dtypes)}"
+            )
         if self._check_problem:
             self._check_problem(problem)
 
@@ -321,6 +329,13 @@ class Space:
         if errors:
             raise SpaceError(f"{self.name} config: " + "; ".join(errors))
         return canonical
+
+    def check_record(self, config: Mapping[str, Any], problem: Problem) -> None:
+        """SpaceError unless some device could run `config` for `problem`: every field, choice and rule but the
+        device's limits (a store knows a record's device only by its id). The store checks what it is given, so a
+        record this space refuses can't shadow a valid one."""
+        self.validate_problem(problem)
+        self.validate(config, problem, DeviceLimits.unbounded())
 
     def default(self, problem: Problem, limits: DeviceLimits) -> dict[str, Value]:
         """A config valid for every problem the family accepts (the fallback before tuning).

@@ -113,6 +113,7 @@ AG_GEMM = Space(
         *comm_constraints(),
     ],
     derive=_derive,
+    dtypes=("bfloat16", "float16"),
     check_problem=_check_problem,
     default=_default,
 )

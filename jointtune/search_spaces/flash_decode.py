@@ -227,6 +227,7 @@ FLASH_DECODE = Space(
         ),
     ],
     derive=_derive,
+    dtypes=("bfloat16", "float16"),
     check_problem=_check_problem,
     default=_default,
 )

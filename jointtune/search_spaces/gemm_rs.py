@@ -120,6 +120,7 @@ GEMM_RS = Space(
         ),
     ],
     derive=_derive,
+    dtypes=("bfloat16", "float16"),
     check_problem=_check_problem,
     default=_default,
     nondeterministic=NONDETERMINISTIC,

@@ -6,6 +6,8 @@ import threading
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
 from jointtune.db import Store, open_store
@@ -35,3 +37,26 @@ async def store_dependency(request: Request) -> Store:
 
 
 StoreDep = Annotated[Store, Depends(store_dependency)]
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    names = {p.alias for p in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
+def declared_query_only(request: Request) -> None:
+    """A query parameter the route doesn't declare is a 422: a misspelt filter (`?kernal=ag_gemm`) would
+    otherwise be ignored and answer every record."""
+    route = request.scope.get("route")
+    if route is None:
+        return
+    known = _query_names(route.dependant)
+    unknown = [name for name in request.query_params if name not in known]
+    if unknown:
+        allowed = ", ".join(sorted(known))
+        raise RequestValidationError(
+            [{"type": "extra_forbidden", "loc": ("query", name), "msg": f"unknown query parameter; allowed: {allowed}",
+              "input": request.query_params[name]} for name in dict.fromkeys(unknown)]
+        )  # fmt: skip

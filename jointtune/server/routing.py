@@ -51,9 +51,17 @@ def _invalid_body(position: int, msg: str) -> RequestValidationError:
 
 
 async def _parse_body(request: Request) -> None:
-    """Parse the JSON body once (Starlette keeps it for FastAPI); a body that can't be decoded is a 422."""
-    if not await request.body() or not _parses_json(request):
+    """Parse the JSON body once (Starlette keeps it for FastAPI); a body that can't be decoded is a 422, and so is
+    one sent as another media type (`curl -d` sends form data), which FastAPI would refuse as a bare "not an
+    object"."""
+    if not await request.body():
         return
+    if not _parses_json(request):
+        got = printable(request.headers.get("content-type", "none"), 80)
+        raise RequestValidationError(
+            [{"type": "content_type", "loc": ("body",),
+              "msg": f"send the body as JSON with the header Content-Type: application/json (got {got!r})"}]
+        )  # fmt: skip
     try:
         await request.json()
     except json.JSONDecodeError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -25,8 +26,16 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 def test_upgrade_info_and_list(
     db_url: str, capsys: pytest.CaptureFixture[str], make_record: Callable[..., NewRecord]
 ) -> None:
-    code, out, _ = _run(capsys, "db", "info", "--db", db_url)
-    assert code == 0 and "revision: none (empty" in out  # info inspects, it does not migrate
+    if db_url.startswith("sqlite"):  # reads never create a store: a mistyped path is an error, not a new file
+        path = Path(sa.make_url(db_url).database or "")
+        for argv in (("db", "info"), ("db", "list"), ("export", "--hardware", "h", "-o", str(path) + ".json")):
+            code, _, err = _run(capsys, *argv, "--db", db_url)
+            assert code == 2 and err == f"error: --db: {str(path)!r} does not exist; give an existing store " \
+                "(`db upgrade`, `tune` and `serve` make one)\n"  # fmt: skip
+        assert not path.exists() and not Path(str(path) + ".json").exists()
+    else:
+        code, out, _ = _run(capsys, "db", "info", "--db", db_url)
+        assert code == 0 and "revision: none (empty" in out  # info inspects, it does not migrate
     code, out, _ = _run(capsys, "db", "upgrade", "--db", db_url)
     assert code == 0 and f"upgraded empty -> {head_revision()}" in out
     code, out, _ = _run(capsys, "db", "upgrade", "--db", db_url)
@@ -41,6 +50,11 @@ def test_upgrade_info_and_list(
     assert code == 0 and "1 of 1 records" in out and "ag_gemm" not in out
     assert "M=128,N=8192,K=8192" in out  # the family's dim order, as everywhere else
     assert out.rstrip().splitlines()[-2].rstrip(" │").endswith(" 64")  # no study on this URL: the record's count
+    code, _, err = _run(capsys, "export", "--hardware", "h200x2-nvl", "--kernel", "nosuch", "-o", "never.json",
+                        "--db", db_url)  # fmt: skip
+    assert code == 2 and err == "error: --kernel: 'h200x2-nvl' has no records of 'nosuch'; stored kernels: " \
+        "['ag_gemm', 'gemm_rs']\n"  # fmt: skip
+    assert not Path("never.json").exists()
 
 
 def test_info_hides_the_password(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -219,6 +219,15 @@ def test_validate_prints_the_canonical_config_and_hash(invoke) -> None:
         (["count"], "error: space: missing; give one of ag_gemm"),
         (["count", "--anchors", "--shape", "1x1x1"], "error: --shape: not allowed with --anchors"),
         (["count", "ag_gemm", "--shape", "8x8x8", "--dtype", "int8"], "error: dtype: 'int8' is not supported"),
+        *(
+            (
+                ["count", name, "--shape", shape, "--dtype", "fp32"],
+                f"error: dtype: 'float32' is not supported by {name}; allowed: bfloat16, float16",
+            )
+            for name, shape in (("ag_gemm", "8x8x8"), ("gemm_rs", "8x8x8"), ("flash_decode", "1x8x8x64x64"))
+        ),
+        (["count", "ag_gemm", "--shape", "²x8x8"], "error: shape.M: '²' in '²x8x8' is not allowed"),
+        (["count", "ag_gemm", "--shape", "18014398509481984x8x8"], "error: shape.M: '18014398509481984'"),
         (["show", "nope"], "error: space: 'nope' is not a known search space"),
         (["validate", "ag_gemm", "--shape", "8x8x8", "--config", "{bad"], "error: --config: '{bad' is not valid JSON"),
         (["validate", "ag_gemm", "--shape", "8x8x8"], "error: --config: missing"),

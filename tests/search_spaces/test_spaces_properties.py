@@ -31,7 +31,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 @st.composite
 def problems(draw: st.DrawFn, name: str) -> Problem:
     w = draw(st.sampled_from([1, 2, 4, 8]))
-    dtype = draw(st.sampled_from(["bf16", "fp16", "fp32"]))
+    dtype = draw(st.sampled_from(get_space(name).dtypes))
     if name == "flash_decode":
         h_kv = draw(st.sampled_from([1, 2, 4, 8]))
         dims = {

@@ -58,3 +58,29 @@ def testserve_refuses_bad_tokens(tmp_path: Path) -> None:
         "error: JOINTTUNE_TOKENS: entry 1 is not allowed; use role:token with role one of read, write, admin "
         "and a token of >= 8 characters"
     ]
+
+
+def _serve_error(tmp_path: Path, *args: str, **env: str) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-c",
+        "from jointtune.cli import main; main()",
+        "serve",
+        "--db",
+        f"sqlite:///{tmp_path}/x.db",
+    ]
+    done = subprocess.run([*cmd, *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    return done.stderr.strip().splitlines()
+
+
+def testserve_refuses_bad_settings_and_a_busy_port_in_one_line(tmp_path: Path) -> None:
+    (line,) = _serve_error(tmp_path, JOINTTUNE_BODY_LIMIT_BYTES="lots")
+    assert line.startswith("error: environment: JOINTTUNE_BODY_LIMIT_BYTES: ") and "integer" in line
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for workers in ("1", "2"):
+            (line,) = _serve_error(tmp_path, "--port", port, "--workers", workers)
+            assert line.startswith(f"error: --host/--port: can't listen on 127.0.0.1:{port}"), line

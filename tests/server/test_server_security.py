@@ -7,6 +7,7 @@ import json
 import pytest
 from jt_server import ADMIN, LOOKUP, READ, TOKENS, WRITE, LiveServer, count, record, serve
 
+from jointtune.search_spaces import get_space
 from jointtune.server import TokenConfigError, TokenSet
 
 
@@ -21,6 +22,48 @@ def test_writes_need_a_write_token(server: LiveServer) -> None:
     with server.client(ADMIN) as http:
         assert http.post("/v1/configs", headers={"Authorization": "Basic abc"}, json=record()).status_code == 401
     assert count(server.db_url) == 0
+
+
+def test_a_config_its_own_space_refuses_is_422_and_cannot_shadow_a_valid_one(server: LiveServer) -> None:
+    current = get_space("ag_gemm").version
+    bogus = record(space_version=current, config={"mode": "warp-drive"}, latency_p50_us=1.0)
+    with server.client(WRITE) as http:
+        refused = http.post("/v1/configs", json=bogus)
+        assert refused.status_code == 422, refused.text
+        message = refused.json()["detail"][0]["msg"]
+        assert message.startswith("config: ") and "warp-drive" in message and '"push"' in message
+        fp32 = http.post("/v1/configs", json=record(space_version=current, dtype="fp32", config={"mode": "baseline"}))
+        assert fp32.status_code == 422 and "dtype" in fp32.text and "bfloat16, float16" in fp32.text
+        assert count(server.db_url) == 0
+        # the faster-but-bogus record was refused, so a slower valid one is what the key answers
+        valid = record(space_version=current, config={"mode": "baseline"}, latency_p50_us=900.0, latency_p90_us=950.0)
+        assert http.post("/v1/configs", json=valid).status_code == 200
+        # an older space version's rules are gone: its records are kept as they come
+        old = record(kernel_version="v0", space_version="0ld", config={"mode": "gone"})
+        assert http.post("/v1/configs", json=old).status_code == 200
+    with server.client() as http:
+        found = http.get("/v1/configs/ag_gemm", params={**LOOKUP, "M": 8192, "N": 4096, "K": 12288,
+                                                        "kernel_version": "v1"})  # fmt: skip
+        assert found.status_code == 200 and found.json()["config"] == {"mode": "baseline"}
+
+
+def test_a_misspelt_filter_or_a_body_not_sent_as_json_is_a_422_that_says_so(server: LiveServer) -> None:
+    with server.client(WRITE) as http:
+        assert http.post("/v1/configs", json=record()).status_code == 200
+        form = http.post("/v1/configs", content=json.dumps(record()), headers={"content-type": "text/plain"})
+        assert form.status_code == 422 and form.json()["detail"] == [
+            {"loc": ["body"], "type": "content_type",
+             "msg": "send the body as JSON with the header Content-Type: application/json (got 'text/plain')"}
+        ]  # fmt: skip
+    with server.client() as http:
+        misspelt = http.get("/v1/configs", params={"kernal": "gemm_rs", "limit": 5})
+        assert misspelt.status_code == 422
+        (problem,) = misspelt.json()["detail"]
+        assert problem["loc"] == ["query", "kernal"] and problem["msg"].startswith("unknown query parameter; allowed: ")
+        assert "kernel" in problem["msg"] and http.get("/v1/configs", params={"kernel": "ag_gemm"}).json()["total"] == 1
+        bundle = http.get("/v1/bundles/h200x2-nvl", params={"kernal": "x"})
+        assert bundle.status_code == 422 and bundle.json()["detail"][0]["loc"] == ["query", "kernal"]
+    assert count(server.db_url) == 1
 
 
 def test_bad_input_is_4xx_and_writes_nothing(server: LiveServer) -> None:

@@ -39,6 +39,7 @@ their expansion into jobs are one thing: every error names a line and a field th
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +49,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from jointtune.autotune.settings import Job, TuneSettings
+from jointtune.db.schema import NAME_CHARS, NAME_RE
 from jointtune.errors import JointtuneError, TuningError
 from jointtune.timings import TIMINGS
+
+#: a sweep's name is part of every study name it registers, which the study storage keeps in 512 characters
+MAX_SWEEP_NAME = 128
 
 
 class SweepFileError(TuningError, ValueError):
@@ -57,7 +62,8 @@ class SweepFileError(TuningError, ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: YAML already gives typed values, so `true` is no dim and "64" no trial count
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class WatchdogModel(_Strict):
@@ -75,7 +81,7 @@ class TuningModel(_Strict):
     time_budget: float | None = Field(None, gt=0)
     patience: int | None = Field(None, ge=1)
     strategy: Literal["tpe", "random", "exhaustive"] | None = None
-    seed: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, lt=2**32)  # the samplers' generators take 32 bits
     warmup: int | None = Field(None, ge=0)
     iters: int | None = Field(None, ge=1)
     warm_start: int | None = Field(None, ge=0)
@@ -114,7 +120,7 @@ class JobModel(TuningModel):
     kernel: str = Field(min_length=1)
     shapes: list[str | dict[str, int]] = Field(min_length=1)
     dtypes: list[str] = Field(default_factory=lambda: ["bfloat16"], min_length=1)
-    world_size: int | list[int] = 2
+    world_size: int | Annotated[list[int], Field(min_length=1)] = 2
 
 
 class ProfileModel(_Strict):
@@ -123,7 +129,7 @@ class ProfileModel(_Strict):
 
 
 class SweepModel(_Strict):
-    name: str | None = Field(None, min_length=1, pattern=r"^\S+$")
+    name: str | None = None  # checked in parse_sweep: it may also come from the file's stem
     imports: list[str] = Field(default_factory=list)
     tuning: TuningModel = Field(default_factory=TuningModel)
     profiles: dict[Literal["gpu", "cpu"], ProfileModel] = Field(min_length=1)
@@ -229,8 +235,8 @@ def parse_sweep(
     for i, module in enumerate(model.imports):
         try:
             importlib.import_module(module)
-        except ImportError as exc:
-            problems.add(("imports", i), f"imports[{i}]: {module!r} can't be imported ({exc})")
+        except Exception as exc:  # a bad name (ValueError, TypeError) or a module that fails as it loads
+            problems.add(("imports", i), f"imports[{i}]: {module!r} can't be imported ({type(exc).__name__}: {exc})")
             raise SweepFileError(f"{source}: " + "; ".join(problems.items)) from None
     try:
         base = TuneSettings().replace(**model.tuning.settings_changes())
@@ -256,9 +262,14 @@ def parse_sweep(
                 continue
             jobs.extend(_jobs(loc, job, settings, problems, timings))
         profiles[name] = tuple(dict.fromkeys(jobs))
+    name = model.name if model.name is not None else default_name
+    if not (len(name) <= MAX_SWEEP_NAME and re.fullmatch(NAME_RE, name)):
+        from_stem = "" if model.name is not None else " (the file's stem, the default: set name:)"
+        allowed = f"use 1 to {MAX_SWEEP_NAME} of {NAME_CHARS}"
+        problems.add(("name",), f"name: {name[:80]!r}{from_stem} is not allowed; {allowed}")
     if problems.items:
         raise SweepFileError(f"{source}: " + "; ".join(problems.items))
-    return SweepFile(model.name or default_name, tuple(model.imports), profiles)
+    return SweepFile(name, tuple(model.imports), profiles)
 
 
 def _line_finder(root: yaml.Node | None) -> LineOf:

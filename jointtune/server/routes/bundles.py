@@ -4,19 +4,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 
 from jointtune.db.schema import MAX_INT32, Name128
 from jointtune.server.auth import AuthDep, ReadAuthDep
 from jointtune.server.bundle import MAX_PAGE_RECORDS, export_page, import_bundle
-from jointtune.server.deps import StoreDep
+from jointtune.server.deps import StoreDep, declared_query_only
 from jointtune.server.routing import ServiceRoute
 from jointtune.server.schemas import BundleIn, BundleOut, ImportOut, responses
 
 router = APIRouter(prefix="/v1/bundles", tags=["bundles"], route_class=ServiceRoute)
 
 
-@router.get("/{hardware_id}", response_model=BundleOut, responses=responses(401, 404, 422, 429, 503))
+@router.get(
+    "/{hardware_id}",
+    response_model=BundleOut,
+    responses=responses(401, 404, 422, 429, 503),
+    dependencies=[Depends(declared_query_only)],
+)
 def export(
     request: Request,
     store: StoreDep,

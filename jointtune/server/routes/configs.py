@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 
 from jointtune.db import LookupOut, NewRecord, RecordIn
 from jointtune.db.schema import (
@@ -18,7 +18,7 @@ from jointtune.db.schema import (
     WorldSize,
 )
 from jointtune.server.auth import AuthDep, ReadAuthDep
-from jointtune.server.deps import StoreDep
+from jointtune.server.deps import StoreDep, declared_query_only
 from jointtune.server.routes._lookup import explain_miss, parse_dims
 from jointtune.server.routing import ServiceRoute
 from jointtune.server.schemas import PublishOut, RecordPage, responses
@@ -99,7 +99,9 @@ def publish(store: StoreDep, _role: AuthDep, body: RecordIn) -> dict[str, Any]:
     return {"record": record.to_json(), "changed": changed}
 
 
-@router.get("", response_model=RecordPage, responses=responses(401, 422, 503))
+@router.get(
+    "", response_model=RecordPage, responses=responses(401, 422, 503), dependencies=[Depends(declared_query_only)]
+)
 def list_configs(
     store: StoreDep,
     _role: ReadAuthDep,

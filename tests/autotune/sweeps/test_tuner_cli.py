@@ -81,6 +81,23 @@ def test_sweep_files_are_validated_with_messages_that_name_the_field(families, c
         capsys, tmp_path, "imports: [no_such_module_xyz]\n" + head + "      - {kernel: ag_gemm, shapes: ['64x64x64']}\n"
     )
     assert "imports[0]: 'no_such_module_xyz' can't be imported" in err
+    job = "      - {kernel: ag_gemm, shapes: ['64x64x64']}\n"
+    for field, value in (("world_size", "[]"), ("trials", "'64'"), ("trials", "64.0"), ("trials", "true")):
+        err = _bad(capsys, tmp_path, head + job.replace("}", f", {field}: {value}}}"))
+        assert f"profiles.cpu.jobs[0].{field}: Input should be a valid integer" in err
+    err = _bad(capsys, tmp_path, head + "      - {kernel: ag_gemm, shapes: [{M: true, N: 64, K: 64}]}\n")
+    assert "profiles.cpu.jobs[0].shapes[0].M: Input should be a valid integer (got True)" in err
+    for name in ("x" * 600, "a\\0b", "two words"):
+        err = _bad(capsys, tmp_path, f'name: "{name}"\n' + head + job)
+        assert "name: " in err and "is not allowed; use 1 to 128 of A-Z a-z 0-9 _ . : -" in err
+    bad_stem = tmp_path / "my sweep.yaml"
+    bad_stem.write_text(head + job)
+    with pytest.raises(SystemExit):
+        main(["sweep", str(bad_stem), "--db", f"sqlite:///{tmp_path / 'jt.db'}", "--register-only"])
+    assert "name: 'my sweep' (the file's stem, the default: set name:) is not allowed" in capsys.readouterr().err
+    for name, why in (("''", "ValueError"), ("'.relative'", "TypeError")):
+        err = _bad(capsys, tmp_path, f"imports: [{name}]\n" + head + "      - {kernel: ag_gemm, shapes: ['64x64x64']}\n")
+        assert f"imports[0]: {name} can't be imported ({why}" in err
 
 
 def test_layered_tuning_settings_and_the_example_file(families):
