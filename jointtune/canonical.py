@@ -31,6 +31,7 @@ from typing import Any
 #: (PostgreSQL's nearest-shape arithmetic) and in JavaScript
 MAX_DIM = 2**53
 
+
 def plain(value: Any) -> Any:
     """`value` with every integral float made its integer, in objects and arrays at any depth."""
     if isinstance(value, float) and value.is_integer():

@@ -247,13 +247,15 @@ def validate(
     problem = _problem(space, shape, dtype, world_size)
     if config is None:
         raise SpaceError('--config: missing; give the config as JSON, e.g. \'{"mode": "baseline"}\'')
+    allowed = 'allowed: a JSON object such as {"mode": "baseline"}'
     try:
         data = json.loads(config)
     except json.JSONDecodeError as exc:
-        raise SpaceError(
-            f"--config: {config!r} is not valid JSON ({exc.msg} at column {exc.colno}); "
-            f'allowed: a JSON object such as {{"mode": "baseline"}}'
-        ) from None
+        why = f"{exc.msg} at column {exc.colno}"
+        raise SpaceError(f"--config: {config[:200]!r} is not valid JSON ({why}); {allowed}") from None
+    except (RecursionError, ValueError) as exc:  # nested past the parser's depth; an int of too many digits
+        why = "nested too deep" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise SpaceError(f"--config: {config[:60]!r}... can't be read ({why}); {allowed}") from None
     limits, _ = resolve_limits(nominal=nominal)
     canonical = space.validate(data, problem, limits)
     _print_json(

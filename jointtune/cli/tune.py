@@ -182,7 +182,7 @@ def tune(
     from jointtune.autotune.settings import Job, TuneSettings
     from jointtune.autotune.tuner.handles import study_space
     from jointtune.autotune.tuner.results import job_label
-    from jointtune.autotune.tuner.search import check_exhaustive
+    from jointtune.autotune.tuner.search import check_study
     from jointtune.autotune.workers.runner import prepare_interpreter
     from jointtune.cli._checks import prepare_report_dir
     from jointtune.db import open_store, resolve_db_url
@@ -207,7 +207,7 @@ def tune(
     family = get_family(kernel)
     space = study_space(family, settings)
     problem = space.make_problem(shape, dtype=dtype, world_size=world_size)
-    check_exhaustive(space, problem, settings)
+    check_study(space, problem, settings)
     job = Job.of(family.name, problem, settings)
     report = prepare_report_dir(report)
     open_store(url)  # reachable and migrated, before any work

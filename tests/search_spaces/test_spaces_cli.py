@@ -229,6 +229,8 @@ def test_validate_prints_the_canonical_config_and_hash(invoke) -> None:
         (["count", "ag_gemm", "--shape", "²x8x8"], "error: shape.M: '²' in '²x8x8' is not allowed"),
         (["count", "ag_gemm", "--shape", "18014398509481984x8x8"], "error: shape.M: '18014398509481984'"),
         (["show", "nope"], "error: space: 'nope' is not a known search space"),
+        (["validate", "ag_gemm", "--shape", "8x8x8", "--config", "[" * 3000 + "]" * 3000], "error: --config: '[[["),
+        (["validate", "ag_gemm", "--shape", "8x8x8", "--config", '{"mode": ' + "9" * 5000 + "}"], "error: --config: "),
         (["validate", "ag_gemm", "--shape", "8x8x8", "--config", "{bad"], "error: --config: '{bad' is not valid JSON"),
         (["validate", "ag_gemm", "--shape", "8x8x8"], "error: --config: missing"),
         (

@@ -195,7 +195,7 @@ def _jobs(
     loc: tuple[Any, ...], model: JobModel, base: TuneSettings, problems: _Problems, timings: list[str]
 ) -> list[Job]:
     from jointtune.autotune.tuner.handles import study_space
-    from jointtune.autotune.tuner.search import check_exhaustive
+    from jointtune.autotune.tuner.search import check_study
     from jointtune.kernels import get_family
 
     where = _loc(loc)
@@ -213,7 +213,7 @@ def _jobs(
             for w in sizes:
                 try:
                     problem = space.make_problem(shape, dtype=dtype, world_size=w)
-                    check_exhaustive(space, problem, settings)
+                    check_study(space, problem, settings)
                 except JointtuneError as exc:
                     problems.add((*loc, "shapes", i), f"{where}.shapes[{i}] ({shape}, {dtype}, world_size {w}): {exc}")
                     continue
@@ -318,4 +318,9 @@ def load_sweep_file(path: str | Path) -> SweepFile:
         raise SweepFileError(f"{where}: not valid YAML: {what}") from None
     except yaml.YAMLError as exc:
         raise SweepFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    return parse_sweep(data, source=str(path), default_name=path.stem, line_of=_line_finder(root))
+    except RecursionError:
+        raise SweepFileError(f"{path}: nested deeper than a sweep file can be (a few levels are all it uses)") from None
+    try:
+        return parse_sweep(data, source=str(path), default_name=path.stem, line_of=_line_finder(root))
+    except RecursionError:
+        raise SweepFileError(f"{path}: nested deeper than a sweep file can be (a few levels are all it uses)") from None

@@ -9,8 +9,11 @@
   "invalid" (TPE learns to avoid them) and don't count; a streak of them stops the study.
 - A config that already has a result is answered from it (`jt_cached`) instead of run again, and
   the next trial is a valid config without a result drawn at random (TPE tends to propose its
-  incumbent again and again); when no such config is left the study is "exhausted". A config that
+  incumbent again and again); when no such config is left the search says "exhausted" (the
+  coordinator stops the study then only once no claimed trial is left to run). A config that
   a claimed trial is running right now is skipped (told FAIL, reason "duplicate").
+- Up front (`check_study`): a restriction that leaves nothing it asked for, and an exhaustive
+  study bigger than its budget, are refused before any rank starts.
 - Warm start: the baseline, the space default and the best configs of the nearest tuned shapes
   are enqueued first; exhaustive studies enqueue every valid config.
 
@@ -75,9 +78,51 @@ def baseline_config(space: Space, problem: Problem, limits: DeviceLimits) -> dic
     return space.baseline(problem, limits)
 
 
-def check_exhaustive(space: Space, problem: Problem, settings: TuneSettings) -> None:
-    """Refuse an exhaustive study bigger than its trial budget before anything starts: such a study
-    measures every valid config, and a space of tens of thousands would run for hours."""
+def _at(space: Space, problem: Problem) -> str:
+    return ",".join(f"{d}={problem.dim(d)}" for d in space.dims)
+
+
+def check_study(space: Space, problem: Problem, settings: TuneSettings) -> None:
+    """Refuse a study that can't run as asked before any rank starts (TuningError: the CLI exits 2, a
+    sweep file names the job): a restriction that leaves it nothing to tune, or an exhaustive study
+    bigger than its trial budget."""
+    check_restriction(space, problem, settings)
+    _check_exhaustive_budget(space, problem, settings)
+
+
+def check_restriction(space: Space, problem: Problem, settings: TuneSettings) -> None:
+    """Refuse a restriction that leaves no valid config of what it asked for at this problem.
+
+    Why: `study_space` keeps `mode: baseline` in every sub-space that narrows `mode`, so such a study
+    would not be empty: it would measure only the baseline and store that as its tuned result. A
+    restriction that asks for the baseline itself (`mode=baseline`) is a study of it, and allowed.
+    """
+    if not settings.restrict:
+        return
+    from jointtune.errors import TuningError
+    from jointtune.search_spaces import DeviceLimits
+
+    limits = DeviceLimits.nominal_hopper()
+    total = left = space.count(problem, limits)
+    if "baseline" in space.modes and not _asks_for_baseline(space, settings):
+        left -= space.count(problem, limits, where={"mode": "baseline"})
+    if left == 0:
+        asked = " ".join(f"{name}={','.join(map(str, values))}" for name, values in settings.restrict)
+        but = "" if total == 0 else " but the baseline (which every study measures anyway)"
+        raise TuningError(
+            f"restrict: {asked} leaves {space.name} no valid config{but} at {_at(space, problem)}, "
+            f"{problem.dtype}, world size {problem.world_size}; allow more values"
+        )
+
+
+def _asks_for_baseline(space: Space, settings: TuneSettings) -> bool:
+    modes = dict(settings.restrict).get("mode", ())
+    return any(space.param("mode").canonical(m) == "baseline" for m in modes)
+
+
+def _check_exhaustive_budget(space: Space, problem: Problem, settings: TuneSettings) -> None:
+    """Refuse an exhaustive study bigger than its trial budget: such a study measures every valid
+    config, and a space of tens of thousands would run for hours."""
     if settings.strategy != "exhaustive":
         return
     from jointtune.errors import TuningError
@@ -87,7 +132,7 @@ def check_exhaustive(space: Space, problem: Problem, settings: TuneSettings) -> 
     if count > settings.trials:
         raise TuningError(
             f"trials: {settings.trials} is not allowed for an exhaustive study of {space.name} at "
-            f"{','.join(f'{d}={problem.dim(d)}' for d in space.dims)}, which has {count:,} valid configs; "
+            f"{_at(space, problem)}, which has {count:,} valid configs; "
             f"allowed: >= {count:,} "
             f"(or narrow the space with --restrict / a sweep job's `restrict`)"
         )

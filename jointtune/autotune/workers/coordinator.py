@@ -5,8 +5,12 @@ opens the study named after the job's tuning key, initialises it once (warm-star
 the study lock), and runs trials until the study has no work left for it: claim (under the lock:
 budget check, ask, validate, stamp owner, heartbeat) -> broadcast -> every rank executes ->
 tell -> publish a new best to the store. Claims run `lookahead` trials ahead so that ranks can
-precompile the next configs while the current one is timed. When every study is done or held by
-running trials of other groups, it recovers dead owners' trials and waits.
+precompile the next configs while the current one is timed, and every claimed trial runs unless the
+study's budget is spent first. A search that finds no new config while trials are running (a claim
+ahead in a small sub-space, or another group's trials) does not stop the study: one of them may
+still fail and be enqueued again, so the study waits for them and stops as "exhausted" only once
+none is left. When every study is done or held by running trials of other groups, it recovers dead
+owners' trials and waits.
 
 Example:
     >>> Coordinator(url=url, jobs=lambda: [job], group=GroupInfo("g0", "local", 1),
@@ -16,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import time
@@ -40,6 +45,7 @@ from jointtune.autotune.tuner.studies import (
     ATTR_P90,
     ATTR_REASON,
     STUDY_STOPPED,
+    StudyState,
     open_storage,
     retry_interrupted,
 )
@@ -104,6 +110,8 @@ class Coordinator:
         self.owner = Owner.current(group.group_id)
         self.heartbeat = Heartbeat(self.storage, options.heartbeat_s)
         self._handles: dict[Job, StudyHandle] = {}
+        # study name -> its running and waiting trials when a claim last found nothing new (see `drained`)
+        self._drained: dict[str, frozenset[int]] = {}
         # set by our supervisor when it restarts this group: when the previous incarnation died
         last_death = os.environ.get("JOINTTUNE_LAST_DEATH")
         self.death_time = float(last_death) if last_death else None
@@ -137,19 +145,38 @@ class Coordinator:
                 state = h.state()
                 if state.done(job.settings):
                     continue
-                if state.available(job.settings) == 0 and self._recover(h):
+                if not self._claimable(h, state) and self._recover(h):
                     state = h.state()
-                if state.available(job.settings) > 0:
+                if self._claimable(h, state):
                     return h
                 held = held or not state.done(job.settings)
             if not held:
                 return None
             time.sleep(self.options.poll_s)
 
+    def _claimable(self, h: StudyHandle, state: StudyState) -> bool:
+        return state.available(h.job.settings) > 0 and not self.drained(h)
+
+    def _open_trials(self, h: StudyHandle) -> frozenset[int]:
+        trials = h.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
+        return frozenset(t._trial_id for t in trials)
+
+    def drained(self, h: StudyHandle) -> bool:
+        """Whether the last claim found no new config while trials were running, and none of them has
+        ended (nor a trial been enqueued) since: asking again would only find nothing again."""
+        seen = self._drained.get(h.name)
+        if seen is None:
+            return False
+        if seen == self._open_trials(h):
+            return True
+        del self._drained[h.name]
+        return False
+
     # ---- trials -------------------------------------------------------------------------------
     def claim(self, h: StudyHandle) -> Proposal | None:
+        """A new trial of the study, stamped as this group's; None when it has none to give now."""
         with study_lock(self.url, h.name):
-            if h.state().available(h.job.settings) <= 0:
+            if h.state().available(h.job.settings) <= 0 or self.drained(h):
                 return None
             asked: list[int] = []
 
@@ -163,10 +190,31 @@ class Coordinator:
                 if isinstance(proposal, str) or trial_id != proposal.trial._trial_id:
                     self.heartbeat.discard(trial_id)
             if isinstance(proposal, str):
-                log.warning("study %s stops: %s", h.name, proposal)
-                h.study.set_user_attr(STUDY_STOPPED, proposal)
+                self._stop(h, proposal)
                 return None
             return proposal
+
+    def _stop(self, h: StudyHandle, reason: str) -> None:
+        """Stop the study for the searcher's `reason`, unless it is "exhausted" while trials still run.
+
+        Those trials (claimed ahead by this group, or by others) hold the last unmeasured configs: a
+        stop now would make their groups give them back unrun, and one that fails as interrupted is
+        enqueued again. So the study waits (`drained`) and is asked again when one of them ends.
+        """
+        running = h.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if reason == "exhausted" and running:
+            self._drained[h.name] = self._open_trials(h)
+            log.info("study %s: no new config to claim while %d trial(s) run", h.name, len(running))
+            return
+        # every valid config measured is a normal end; a sampler lost among invalid configs is not
+        (log.info if reason == "exhausted" else log.warning)("study %s stops: %s", h.name, reason)
+        h.study.set_user_attr(STUDY_STOPPED, reason)
+
+    def _budget_spent(self, h: StudyHandle) -> bool:
+        """Whether the study's budget (trials, time, patience) is used up, so trials claimed ahead are not
+        needed. A stop is not: what was claimed before it are valid configs without a result, and they run."""
+        state = dataclasses.replace(h.state(), stopped=None)
+        return state.done(h.job.settings) is not None
 
     def deadline_s(self, h: StudyHandle) -> float:
         s = h.job.settings
@@ -206,7 +254,7 @@ class Coordinator:
             if not pending:
                 return
             current = pending.popleft()
-            if h.state().done(h.job.settings):  # a claimed-ahead trial the study no longer needs
+            if self._budget_spent(h):  # a claimed-ahead trial the study no longer needs
                 for proposal in (current, *pending):
                     self.release(h, proposal, retry=False)
                 return

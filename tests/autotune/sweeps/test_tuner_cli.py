@@ -73,6 +73,8 @@ def test_sweep_files_are_validated_with_messages_that_name_the_field(families, c
     assert "profiles.cpu.jobs[0].shapes[0] (64x3, fp32, world_size 2): shape" in err
     err = _bad(capsys, tmp_path, head + "      - {kernel: jt_sleep, shapes: ['64'], stratgy: tpe}\n")
     assert "profiles.cpu.jobs[0].stratgy: Extra inputs are not permitted" in err
+    err = _bad(capsys, tmp_path, "name: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert "nested deeper than a sweep file can be" in err
     err = _bad(capsys, tmp_path, "profiles:\n  tpu:\n    jobs: []\n")
     assert "profiles.tpu" in err
     err = _bad(capsys, tmp_path, head + "      - {kernel: jt_sleep, shapes: ['64'], dtypes: [int8]}\n")
@@ -96,7 +98,9 @@ def test_sweep_files_are_validated_with_messages_that_name_the_field(families, c
         main(["sweep", str(bad_stem), "--db", f"sqlite:///{tmp_path / 'jt.db'}", "--register-only"])
     assert "name: 'my sweep' (the file's stem, the default: set name:) is not allowed" in capsys.readouterr().err
     for name, why in (("''", "ValueError"), ("'.relative'", "TypeError")):
-        err = _bad(capsys, tmp_path, f"imports: [{name}]\n" + head + "      - {kernel: ag_gemm, shapes: ['64x64x64']}\n")
+        err = _bad(
+            capsys, tmp_path, f"imports: [{name}]\n" + head + "      - {kernel: ag_gemm, shapes: ['64x64x64']}\n"
+        )
         assert f"imports[0]: {name} can't be imported ({why}" in err
 
 

@@ -13,9 +13,11 @@ from jointtune.autotune.settings import Job, TuneSettings
 from jointtune.autotune.sweeps.sweepfile import parse_sweep
 from jointtune.autotune.tuner.handles import study_space
 from jointtune.autotune.tuner.results import study_name_for
+from jointtune.autotune.tuner.studies import trial_kind
 from jointtune.cli.tune import parse_restrictions
 from jointtune.errors import TuningError
 from jointtune.kernels import get_family
+from jointtune.search_spaces import Problem, canonical_json
 
 JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]
 
@@ -98,3 +100,81 @@ def test_a_sub_space_without_the_family_default_spends_no_trial_on_a_stand_in(fa
     outside = full.restrict({"splits": [4, 8]})
     assert [role for role, _ in initial_configs(inside, problem, limits)] == ["baseline", "default"]
     assert [role for role, _ in initial_configs(outside, problem, limits)] == ["baseline"]
+
+
+@pytest.mark.parametrize(
+    ("restrict", "trials", "configs"),
+    [
+        (["mode=baseline"], 3, [{"mode": "baseline"}]),
+        (
+            ["mode=ce", "ce_consumer=cublas", "ce_chunks=1,2"],
+            5,
+            [{"mode": "baseline"}] + [{"mode": "ce", "ce_consumer": "cublas", "ce_chunks": c} for c in (1, 2)],
+        ),
+    ],
+    ids=["one-config", "three-configs"],
+)
+def test_a_sub_space_smaller_than_the_budget_measures_each_of_its_configs(
+    tmp_path, subprocess_env, restrict, trials, configs
+) -> None:
+    """The trial claimed ahead (lookahead 1, the default) finds nothing new: that must not stop the study
+    and drop the claimed trial before it ran (0 of 3 measured and exit 1, or 2 of 3 configs)."""
+    url = f"sqlite:///{tmp_path / 'jt.db'}"
+    args = ["tune", "--kernel", "ag_gemm", "--shape", "64x64x64", "--trials", str(trials), "--db", url]
+    args += ["--warmup", "0", "--iters", "1", *(a for r in restrict for a in ("--restrict", r))]
+    done = subprocess.run([*JOINTTUNE, *args], env=subprocess_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (summary,) = optuna.get_all_study_summaries(url)
+    study = optuna.load_study(study_name=summary.study_name, storage=url)
+    measured = [t.user_attrs["jt_config"] for t in study.trials if trial_kind(t) in ("ok", "failed")]
+    assert sorted(measured) == sorted(canonical_json(c) for c in configs)
+    assert {trial_kind(t) for t in study.trials if trial_kind(t) in ("ok", "failed")} == {"ok"}
+    assert not [t for t in study.trials if trial_kind(t) == "interrupted"]  # claimed, then given back unrun
+    assert study.user_attrs["jt_stopped"] == "exhausted"
+
+
+@pytest.mark.parametrize("strategy", ["tpe", "exhaustive"])
+def test_a_restriction_that_leaves_only_the_baseline_is_refused_before_any_rank_starts(
+    tmp_path, capsys, strategy
+) -> None:
+    from jointtune.cli import main
+
+    db = tmp_path / "jt.db"
+    args = ["tune", "--kernel", "ag_gemm", "--shape", "64x64x64", "--trials", "3", "--db", f"sqlite:///{db}"]
+    args += ["--strategy", strategy, "--restrict", "mode=push", "--restrict", "SPLIT_K=4", "--restrict", "BLOCK_K=256"]
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: restrict: BLOCK_K=256 SPLIT_K=4 mode=push leaves ag_gemm ")
+    assert "no valid config but the baseline" in err and "at M=64,N=64,K=64, bfloat16, world size 2" in err
+    assert not db.exists()  # refused before the store, a study or a rank
+
+
+def test_sweep_files_refuse_a_restriction_that_leaves_only_the_baseline(families) -> None:
+    def sweep(restrict: dict) -> dict:
+        job = {"kernel": "jt_sleep", "shapes": ["64"], "dtypes": ["fp32"], "restrict": restrict}
+        return {"profiles": {"cpu": {"jobs": [job]}}}
+
+    with pytest.raises(TuningError, match=r"shapes\[0\] .*restrict: chunk=4 tile=16 leaves jt_sleep no valid config"):
+        parse_sweep(sweep({"tile": 16, "chunk": 4}))  # tile*chunk <= 16: no fast config, the baseline alone
+    (job,) = parse_sweep(sweep({"mode": "baseline"})).jobs("cpu")  # the baseline asked for: a study of it
+    assert job.settings.restrict == (("mode", ("baseline",)),)
+
+
+def test_the_restriction_check_refuses_only_a_restriction_that_leaves_nothing_asked_for(families) -> None:
+    from jointtune.autotune.tuner.search import check_study
+
+    family = get_family("jt_sleep")
+    problem = Problem.of({"M": 64}, dtype="float32", world_size=2)
+
+    def check(**restrict) -> None:
+        settings = TuneSettings(restrict=restrict)
+        check_study(study_space(family, settings), problem, settings)
+
+    check(mode="baseline")  # the baseline asked for: a study of it alone
+    check(tile=16, chunk=1)
+    check(mode=["baseline", "fast"], tile=16, chunk=4)
+    for restrict in ({"mode": "fast", "tile": 16, "chunk": 4}, {"tile": 16, "chunk": 4}):  # tile*chunk <= 16
+        with pytest.raises(TuningError, match=r"leaves jt_sleep no valid config but the baseline .* at M=64, float32"):
+            check(**restrict)
