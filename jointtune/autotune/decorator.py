@@ -16,15 +16,30 @@ Environment, read when a key is first resolved: JOINTTUNE_MODE=off (space defaul
 lookup (never tune: a `tune` miss acts as `nearest`), tune (every miss tunes); JOINTTUNE_SERVER;
 JOINTTUNE_DB_URL; JOINTTUNE_TIMING_FALLBACK; JOINTTUNE_PRINT=1 prints each key's config and where it
 came from. Every rank must see the same JOINTTUNE_MODE and fallbacks.
+
+Arguments are checked when the decorator is applied: a malformed `server=` URL or a `store_timeout_s`
+that is not a finite number > 0 raises `ArgumentError` (a ValueError and a TuningError) there, naming
+it. What the environment says must never stop a job: a malformed JOINTTUNE_SERVER, like a service that
+is down, costs one warning and the lookups go on without the service. The service's answers are bounded:
+a lookup that gets no whole answer within 0.5 s (connect, headers and body together), or an answer
+longer than 1 MiB, falls back (local store, then the miss policy) with one warning; publishing a result
+tuned on a miss holds the call at most as long, and never raises into it.
 """
 
 from __future__ import annotations
 
+import functools
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jointtune.autotune.runtime.launcher import JointAutotuned
-from jointtune.autotune.runtime.lookup import DEFAULT_STORE_TIMEOUT_S
+from jointtune.autotune.runtime.lookup import (
+    DEFAULT_STORE_TIMEOUT_S,
+    ArgumentError,
+    check_server,
+    check_store_timeout,
+)
 from jointtune.autotune.runtime.rules import NoConfigError
 from jointtune.errors import TuningError
 
@@ -54,7 +69,13 @@ def joint_autotune(
     `triton.autotune` option).
 
     `allow_nondeterministic` (launchers only): let configs of the space's non-deterministic modes run
-    and be tuned (off by default; see the module docstring)."""
+    and be tuned (off by default; see the module docstring).
+
+    `server`: the config service's URL (http(s)://HOST[:PORT][/PREFIX]); None: $JOINTTUNE_SERVER, if set.
+    `store_timeout_s`: seconds one local-store operation may take (a finite number > 0) before the store
+    is skipped for the rest of the process. Both raise `ArgumentError` here when malformed."""
+    check_store_timeout(store_timeout_s)
+    check_server(server)
 
     def decorate(fn: Any) -> Any:
         if space is not None:
@@ -62,7 +83,7 @@ def joint_autotune(
                 extra = ", ".join(sorted({*triton_options, *(["configs"] if configs is not None else [])}))
                 raise TuningError(f"{extra}: not allowed with space={space!r}; the space defines the configs")
             return JointAutotuned(
-                fn, space=space, key=key, on_miss=on_miss or "nearest", kernel=kernel, dtype=dtype,
+                fn, space=space, key=_checked_key(key), on_miss=on_miss or "nearest", kernel=kernel, dtype=dtype,
                 db_url=db_url, server=server, store_timeout_s=store_timeout_s, tune_settings=tune_settings,
                 timing=timing, timing_fallback=timing_fallback, allow_nondeterministic=allow_nondeterministic,
             )  # fmt: skip
@@ -79,4 +100,29 @@ def joint_autotune(
     return decorate
 
 
-__all__ = ["JointAutotuned", "NoConfigError", "joint_autotune"]
+class KeyResultError(TuningError, TypeError):
+    """A launcher's `key=` function returned something other than a shape dict."""
+
+
+def _checked_key(key: Any) -> Any:
+    """`key` (a function of the call's arguments -> {dim name: int}) made to say so when it returns
+    anything but a mapping, instead of failing deep in the launcher. Anything else is left to the launcher
+    (None: the family's key; not callable: its error)."""
+    if not callable(key):
+        return key
+
+    @functools.wraps(key)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        shape = key(*args, **kwargs)
+        if type(shape) is dict or isinstance(shape, Mapping):  # the first test is the hot path's
+            return shape
+        name = getattr(key, "__qualname__", None) or repr(key)
+        raise KeyResultError(
+            f"key: {name} returned {reprlib.repr(shape)} ({type(shape).__name__}); it must return the call's "
+            "shape as a dict of dim name -> int, e.g. {'M': 8192, 'N': 4096, 'K': 12288}"
+        )
+
+    return checked
+
+
+__all__ = ["ArgumentError", "JointAutotuned", "KeyResultError", "NoConfigError", "joint_autotune"]

@@ -2,8 +2,11 @@
 
 Both sources are optional and neither may break a run: a store that can't be opened (a corrupt
 file), answers an error or takes longer than `store_timeout_s` (a lock held elsewhere) is
-skipped with one warning and not asked again in this process; the service client never raises, and
-hands over the service's answer parsed with the store's own model of it (`jointtune.db.LookupOut`).
+skipped with one warning and not asked again in this process; the service client never raises, ends
+each lookup within its deadline, and hands over the service's answer parsed with the store's own model
+of it (`jointtune.db.LookupOut`). A malformed $JOINTTUNE_SERVER is deployment configuration, like an
+unreachable service: one warning, no service. Publishing a tuned result never holds the call longer
+than the client's lookup deadline: what is left of it goes on in the background (`wait_for_publishes`).
 
 Records that don't fit are not used silently. A record of another Triton major.minor, or whose
 config the current space (or config list) rejects, is skipped with a warning and counts as a
@@ -18,13 +21,17 @@ Example:
 
 from __future__ import annotations
 
+import atexit
+import math
+import numbers
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jointtune.errors import JointtuneError, StoreError
+from jointtune.errors import JointtuneError, StoreError, TuningError
 
 if TYPE_CHECKING:
     from jointtune.autotune.runtime.client import ConfigClient
@@ -35,6 +42,9 @@ T = TypeVar("T")
 #: how long one store operation may take before the decorator gives up on the store
 DEFAULT_STORE_TIMEOUT_S = 10.0
 
+#: how long the end of the process waits, in all, for publishes still under way in the background
+PUBLISH_EXIT_WAIT_S = 5.0
+
 #: a config the caller can't use -> why (None: usable)
 Accept = Callable[[Mapping[str, Any]], "str | None"]
 
@@ -43,25 +53,64 @@ class LookupWarning(UserWarning):
     """A source or a record could not be used; the decorator falls back to the next one."""
 
 
+class ArgumentError(TuningError, ValueError):
+    """A `joint_autotune` argument that can't work (named, with what is allowed), raised when it decorates."""
+
+
 _WARNED: set[str] = set()
 
 
-def warn_once(cause: str, message: str) -> None:
+def warn_once(cause: str, message: str, category: type[Warning] = LookupWarning) -> None:
     """Warn once per cause per process: a broken source costs one line, not a log flood."""
     if cause not in _WARNED:
         _WARNED.add(cause)
-        warnings.warn(message, LookupWarning, stacklevel=3)
+        warnings.warn(message, category, stacklevel=3)
+
+
+def check_store_timeout(value: Any) -> float:
+    """`store_timeout_s` as float seconds; ValueError (a TuningError) unless it is a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+        raise ArgumentError(
+            f"store_timeout_s: {value!r} is not allowed; it must be a finite number of seconds > 0 "
+            f"(default {DEFAULT_STORE_TIMEOUT_S:g})"
+        )
+    return float(value)
+
+
+def check_server(server: Any) -> None:
+    """A `server=` argument: None or "" (then $JOINTTUNE_SERVER decides) or the URL of a service."""
+    from jointtune.autotune.runtime.client import check_base_url
+
+    if server is None or server == "":
+        return
+    try:
+        check_base_url(server)
+    except JointtuneError as exc:
+        raise ArgumentError(str(exc).replace("base_url:", "server:", 1)) from None
 
 
 def make_client(server: str | None) -> ConfigClient | None:
-    """A client for `server` (or $JOINTTUNE_SERVER), with $JOINTTUNE_TOKEN for publishing; None if neither."""
+    """A client for `server` (or $JOINTTUNE_SERVER), with $JOINTTUNE_TOKEN for publishing; None if neither.
+
+    A malformed `server` raises (the decorator checks it when it decorates); a malformed $JOINTTUNE_SERVER
+    is deployment configuration and must not stop a job: one warning, then no service, as when it is down."""
     import os
 
-    from jointtune.autotune.runtime.client import ENV_TOKEN, ConfigClient
+    from jointtune.autotune.runtime.client import ENV_SERVER, ENV_TOKEN, ConfigClient, ServiceWarning
 
     if server:
         return ConfigClient(server, token=os.environ.get(ENV_TOKEN) or None)
-    return ConfigClient.from_env()
+    try:
+        return ConfigClient.from_env()
+    except Exception as exc:  # a JointtuneError naming what is allowed, or anything else making the client
+        why = str(exc).removeprefix("base_url: ") if isinstance(exc, JointtuneError) else f"{type(exc).__name__}: {exc}"
+        warn_once(
+            f"server-env:{os.environ.get(ENV_SERVER, '')}",
+            f"{ENV_SERVER}: {why}; not using the config service in this process (falling back: local store, "
+            "then the miss policy)",
+            ServiceWarning,
+        )
+        return None
 
 
 def reset_warnings() -> None:
@@ -164,7 +213,7 @@ class Sources:
     ) -> None:
         self.db_url = db_url
         self.client = client
-        self.store_timeout_s = store_timeout_s
+        self.store_timeout_s = check_store_timeout(store_timeout_s)
         self._store: Store | None = None
         self._store_broken = not use_store
 
@@ -258,13 +307,59 @@ class Sources:
         return None, near
 
     def publish(self, record: NewRecord) -> None:
-        """Send a result to the service; a refusal or outage is a warning, never an error."""
-        if self.client is None:
+        """Send a result to the service; a refusal or outage is a warning, never an error.
+
+        Waits for it at most the client's lookup deadline (`timeout`): a slow or silent service can't hold
+        the caller longer; the publish then goes on in a daemon thread (its attempts bounded by the
+        client's `publish_timeout` and `retries`), which `wait_for_publishes` and the end of the process
+        (at most PUBLISH_EXIT_WAIT_S) wait for."""
+        client = self.client
+        if client is None:
             return
+        cause = f"publish:{client.base_url}"
         try:
-            self.client.publish(record.to_json())
-        except JointtuneError as exc:
-            warn_once(f"publish:{self.client.base_url}", f"publishing to the config service failed: {exc}")
+            body = record.to_json()
+        except Exception as exc:  # nothing may raise into the caller's call
+            warn_once(cause, f"publishing to the config service failed: {type(exc).__name__}: {exc}")
+            return
+
+        def send() -> None:
+            try:
+                client.publish(body)
+            except Exception as exc:
+                why = str(exc) if isinstance(exc, JointtuneError) else f"{type(exc).__name__}: {exc}"
+                warn_once(cause, f"publishing to the config service failed: {why}")
+            finally:
+                with _PUBLISHING_LOCK:
+                    _PUBLISHING.discard(thread)
+
+        thread = threading.Thread(target=send, name="jointtune-publish", daemon=True)
+        with _PUBLISHING_LOCK:
+            _PUBLISHING.add(thread)
+        thread.start()
+        thread.join(client.timeout)
+
+
+_PUBLISHING: set[threading.Thread] = set()
+_PUBLISHING_LOCK = threading.Lock()
+
+
+def wait_for_publishes(timeout_s: float | None = None) -> bool:
+    """Wait for the publishes still under way in the background (at most `timeout_s` in all; None: until
+    they end). True when none is left."""
+    end = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        with _PUBLISHING_LOCK:
+            pending = next(iter(_PUBLISHING), None)
+        if pending is None:
+            return True
+        left = None if end is None else end - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        pending.join(left)
+
+
+atexit.register(wait_for_publishes, PUBLISH_EXIT_WAIT_S)
 
 
 def _usable(

@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_decorator_helpers import World, make_launcher, source_of
 
-from jointtune.autotune.runtime.lookup import reset_warnings
+from jointtune.autotune.runtime.lookup import reset_warnings, wait_for_publishes
 from jointtune.autotune.settings import TuneSettings
 from jointtune.db import open_store
 from jointtune.hardware import current_limits
@@ -43,6 +43,7 @@ def test_tune_on_a_miss_saves_publishes_and_is_found_next_time(tmp_path: Path) -
         (record,) = open_store(db).list_records(kernel="jt_sleep")
         assert record.config == config and record.trials == 3 and record.study_name.startswith("jointtune:jt_sleep")
         assert record.timing == "eager" and record.study_name.endswith(":teager")  # tuned the way the call runs
+        assert wait_for_publishes(60)  # a publish slower than the lookup deadline goes on off the call path
         (published,) = open_store(service_db).list_records(kernel="jt_sleep")
         assert published.config == config and published.timing == "eager"
         again = make_launcher(db, on_miss="error")
