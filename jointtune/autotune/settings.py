@@ -77,6 +77,8 @@ class TuneSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise TuningError(f"{name}: {value!r} is not allowed; it must be an integer >= 0")
+        if self.seed >= 2**32:  # the samplers' generators take 32 bits
+            raise TuningError(f"seed: {self.seed!r} is not allowed; it must be an integer in 0..{2**32 - 1}")
         for name in ("patience", "n_startup"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

@@ -17,10 +17,9 @@ Under push the call's epoch comes from the device (`call_epoch`), the inbox half
 the last program to finish publishes it (`close_call`); the last program to take a ticket hands the
 counter back at zero. Nothing a later call needs is set by the host.
 
-With SPLIT_K > 1 a tile's K loop is split over SPLIT_K work items whose fp32 partial sums meet in a
-per-tile slot of a workspace through atomics; the last to arrive (per-tile counter) writes C and
-resets slot and counter. Small M needs that parallelism: without it a few dozen tiles with long K
-loops leave most SMs idle.
+With SPLIT_K > 1 a tile's K loop is split over SPLIT_K work items that meet in the tile's workspace slot
+(`_tiles.merge_split_k`); the last to arrive writes C. Small M needs that parallelism: without it a few
+dozen tiles with long K loops leave most SMs idle.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ import triton
 import triton.language as tl
 
 from jointtune.kernels._signals import call_epoch, close_call, push_rows, thread_fence, wait_chunks
+from jointtune.kernels._tiles import grouped_tile, merge_split_k, tile_dot
 
 
 @triton.jit
@@ -128,12 +128,7 @@ def ag_gemm_kernel(
             # work item = (tile, split); the splits of a tile are neighbours, so they run together
             tile = work // SPLIT_K
             split = work % SPLIT_K
-            group_size = GROUP_M * num_pid_n
-            group = tile // group_size
-            first_m = group * GROUP_M
-            group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-            pid_m = first_m + (tile % group_size) % group_m
-            pid_n = (tile % group_size) // group_m
+            pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
             pid_m = (pid_m + shift) % num_pid_m
 
             offs_m = row_lo + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -152,42 +147,16 @@ def ag_gemm_kernel(
                 if (row_first // R != rank) | (row_last // R != rank):  # tiles of my own rows waited on nothing
                     thread_fence(fence_ptr, pid, THREADS, FENCE)
 
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             kb_lo = split * k_per_split
             kb_hi = tl.minimum(kb_lo + k_per_split, k_blocks)
-            for kb in range(kb_lo, kb_hi):
-                offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-                kmask = offs_k < K
-                a = tl.load(a_rows[:, None] + offs_k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
-                b = tl.load(
-                    b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
-                    mask=kmask[:, None] & nmask[None, :],
-                    other=0.0,
-                )
-                if UPCAST:  # the CPU interpreter's bf16 dot is wrong (Triton 3.9); fp32 operands are exact
-                    acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-                else:
-                    acc = tl.dot(a, b, acc)
-            c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
-            if SPLIT_K == 1:
+            acc = tile_dot(a_rows, mmask, b_ptr, offs_n, nmask, K, kb_lo, kb_hi, stride_bk, stride_bn,
+                           BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
+            finished = True
+            if SPLIT_K > 1:  # the tile's splits meet in its workspace slot; the last one stores C
+                acc, finished = merge_split_k(acc, ws_ptr, counts_ptr, tile, SPLIT_K, BLOCK_M, BLOCK_N)
+            if finished:
+                c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
                 tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
-            else:
-                # ---- split-K: add into the tile's fp32 slot; the last split to arrive stores C and
-                # leaves slot and counter at zero for the next call (no per-call clearing) ----
-                in_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-                slot_ptrs = ws_ptr + tile.to(tl.int64) * (BLOCK_M * BLOCK_N) + in_tile
-                # acq_rel per thread: each add is performed at GPU scope before its thread reaches the
-                # barrier (as a per-thread fence would), so the counter orders every warp's adds
-                tl.atomic_add(slot_ptrs, acc, sem="acq_rel")
-                tl.debug_barrier()
-                arrived = tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel")
-                if arrived == SPLIT_K - 1:
-                    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                    total = tl.atomic_add(slot_ptrs, zeros, sem="acquire")
-                    tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
-                    tl.debug_barrier()  # every thread has read the slot before any zeroes it (layouts may differ)
-                    tl.store(slot_ptrs, zeros)
-                    tl.store(counts_ptr + tile, 0)
             if DYNAMIC:
                 work = tl.atomic_add(tickets_ptr, 1)
             else:

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from jointtune.kernels._signals import acq_rel_fence, call_epoch, close_call, release_flag, thread_fence, wait_flag
+from jointtune.kernels._tiles import grouped_tile, merge_split_k, tile_dot
 
 
 @triton.jit
@@ -126,11 +127,7 @@ def gemm_rs_kernel(
                 split = work % SPLIT_K
                 seg = (tile // tiles_per_seg + first_seg) % n_segs
                 t = tile % tiles_per_seg
-                group_size = GROUP_M * num_pid_n
-                first_m = (t // group_size) * GROUP_M
-                group_m = tl.minimum(seg_tiles_m - first_m, GROUP_M)
-                pid_m = first_m + (t % group_size) % group_m
-                pid_n = (t % group_size) // group_m
+                pid_m, pid_n = grouped_tile(t, seg_tiles_m, num_pid_n, GROUP_M)
 
                 offs_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the segment
                 offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -138,38 +135,13 @@ def gemm_rs_kernel(
                 mmask = offs_r < seg_rows
                 nmask = offs_n < N
                 a_rows = a_ptr + (seg * R + offs_r).to(tl.int64) * stride_am
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 kb_lo = split * k_per_split
                 kb_hi = tl.minimum(kb_lo + k_per_split, k_blocks)
-                for kb in range(kb_lo, kb_hi):
-                    offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-                    kmask = offs_k < K
-                    a = tl.load(a_rows[:, None] + offs_k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
-                    b = tl.load(
-                        b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
-                        mask=kmask[:, None] & nmask[None, :],
-                        other=0.0,
-                    )
-                    if UPCAST:  # the CPU interpreter's bf16 dot is wrong (Triton 3.9); fp32 operands are exact
-                        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-                    else:
-                        acc = tl.dot(a, b, acc)
+                acc = tile_dot(a_rows, mmask, b_ptr, offs_n, nmask, K, kb_lo, kb_hi, stride_bk, stride_bn,
+                               BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
                 finished = True
-                if SPLIT_K > 1:
-                    # split-K: add into the tile's fp32 slot; the last split to arrive has the sum, and
-                    # leaves slot and counter at zero for the next call (no per-call clearing)
-                    in_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-                    slot_ptrs = ws_ptr + tile.to(tl.int64) * (BLOCK_M * BLOCK_N) + in_tile
-                    tl.atomic_add(slot_ptrs, acc, sem="acq_rel")
-                    tl.debug_barrier()
-                    arrived = tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel")
-                    finished = arrived == SPLIT_K - 1
-                    if finished:
-                        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                        acc = tl.atomic_add(slot_ptrs, zeros, sem="acquire")
-                        tl.debug_barrier()  # every thread has read the slot before any zeroes it (layouts may differ)
-                        tl.store(slot_ptrs, zeros)
-                        tl.store(counts_ptr + tile, 0)
+                if SPLIT_K > 1:  # the tile's splits meet in its workspace slot; the last one has the sum
+                    acc, finished = merge_split_k(acc, ws_ptr, counts_ptr, tile, SPLIT_K, BLOCK_M, BLOCK_N)
                 if finished:
                     delta = tl.load(dest_deltas_ptr + seg)
                     if EPI != 2:  # 16-element aligned: vector stores. Atomics stay scalar (see the module doc)

@@ -44,6 +44,9 @@ def test_settings_reject_bad_values_by_name():
         TuneSettings(strategy="grid")
     with pytest.raises(TuningError, match="time_budget_s: -1 is not allowed"):
         TuneSettings(time_budget_s=-1)
+    with pytest.raises(TuningError, match=r"seed: 4294967296 is not allowed; it must be an integer in 0\.\.4294967295"):
+        TuneSettings(seed=2**32)
+    assert TuneSettings(seed=2**32 - 1).seed == 2**32 - 1
     with pytest.raises(TuningError, match="settings: 'trails' is not a setting"):
         TuneSettings.from_json({"trails": 3})
     job = Job.of("jt_sleep", PROBLEM, TuneSettings(trials=5, patience=2))
