@@ -413,7 +413,7 @@ def run_header(world, script: str) -> dict:
         "versions": {"torch": torch.__version__, "triton": triton.__version__,
                      "nccl": ".".join(map(str, torch.cuda.nccl.version())), "python": platform.python_version()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": f"torchrun --nproc-per-node=2 {script} " + " ".join(sys.argv[1:]),
+        "command": f"torchrun --nproc-per-node={world.world_size} {script} " + " ".join(sys.argv[1:]),
         "dtype": "bfloat16", "calls_per_graph": CALLS, "shapes": [],
     }  # fmt: skip
 

@@ -193,7 +193,6 @@ def main() -> None:
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
     shapes = shapes or {"defaults": DEFAULT_SHAPES, "floors": FLOOR_SHAPES}.get(args.grid, SHAPES)
     result = run_header(world, "bench/flash_decode_kernel.py")
-    result["command"] = result["command"].replace("--nproc-per-node=2", "--nproc-per-node=1")
     result.update(
         label=args.label,
         tree=str(Path(jointtune.__file__).resolve().parents[1]),

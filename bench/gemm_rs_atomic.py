@@ -145,7 +145,6 @@ def main() -> None:
         lift_atomic_tile_rule()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
     result = run_header(world, "bench/gemm_rs_atomic.py")
-    result["command"] = result["command"].replace("--nproc-per-node=2", f"--nproc-per-node={world.world_size}")
     result["tree"] = str(TREE)
     result["cases"] = []
     spin_up(1.0)
