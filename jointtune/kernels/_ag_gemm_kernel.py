@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import call_epoch, close_call, push_rows, thread_fence, wait_chunks
+from jointtune.kernels._signals import call_epoch_and_half, close_call, push_rows, thread_fence, wait_chunks
 from jointtune.kernels._tiles import grouped_tile, merge_split_k, tile_dot
 
 
@@ -97,12 +97,7 @@ def ag_gemm_kernel(
     EPOCH: tl.constexpr,
 ):
     pid = tl.program_id(0) + pid_base
-    if EPOCH > 0:
-        epoch = call_epoch(state_ptr, EPOCH)
-        half = (epoch % 2) * half_stride
-    else:
-        epoch = 0
-        half = 0
+    epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
     if COMM_SMS > 0:  # noqa: SIM102 (constexpr: without push no producer code at all, not even dead)
         if pid < COMM_SMS:
             push_rows(

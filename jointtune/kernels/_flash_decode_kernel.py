@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import acq_rel_fence, call_epoch, thread_fence, wait_flag
+from jointtune.kernels._signals import acq_rel_fence, call_epoch_and_half, thread_fence, wait_flag
 
 #: LSE of a partial with no keys: finite, so merges need no special case (exp2(EMPTY - x) == 0 for real x)
 EMPTY = tl.constexpr(-1.0e30)
@@ -224,12 +224,7 @@ def flash_decode_kernel(
     UPCAST: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    if EPOCH > 0:
-        epoch = call_epoch(state_ptr, EPOCH)
-        half = (epoch % 2) * half_stride
-    else:
-        epoch = 0
-        half = 0
+    epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
     if TICKET:
         unit = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
     else:

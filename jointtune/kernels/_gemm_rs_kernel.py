@@ -35,7 +35,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import acq_rel_fence, call_epoch, close_call, release_flag, thread_fence, wait_flag
+from jointtune.kernels._signals import (
+    acq_rel_fence,
+    call_epoch_and_half,
+    close_call,
+    release_flag,
+    thread_fence,
+    wait_flag,
+)
 from jointtune.kernels._tiles import grouped_tile, merge_split_k, tile_dot
 
 
@@ -106,12 +113,7 @@ def gemm_rs_kernel(
     EPOCH: tl.constexpr,
 ):
     pid = tl.program_id(0) + pid_base
-    if EPOCH > 0:
-        epoch = call_epoch(state_ptr, EPOCH)
-        half = (epoch % 2) * half_stride
-    else:
-        epoch = 0
-        half = 0
+    epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
     if GEMM:  # noqa: SIM102 (constexpr: a reduce-only launch has no GEMM code at all)
         if pid < gemm_programs:
             num_pid_n = tl.cdiv(N, BLOCK_N)

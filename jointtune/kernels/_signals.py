@@ -33,6 +33,19 @@ def call_epoch(state_ptr, EPOCH: tl.constexpr):
 
 
 @triton.jit
+def call_epoch_and_half(state_ptr, half_stride, EPOCH: tl.constexpr):
+    # (the call's epoch, the offset of its half of a two-half buffer: halves alternate by epoch parity); EPOCH 0,
+    # a launch with no cross-call state: (0, 0)
+    if EPOCH > 0:
+        epoch = call_epoch(state_ptr, EPOCH)
+        half = (epoch % 2) * half_stride
+    else:
+        epoch = 0
+        half = 0
+    return epoch, half
+
+
+@triton.jit
 def close_call(state_ptr, epoch, num_programs):
     # The last of the launch's programs to arrive publishes the epoch. Every program read the counter
     # before arriving, so none of this launch reads the new value; later kernels on the stream do.
@@ -222,8 +235,7 @@ def allgather_push_kernel(
     # (<= num_sms / 4) is resident, so every wait ends: deadlock-free. A world whose ranks launch one after
     # another opens its calls with `open_call_kernel` and waits with `wait_chunks_kernel` instead.
     pid = tl.program_id(0)
-    epoch = call_epoch(state_ptr, EPOCH)
-    half = (epoch % 2) * half_stride
+    epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
     if ENTER:
         if pid == 0:
             for j in range(1, WORLD):
