@@ -16,7 +16,6 @@ node and on a laptop. To export a name, add it to `_EXPORTS` and `__all__`, and 
 from __future__ import annotations
 
 import importlib
-import os
 from typing import TYPE_CHECKING, Any
 
 from jointtune.errors import JointtuneError
@@ -62,27 +61,13 @@ __all__ = [
 ]
 
 
-def _choose_interpreter() -> None:
-    """TRITON_INTERPRET=1 where no GPU can run kernels, unless the user chose already."""
-    if "TRITON_INTERPRET" in os.environ:
-        return
-    from jointtune.hardware import gpu_device_present
-
-    if gpu_device_present():
-        import torch
-
-        if torch.cuda.is_available():
-            return
-    os.environ["TRITON_INTERPRET"] = "1"
-
-
 def __getattr__(name: str) -> Any:
     entry = _EXPORTS.get(name)
     if entry is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module, is_kernel = entry
-    if is_kernel:
-        _choose_interpreter()
+    if is_kernel:  # the kernels package chooses Triton's CPU interpreter where there is no GPU, before Triton loads
+        importlib.import_module("jointtune.kernels")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later lookups skip this function
     return value

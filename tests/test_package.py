@@ -53,3 +53,38 @@ def test_a_kernel_op_from_the_root_chooses_the_interpreter_without_a_gpu() -> No
         ).strip()
         == "0"
     )
+
+
+_PULL = (
+    "import torch\n"
+    "from jointtune import ag_gemm, create_world\n"
+    "w = create_world('local', world_size=2)\n"
+    "a = [torch.randn(32, 64).bfloat16() for _ in range(2)]\n"
+    "b = [torch.randn(64, 32).bfloat16() for _ in range(2)]\n"
+    "cfg = dict(mode='pull', BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2, SPLIT_K=1)\n"
+    "want = torch.cat(a).float() @ b[0].float()\n"
+)
+
+
+@pytest.mark.skipif(
+    __import__("jointtune.hardware", fromlist=["x"]).gpu_device_present(), reason="this machine has a GPU"
+)
+def test_kernels_imported_directly_or_after_triton_run_or_say_what_to_do() -> None:
+    # a kernel module imported by its path chooses the interpreter too (the package does, before Triton loads)
+    direct = "from jointtune.kernels.ag_gemm import ag_gemm\n" + _PULL
+    got = "got = ag_gemm(a, b, world=w, config=cfg)[0].float()\n"
+    out = _python(direct + got + "print(float((got - want).abs().max() / want.abs().max()))")
+    assert float(out) < 1e-2  # bf16 output
+    # Triton imported first has fixed its mode: the torch-only modes run, a Triton one says what to do
+    late = (
+        "import triton\n"
+        + _PULL
+        + (
+            "assert ag_gemm(a, b, world=w, config={'mode': 'baseline'})[0].shape == (64, 32)\n"
+            "from jointtune.errors import KernelError\n"
+            "try:\n    ag_gemm(a, b, world=w, config=cfg)\nexcept KernelError as exc:\n    print(exc)\n"
+        )
+    )
+    message = _python(late).strip()
+    assert message.startswith("ag_gemm_kernel: Triton kernels can't run on cpu: there is no GPU, and Triton was")
+    assert "set TRITON_INTERPRET=1 in the environment" in message

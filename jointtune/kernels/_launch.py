@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from jointtune.errors import KernelError
-from jointtune.kernels._runtime import interpreted
+from jointtune.kernels._runtime import check_launchable, interpreted
 
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
@@ -65,6 +65,10 @@ class Launch:
         grid = (grid,) if isinstance(grid, int) else tuple(grid)
         if not grid or min(grid) < 1:
             raise KernelError(f"launch of {kernel.fn.__name__}: grid {grid} is empty; every dim must be >= 1")
+        for value in named.values():
+            if isinstance(value, torch.Tensor):
+                check_launchable(kernel.fn.__name__, value.device)
+                break
         self.kernel, self.options, self.slots = kernel, options, tuple(slots)
         self.grid = grid + (1,) * (3 - len(grid))
         self._argv = [named[n] for n in names]

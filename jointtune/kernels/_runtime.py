@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,6 +21,31 @@ if TYPE_CHECKING:
     from jointtune.search_spaces import DeviceLimits
 
 _TRUE = ("1", "true", "yes", "on", "y")
+
+
+def choose_interpreter() -> None:
+    """TRITON_INTERPRET=1 where no GPU can run kernels, so a script runs on a GPU node and on a laptop alike.
+
+    It must be set before Triton is imported: Triton reads it as it defines kernels, its own library's
+    included. So it is left alone where the user chose already, and where Triton is imported already (then
+    Triton runs compiled, and a kernel launched without a GPU says what to do: `check_launchable`)."""
+    if "TRITON_INTERPRET" in os.environ or "triton" in sys.modules:
+        return
+    from jointtune.hardware import gpu_device_present
+
+    if gpu_device_present() and torch.cuda.is_available():
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def check_launchable(kernel_name: str, device: torch.device) -> None:
+    """KernelError unless a Triton kernel can run on `device`: compiled on a GPU, or in the interpreter."""
+    if device.type != "cuda" and not interpreted():
+        raise KernelError(
+            f"{kernel_name}: Triton kernels can't run on {device.type}: there is no GPU, and Triton was imported "
+            "before jointtune could choose its CPU interpreter (torch.compile imports it too); set "
+            "TRITON_INTERPRET=1 in the environment, or import jointtune's kernels before anything imports Triton"
+        )
 
 
 @functools.cache
