@@ -206,7 +206,11 @@ def tune(
     _import_all(imports or [])
     family = get_family(kernel)
     space = study_space(family, settings)
-    problem = space.make_problem(shape, dtype=dtype, world_size=world_size)
+    asked = space.make_problem(shape, dtype=dtype, world_size=world_size)
+    problem = family.stored_problem(asked)
+    if problem != asked:
+        text = {p: ",".join(f"{d}={p.dim(d)}" for d in space.dims) for p in (asked, problem)}
+        Console(stderr=True).print(f"{family.name}: tuning {text[problem]}, the key calls of {text[asked]} look up")
     check_study(space, problem, settings)
     job = Job.of(family.name, problem, settings)
     report = prepare_report_dir(report)

@@ -77,6 +77,11 @@ class Family(ABC):
         """The problem shape (global dims) of a launcher call: what configs are stored and looked up under."""
         raise UnknownNameError(f"kernel: family {self.name!r} has no key function; pass key= to the decorator")
 
+    def stored_problem(self, problem: Problem) -> Problem:
+        """The problem a tuned record of `problem` is stored under: the shape `key` gives a call of that problem,
+        so a tuned record is found at run time (identity unless the key buckets a dim)."""
+        return problem
+
     def max_error(self, outputs: Sequence[Any], reference: Sequence[Any]) -> float:
         """Largest relative error ‖out − ref‖ / ‖ref‖ over ranks; NaN counts as infinite."""
         worst = 0.0

@@ -207,6 +207,12 @@ def _shape(q0: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, W: int, scale: 
                        tuple(v0.stride()), default_scale(D) if scale is None else scale)  # fmt: skip
 
 
+def bucketed_kv_len(s_r: int, world_size: int) -> int:
+    """The global kv_len a record of per-rank capacity `s_r` is keyed by: s_r rounded up to a power of two, times
+    the world size (one record serves every capacity in (bucket / 2, bucket] per rank)."""
+    return (1 << max(s_r - 1, 0).bit_length()) * world_size
+
+
 def problem_shape(s: DecodeShape) -> dict[str, int]:
     """The space's dims of a call: S is the global KV capacity, S_r per rank times the world size."""
     return {"B": s.B, "H": s.H, "H_KV": s.H_KV, "S": s.S_r * s.W, "D": s.D}
@@ -364,8 +370,12 @@ class FlashDecodeFamily(Family):
         serves every cache whose per-rank capacity lies in (S_r / 2, S_r] (a config valid for one is valid for all)."""
         q0, k0 = as_list(q)[0], as_list(k)[0]
         B, H, D = q0.shape
-        S_r = 1 << max(int(k0.shape[2]) - 1, 0).bit_length()
-        return {"B": B, "H": H, "H_KV": k0.shape[1], "S": S_r * world.world_size, "D": D}
+        return {"B": B, "H": H, "H_KV": k0.shape[1], "S": bucketed_kv_len(int(k0.shape[2]), world.world_size), "D": D}
+
+    def stored_problem(self, problem: Any) -> Any:
+        W = problem.world_size
+        dims = {**problem.dims, "S": bucketed_kv_len(-(-problem.dim("S") // W), W)}
+        return type(problem).of(dims, dtype=problem.dtype, world_size=W)
 
     def flops(self, problem: Any) -> float:
         B, H, _, S, D = (problem.dim(d) for d in self.dims)

@@ -316,6 +316,11 @@ def test_family_contract_key_buckets_and_torch_op():
     # the key buckets the per-rank capacity up to a power of two: S_r = 90 -> 128, S = 256
     assert fam.key(inputs.q, inputs.k, inputs.v, inputs.kv_lens, world=world) == {
         "B": 2, "H": 4, "H_KV": 2, "S": 256, "D": 64}  # fmt: skip
+    # and a tuned record of that shape is stored under the same key (tune/sweep store `stored_problem`)
+    assert fam.stored_problem(problem).dims == {"B": 2, "H": 4, "H_KV": 2, "S": 256, "D": 64}
+    for S, W, want in ((100, 2, 128), (128, 2, 128), (129, 2, 256), (1, 4, 4), (300, 3, 384)):
+        asked = Problem.of({"B": 1, "H": 4, "H_KV": 2, "S": S, "D": 64}, dtype="bfloat16", world_size=W)
+        assert fam.stored_problem(asked).dim("S") == want
     ref = fam.reference(inputs)  # per-shard statistics, all-gathered and combined: SDPA over the whole cache
     union = reference(inputs.q, inputs.k, inputs.v, inputs.kv_lens)
     assert all(torch.allclose(r, union, atol=1e-5, rtol=1e-5) for r in ref)

@@ -212,7 +212,7 @@ def _jobs(
         for dtype in model.dtypes:
             for w in sizes:
                 try:
-                    problem = space.make_problem(shape, dtype=dtype, world_size=w)
+                    problem = family.stored_problem(space.make_problem(shape, dtype=dtype, world_size=w))
                     check_study(space, problem, settings)
                 except JointtuneError as exc:
                     problems.add((*loc, "shapes", i), f"{where}.shapes[{i}] ({shape}, {dtype}, world_size {w}): {exc}")

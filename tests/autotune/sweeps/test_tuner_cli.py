@@ -104,6 +104,25 @@ def test_sweep_files_are_validated_with_messages_that_name_the_field(families, c
         assert f"imports[0]: {name} can't be imported ({why}" in err
 
 
+def test_flash_decode_jobs_are_tuned_at_the_bucket_their_calls_look_up(families):
+    jobs = parse_sweep(
+        {
+            "profiles": {
+                "cpu": {
+                    "jobs": [
+                        {
+                            "kernel": "flash_decode",
+                            "shapes": ["1x4x1x100x64", "1x4x1x128x64", "1x4x1x200x64"],
+                            "world_size": 2,
+                        }
+                    ]
+                }
+            }
+        }
+    )
+    assert [dict(j.shape)["S"] for j in jobs.profiles["cpu"]] == [128, 256]  # 100 and 128 share a bucket
+
+
 def test_layered_tuning_settings_and_the_example_file(families):
     sweep = parse_sweep(
         {
