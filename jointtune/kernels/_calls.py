@@ -25,6 +25,16 @@ def as_list(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [x] if isinstance(x, torch.Tensor) else list(x)
 
 
+def first_of(name: str, x: Any, ndim: int) -> torch.Tensor:
+    """The first rank's tensor of argument `name`, which a key reads its dims from; ShapeError naming it unless it
+    is an `ndim`-D tensor (a launcher's key runs before the op checks its arguments)."""
+    items = [x] if isinstance(x, torch.Tensor) else list(x) if isinstance(x, (list, tuple)) else []
+    if not items or not isinstance(items[0], torch.Tensor) or items[0].dim() != ndim:
+        got = f"{type(x).__name__}" if not items else f"{getattr(items[0], 'shape', type(items[0]).__name__)}"
+        raise ShapeError(f"{name}: expected a {ndim}-D tensor, or a list of one per simulated rank; got {got}")
+    return items[0]
+
+
 def usable(x: torch.Tensor) -> torch.Tensor:
     """Row-major and 16-byte aligned, as the kernels read A (a copy otherwise)."""
     if x.is_contiguous() and x.data_ptr() % 16 == 0:

@@ -36,7 +36,7 @@ import triton
 from jointtune.errors import ShapeError
 from jointtune.kernels._ag_gemm_args import AgGemmConfig, Shape, gemm_args, push_args
 from jointtune.kernels._ag_gemm_plans import build_plan
-from jointtune.kernels._calls import DTYPES, as_list, parse_config, usable
+from jointtune.kernels._calls import DTYPES, as_list, first_of, parse_config, usable
 from jointtune.kernels._calls import config_json as config_json  # the op's config text, as users import it from here
 from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels._launch import split_options
@@ -157,11 +157,12 @@ def _plan_key(world: World, a: list[torch.Tensor], b: list[torch.Tensor], config
               want_gathered: bool) -> tuple[tuple[Any, ...], Any, int]:  # fmt: skip
     """Everything a plan bakes in: config, shapes, dtypes, B's strides, devices, and for the modes that
     read A in place, the caller's symmetric buffer holding it."""
+    ckey = config_key(config)  # a config that is no mapping is refused here, by name
     owner, off = _owner(world, a) if config.get("mode") in _OWNED_MODES else (None, 0)
     a0, b0 = a[0], b[0]
     # the buffer by name: `world.empty` names buffers in call order, the same on every rank (`World.plan`
     # checks that all ranks build the same key)
-    key = ("ag_gemm", config_key(config), a0.shape, b0.shape, a0.dtype, b0.dtype, b0.stride(), a0.device, b0.device,
+    key = ("ag_gemm", ckey, a0.shape, b0.shape, a0.dtype, b0.dtype, b0.stride(), a0.device, b0.device,
            len(a), want_gathered, None if owner is None else owner.name, off)  # fmt: skip
     return key, owner, off
 
@@ -252,7 +253,7 @@ class AgGemmFamily(Family):
         return reference(inputs.all_a, inputs.b)
 
     def key(self, a: Any, b: Any, *, world: World, **_: Any) -> dict[str, int]:
-        a0, b0 = as_list(a)[0], as_list(b)[0]
+        a0, b0 = first_of("a", a, 2), first_of("b", b, 2)
         W = world.world_size
         return {"M": a0.shape[0] * W, "N": b0.shape[1] * W, "K": a0.shape[1]}
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from jointtune.errors import ShapeError
-from jointtune.kernels._calls import DTYPES, as_list, config_json, parse_config
+from jointtune.kernels._calls import DTYPES, as_list, config_json, first_of, parse_config
 from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels._flash_decode_args import DecodeShape, FlashDecodeConfig, Work, default_scale, kernel_args
 from jointtune.kernels._flash_decode_plans import DecodePlan
@@ -368,7 +368,7 @@ class FlashDecodeFamily(Family):
     def key(self, q: Any, k: Any, v: Any, kv_lens: Any = None, *, world: World, **_: Any) -> dict[str, int]:
         """S is bucketed: the per-rank capacity S_r rounded up to a power of two, times the world size, so one record
         serves every cache whose per-rank capacity lies in (S_r / 2, S_r] (a config valid for one is valid for all)."""
-        q0, k0 = as_list(q)[0], as_list(k)[0]
+        q0, k0 = first_of("q", q, 3), first_of("k", k, 4)
         B, H, D = q0.shape
         return {"B": B, "H": H, "H_KV": k0.shape[1], "S": bucketed_kv_len(int(k0.shape[2]), world.world_size), "D": D}
 

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from jointtune.errors import ShapeError
-from jointtune.kernels._calls import DTYPES, as_list, config_json, parse_config, usable
+from jointtune.kernels._calls import DTYPES, as_list, config_json, first_of, parse_config, usable
 from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels._gemm_rs_args import EPI_ATOMIC, EPI_SIGNAL, EPI_STORE, GemmRsConfig, RsShape, kernel_args
 from jointtune.kernels._gemm_rs_args import tile_work as _work
@@ -236,7 +236,7 @@ class GemmRsFamily(Family):
         return [every[r] for r in inputs.ranks]
 
     def key(self, a: Any, b: Any, *, world: World, **_: Any) -> dict[str, int]:
-        a0, b0 = as_list(a)[0], as_list(b)[0]
+        a0, b0 = first_of("a", a, 2), first_of("b", b, 2)
         return {"M": a0.shape[0], "N": b0.shape[1], "K": a0.shape[1] * world.world_size}
 
     def flops(self, problem: Any) -> float:

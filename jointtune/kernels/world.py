@@ -414,6 +414,8 @@ def create_world(kind: str = "auto", world_size: int | None = None, *, group: An
     """`auto`: CUDA world when torch.distributed runs on GPUs, else a local world of `world_size` ranks."""
     if kind not in ("auto", "local", "cuda"):
         raise KernelError(f"world kind: {kind!r} is not allowed; choose auto, local or cuda")
+    if world_size is not None and (type(world_size) is not int or world_size < 1):
+        raise KernelError(f"world_size: {world_size!r} is not allowed; give an integer >= 1, or None (2 when local)")
     if kind == "auto":
         import torch.distributed as dist
 
@@ -424,7 +426,7 @@ def create_world(kind: str = "auto", world_size: int | None = None, *, group: An
         if world_size is not None and world_size != world.world_size:
             raise KernelError(f"world_size: {world_size} does not match the process group's {world.world_size}")
         return world
-    return LocalWorld(world_size=world_size or 2)
+    return LocalWorld(world_size=2 if world_size is None else world_size)
 
 
 def iter_local(world: World) -> Iterator[tuple[int, int]]:

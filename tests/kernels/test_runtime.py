@@ -133,3 +133,23 @@ def test_a_registered_launch_hook_keeps_tritons_own_path():
         assert _hooked(chain)
     finally:
         chain.remove(hook)
+
+
+def test_a_callers_odd_arguments_are_named_before_anything_runs():
+    from jointtune.errors import ShapeError, SpaceError
+    from jointtune.kernels import get_family
+
+    for size in (0, -1, True, 2.0, "2"):
+        with pytest.raises(KernelError, match=f"world_size: {size!r} is not allowed; give an integer >= 1"):
+            create_world("local", world_size=size)
+    assert create_world("local").world_size == 2 and create_world("local", world_size=1).world_size == 1
+    world = create_world("local", world_size=2)
+    a = [torch.randn(32, 16, dtype=torch.bfloat16) for _ in range(2)]
+    b = [torch.randn(16, 8, dtype=torch.bfloat16) for _ in range(2)]
+    with pytest.raises(SpaceError, match=r"config: .* it must be a mapping of field -> number or text"):
+        ag_gemm(a, b, world=world, config=[("mode", "baseline")])
+    # a launcher's key reads dims before the op checks its arguments: it names the argument too
+    for family, args, name in (("ag_gemm", (a[0][0], b), "a"), ("gemm_rs", (a, b[0][0]), "b"),
+                               ("ag_gemm", ([], b), "a"), ("flash_decode", (a[0], a[0], a[0]), "q")):  # fmt: skip
+        with pytest.raises(ShapeError, match=f"{name}: expected a [234]-D tensor, or a list of one per simulated rank"):
+            get_family(family).key(*args, world=world)
