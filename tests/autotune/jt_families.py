@@ -265,3 +265,13 @@ class MatmulFamily(Family):
 
 for _family in (SleepFamily(), FaultyFamily(), BrokenFamily(), MatmulFamily()):
     register_family(_family)
+
+
+def stored_best(url: str, family: Family, m: int = 64) -> Any:
+    """The store's best record of a simulated family's job at M=m (float32, world size 2, this machine): what a
+    tuning run of it published, or None."""
+    from jointtune.db import open_store
+    from jointtune.hardware import detect
+
+    return open_store(url).best(kernel=family.name, kernel_version=family.version, shape={"M": m}, dtype="float32",
+                                world_size=2, hardware_id=detect().hardware_id)  # fmt: skip

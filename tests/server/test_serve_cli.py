@@ -43,18 +43,7 @@ def testserve_subprocess(tmp_path: Path) -> None:
 
 
 def testserve_refuses_bad_tokens(tmp_path: Path) -> None:
-    env = {**os.environ, "JOINTTUNE_TOKENS": "root:whatever-token"}
-    cmd = [
-        sys.executable,
-        "-c",
-        "from jointtune.cli import main; main()",
-        "serve",
-        "--db",
-        f"sqlite:///{tmp_path}/x.db",
-    ]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
+    assert _serve_error(tmp_path, JOINTTUNE_TOKENS="root:whatever-token") == [
         "error: JOINTTUNE_TOKENS: entry 1 is not allowed; use role:token with role one of read, write, admin "
         "and a token of >= 8 characters"
     ]

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 from test_decorator_helpers import BEST, World, sleep_record
 
 from jointtune.autotune.decorator import joint_autotune
-from jointtune.autotune.runtime.lookup import reset_warnings
 from jointtune.db import open_store
 from jointtune.search_spaces import next_pow2
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("JOINTTUNE_MODE", "JOINTTUNE_SERVER", "JOINTTUNE_PRINT"):
-        monkeypatch.delenv(name, raising=False)
-    reset_warnings()
 
 
 def test_decode_like_workload_resolves_few_keys(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import torch
 from test_decorator_helpers import BEST, DEFAULT, OTHER, World, make_launcher, sleep_record, source_of
 
 from jointtune.autotune.decorator import NoConfigError, joint_autotune
-from jointtune.autotune.runtime.lookup import LookupWarning, reset_warnings
+from jointtune.autotune.runtime.lookup import LookupWarning
 from jointtune.db import open_store
 from jointtune.errors import TuningError
 
@@ -23,18 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server"))
 from jt_server import serve
 
 W2 = World(2)
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("JOINTTUNE_MODE", "JOINTTUNE_SERVER", "JOINTTUNE_PRINT", "JOINTTUNE_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    reset_warnings()
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'local.db'}"
 
 
 def call(launcher, m: int = 64) -> dict:

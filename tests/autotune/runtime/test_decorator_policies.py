@@ -13,16 +13,8 @@ import torch
 from test_decorator_helpers import BEST, DEFAULT, OTHER, World, make_launcher, sleep_record, source_of
 
 from jointtune.autotune.runtime import policies
-from jointtune.autotune.runtime.lookup import reset_warnings
 from jointtune.db import open_store
 from jointtune.errors import TuningError
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("JOINTTUNE_MODE", "JOINTTUNE_SERVER", "JOINTTUNE_PRINT", policies.ENV_FALLBACK):
-        monkeypatch.delenv(name, raising=False)
-    reset_warnings()
 
 
 def _db(tmp_path: Path, *records) -> str:

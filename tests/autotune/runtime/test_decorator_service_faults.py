@@ -24,7 +24,7 @@ from test_decorator_helpers import BEST, DEFAULT, World, make_launcher, sleep_re
 
 from jointtune.autotune.decorator import ArgumentError, KeyResultError, joint_autotune
 from jointtune.autotune.runtime.client import MAX_RESPONSE_BYTES, ConfigClient, ServiceWarning
-from jointtune.autotune.runtime.lookup import reset_warnings, wait_for_publishes
+from jointtune.autotune.runtime.lookup import wait_for_publishes
 from jointtune.autotune.settings import TuneSettings
 from jointtune.db import open_store
 from jointtune.errors import ServiceError, TuningError
@@ -148,18 +148,6 @@ def misbehaving() -> Iterator[type[Misbehaving]]:
     yield make  # type: ignore[misc]
     for server in made:
         server.close()
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("JOINTTUNE_MODE", "JOINTTUNE_SERVER", "JOINTTUNE_PRINT", "JOINTTUNE_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    reset_warnings()
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'local.db'}"
 
 
 def timed_call(launcher, m: int) -> tuple[dict, torch.Tensor, float]:

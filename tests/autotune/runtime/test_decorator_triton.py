@@ -10,7 +10,6 @@ import triton
 import triton.language as tl
 
 from jointtune.autotune.decorator import NoConfigError, joint_autotune
-from jointtune.autotune.runtime.lookup import reset_warnings
 from jointtune.db import open_store
 
 CONFIGS = [triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64})]
@@ -46,13 +45,6 @@ class Ladder:
         value = self.times[self.calls % len(self.times)]
         self.calls += 1
         return [value, value, value]
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("JOINTTUNE_MODE", "JOINTTUNE_SERVER", "JOINTTUNE_PRINT"):
-        monkeypatch.delenv(name, raising=False)
-    reset_warnings()
 
 
 @pytest.fixture

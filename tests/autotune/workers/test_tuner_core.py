@@ -55,14 +55,7 @@ def test_tpe_spends_exactly_the_budget_and_publishes_the_best(families, sqlite_u
     first = min(result.trials, key=lambda t: t.number)
     assert trial_config(first) == {"mode": "baseline"} and first.user_attrs[ATTR_ROLE] == "baseline"
     assert result.baseline_us == pytest.approx(first.value)
-    record = open_store(sqlite_url).best(
-        kernel="jt_sleep",
-        kernel_version=families.SleepFamily().version,
-        shape={"M": 64},
-        dtype="float32",
-        world_size=2,
-        hardware_id=detect().hardware_id,
-    )
+    record = families.stored_best(sqlite_url, families.SleepFamily())
     assert record is not None
     assert record.config == result.best_config
     assert record.latency_p50_us == pytest.approx(result.best_us)

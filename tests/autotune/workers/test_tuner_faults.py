@@ -10,7 +10,6 @@ from jointtune.autotune.tuner.studies import ATTR_DETAIL, ATTR_REASON, open_stor
 from jointtune.autotune.workers.coordinator import GroupOptions
 from jointtune.autotune.workers.group import GroupSpec
 from jointtune.autotune.workers.supervisor import Supervisor
-from jointtune.db import open_store
 from jointtune.hardware import detect
 from jointtune.search_spaces import Problem
 
@@ -60,13 +59,6 @@ def test_every_fault_is_a_recorded_result_and_the_sweep_finds_the_best(families,
     assert "tolerance" in by_variant["wrong1"].user_attrs[ATTR_DETAIL]
     assert collections.Counter(result.state.failures) == {"compile": 1, "timeout": 1, "crash": 1, "incorrect": 1}
     assert result.best_config == {"mode": "fast", "tile": 4, "variant": "ok"}
-    record = open_store(sqlite_url).best(
-        kernel="jt_faulty",
-        kernel_version=families.FaultyFamily().version,
-        shape={"M": 64},
-        dtype="float32",
-        world_size=2,
-        hardware_id=detect().hardware_id,
-    )
+    record = families.stored_best(sqlite_url, families.FaultyFamily())
     assert record is not None and record.config == result.best_config
     assert record.speedup > 3

@@ -23,7 +23,6 @@ from jointtune.autotune.workers.coordinator import Coordinator, GroupInfo, Group
 from jointtune.autotune.workers.executor import RankExecutor
 from jointtune.autotune.workers.group import GroupSpec
 from jointtune.autotune.workers.supervisor import Supervisor
-from jointtune.db import open_store
 from jointtune.hardware import detect
 from jointtune.search_spaces import Problem, canonical_json
 
@@ -75,14 +74,7 @@ def test_a_one_config_sub_space_measures_its_config_though_a_claim_ahead_finds_n
     job = sleep_job(ONE, trials=3, lookahead=lookahead)
     tune(sqlite_url, job)
     assert_measured_once_each(sqlite_url, job, [ONE])
-    record = open_store(sqlite_url).best(
-        kernel="jt_sleep",
-        kernel_version=families.SleepFamily().version,
-        shape={"M": 64},
-        dtype="float32",
-        world_size=2,
-        hardware_id=detect().hardware_id,
-    )
+    record = families.stored_best(sqlite_url, families.SleepFamily())
     assert record is not None and record.config == ONE
 
 
