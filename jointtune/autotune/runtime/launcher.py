@@ -329,9 +329,7 @@ class JointAutotuned:
             )
             return None
         if local is not None and sources.client is not None:
-            from jointtune.db import open_store
-
-            record = open_store(self.db_url).best(kernel_version=ident.kernel_version, **ident.query(problem.dims))
+            record = sources.store_record(ident, problem.dims)  # within store_timeout_s, never raising
             if record is not None:
                 sources.publish(NewRecord.from_json(record.to_json()))
         return Found(found.config, "tune", 0.0, found.latency_us, timing=ident.timing)

@@ -247,6 +247,12 @@ class Sources:
                   "skipping the local store in this process")  # fmt: skip
         return None
 
+    def store_record(self, ident: Identity, shape: Mapping[str, int]) -> Any:
+        """The stored best record of this key (what a tuned miss publishes), or None; bounded and warned about like
+        every store operation."""
+        return self._with_store("read", lambda store: store.best(kernel_version=ident.kernel_version,
+                                                                 **ident.query(shape)))  # fmt: skip
+
     def store_exact(self, ident: Identity, shape: Mapping[str, int], accept: Accept) -> Found | None:
         def query(store: Store) -> Any:
             best = store.best(kernel_version=ident.kernel_version, **ident.query(shape))
