@@ -28,12 +28,10 @@ tuned on a miss holds the call at most as long, and never raises into it.
 
 from __future__ import annotations
 
-import functools
-import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from jointtune.autotune.runtime.launcher import JointAutotuned
+from jointtune.autotune.runtime.launcher import JointAutotuned, KeyResultError
 from jointtune.autotune.runtime.lookup import (
     DEFAULT_STORE_TIMEOUT_S,
     ArgumentError,
@@ -83,7 +81,7 @@ def joint_autotune(
                 extra = ", ".join(sorted({*triton_options, *(["configs"] if configs is not None else [])}))
                 raise TuningError(f"{extra}: not allowed with space={space!r}; the space defines the configs")
             return JointAutotuned(
-                fn, space=space, key=_checked_key(key), on_miss=on_miss or "nearest", kernel=kernel, dtype=dtype,
+                fn, space=space, key=key, on_miss=on_miss or "nearest", kernel=kernel, dtype=dtype,
                 db_url=db_url, server=server, store_timeout_s=store_timeout_s, tune_settings=tune_settings,
                 timing=timing, timing_fallback=timing_fallback, allow_nondeterministic=allow_nondeterministic,
             )  # fmt: skip
@@ -98,31 +96,6 @@ def joint_autotune(
         )  # fmt: skip
 
     return decorate
-
-
-class KeyResultError(TuningError, TypeError):
-    """A launcher's `key=` function returned something other than a shape dict."""
-
-
-def _checked_key(key: Any) -> Any:
-    """`key` (a function of the call's arguments -> {dim name: int}) made to say so when it returns
-    anything but a mapping, instead of failing deep in the launcher. Anything else is left to the launcher
-    (None: the family's key; not callable: its error)."""
-    if not callable(key):
-        return key
-
-    @functools.wraps(key)
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        shape = key(*args, **kwargs)
-        if type(shape) is dict or isinstance(shape, Mapping):  # the first test is the hot path's
-            return shape
-        name = getattr(key, "__qualname__", None) or repr(key)
-        raise KeyResultError(
-            f"key: {name} returned {reprlib.repr(shape)} ({type(shape).__name__}); it must return the call's "
-            "shape as a dict of dim name -> int, e.g. {'M': 8192, 'N': 4096, 'K': 12288}"
-        )
-
-    return checked
 
 
 __all__ = ["ArgumentError", "JointAutotuned", "KeyResultError", "NoConfigError", "joint_autotune"]

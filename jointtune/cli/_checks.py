@@ -68,14 +68,14 @@ def existing_store_url(db: str | None) -> str:
     new empty store at a mistyped path and show nothing."""
     from sqlalchemy.engine import make_url
 
-    from jointtune.db import resolve_db_url
+    from jointtune.db import ENV_DB_URL, is_memory_sqlite, resolve_db_url
 
     url = resolve_db_url(db)
     parsed = make_url(url)
-    path = parsed.database or ""
-    if parsed.get_backend_name() == "sqlite" and path and path != ":memory:" and not Path(path).exists():
-        source = "--db" if db is not None else "$JOINTTUNE_DB_URL" if os.environ.get("JOINTTUNE_DB_URL") else "store"
-        raise DatabaseURLError(
-            f"{source}: {path!r} does not exist; give an existing store (`db upgrade`, `tune` and `serve` make one)"
-        )
-    return url
+    if parsed.get_backend_name() != "sqlite" or is_memory_sqlite(url) or Path(parsed.database or "").exists():
+        return url
+    source = "--db" if db is not None else f"${ENV_DB_URL}" if os.environ.get(ENV_DB_URL) else "store"
+    raise DatabaseURLError(
+        f"{source}: {parsed.database!r} does not exist; give an existing store (`db upgrade`, `tune` and `serve` "
+        "make one)"
+    )

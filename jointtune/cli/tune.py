@@ -185,6 +185,7 @@ def tune(
     from jointtune.autotune.tuner.search import check_study
     from jointtune.autotune.workers.runner import prepare_interpreter
     from jointtune.cli._checks import prepare_report_dir
+    from jointtune.cli.db import shape_text
     from jointtune.db import open_store, resolve_db_url
     from jointtune.kernels import get_family
 
@@ -209,8 +210,8 @@ def tune(
     asked = space.make_problem(shape, dtype=dtype, world_size=world_size)
     problem = family.stored_problem(asked)
     if problem != asked:
-        text = {p: ",".join(f"{d}={p.dim(d)}" for d in space.dims) for p in (asked, problem)}
-        Console(stderr=True).print(f"{family.name}: tuning {text[problem]}, the key calls of {text[asked]} look up")
+        tuned, typed = shape_text(family.name, problem.dims), shape_text(family.name, asked.dims)
+        Console(stderr=True).print(f"{family.name}: tuning {tuned}, the key calls of {typed} look up")
     check_study(space, problem, settings)
     job = Job.of(family.name, problem, settings)
     report = prepare_report_dir(report)

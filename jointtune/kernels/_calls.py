@@ -27,7 +27,8 @@ def as_list(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 def first_of(name: str, x: Any, ndim: int) -> torch.Tensor:
     """The first rank's tensor of argument `name`, which a key reads its dims from; ShapeError naming it unless it
-    is an `ndim`-D tensor (a launcher's key runs before the op checks its arguments)."""
+    is an `ndim`-D tensor (a launcher's key runs before the op checks its arguments; keys call this only once
+    reading the arguments failed, so a call that works pays nothing for it)."""
     items = [x] if isinstance(x, torch.Tensor) else list(x) if isinstance(x, (list, tuple)) else []
     if not items or not isinstance(items[0], torch.Tensor) or items[0].dim() != ndim:
         got = f"{type(x).__name__}" if not items else f"{getattr(items[0], 'shape', type(items[0]).__name__)}"

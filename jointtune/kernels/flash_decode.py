@@ -368,9 +368,14 @@ class FlashDecodeFamily(Family):
     def key(self, q: Any, k: Any, v: Any, kv_lens: Any = None, *, world: World, **_: Any) -> dict[str, int]:
         """S is bucketed: the per-rank capacity S_r rounded up to a power of two, times the world size, so one record
         serves every cache whose per-rank capacity lies in (S_r / 2, S_r] (a config valid for one is valid for all)."""
-        q0, k0 = first_of("q", q, 3), first_of("k", k, 4)
-        B, H, D = q0.shape
-        return {"B": B, "H": H, "H_KV": k0.shape[1], "S": bucketed_kv_len(int(k0.shape[2]), world.world_size), "D": D}
+        try:  # the decorator's hot path: arguments are checked only when reading them fails
+            q0, k0 = as_list(q)[0], as_list(k)[0]
+            B, H, D = q0.shape
+            S = bucketed_kv_len(int(k0.shape[2]), world.world_size)
+            return {"B": B, "H": H, "H_KV": k0.shape[1], "S": S, "D": D}
+        except (AttributeError, IndexError, TypeError, ValueError):
+            first_of("q", q, 3), first_of("k", k, 4)  # names the argument, or the original error stands
+            raise
 
     def stored_problem(self, problem: Any) -> Any:
         W = problem.world_size

@@ -334,8 +334,7 @@ class Space:
         """SpaceError unless some device could run `config` for `problem`: every field, choice and rule but the
         device's limits (a store knows a record's device only by its id). The store checks what it is given, so a
         record this space refuses can't shadow a valid one."""
-        self.validate_problem(problem)
-        self.validate(config, problem, DeviceLimits.unbounded())
+        self.validate(config, problem, DeviceLimits.unbounded())  # validates the problem too (`context`)
 
     def default(self, problem: Problem, limits: DeviceLimits) -> dict[str, Value]:
         """A config valid for every problem the family accepts (the fallback before tuning).

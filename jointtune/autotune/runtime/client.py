@@ -223,9 +223,11 @@ def _read_capped(response: httpx.Response) -> bytes:
     return b"".join(parts)
 
 
-def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
-        raise ServiceError(f"{name}: {value!r} is not allowed; use seconds: a finite number > 0")
+def _seconds(name: str, value: Any, *, zero_ok: bool = False) -> float:
+    low_ok = isinstance(value, numbers.Real) and (value >= 0 if zero_ok else value > 0)
+    if isinstance(value, bool) or not low_ok or not value < math.inf:
+        low = ">= 0" if zero_ok else "> 0"
+        raise ServiceError(f"{name}: {value!r} is not allowed; use seconds: a finite number {low}")
     return float(value)
 
 
@@ -273,11 +275,9 @@ class ConfigClient:
         self.publish_timeout = _seconds("publish_timeout", publish_timeout)
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 1:
             raise ServiceError(f"retries: {retries!r} is not allowed; use an integer >= 1")
-        if isinstance(backoff, bool) or not isinstance(backoff, numbers.Real) or not 0 <= backoff < math.inf:
-            raise ServiceError(f"backoff: {backoff!r} is not allowed; use seconds: a finite number >= 0")
+        self.backoff = _seconds("backoff", backoff, zero_ok=True)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.retries = retries
-        self.backoff = float(backoff)
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, trust_env=False, transport=_DeadlineTransport()
         )

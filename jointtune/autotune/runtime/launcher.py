@@ -32,6 +32,7 @@ resolution of a new key share its caches (`cache`, `sources`, the graph misses) 
 from __future__ import annotations
 
 import functools
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -68,6 +69,10 @@ def _family_key(name: str) -> Callable[..., Mapping[str, int]] | None:
     except UnknownNameError:
         return None
     return family.key if type(family).key is not Family.key else None
+
+
+class KeyResultError(TuningError, TypeError):
+    """A launcher's `key=` function returned something other than a shape dict."""
 
 
 class JointAutotuned:
@@ -134,8 +139,12 @@ class JointAutotuned:
     # ---- hot path -----------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         world = kwargs.get("world")
+        try:
+            shape = tuple(self.key(*args, **kwargs).items())
+        except AttributeError:  # free unless raised: a key that returned no mapping is named, not a bare error
+            shape = self._shape(args, kwargs)
         key = (
-            tuple(self.key(*args, **kwargs).items()),
+            shape,
             self.dtype_of(*args, **kwargs),
             0 if world is None else world.world_size,
             policies.call_timing(self.timing),
@@ -156,13 +165,24 @@ class JointAutotuned:
         if policies.capturing():
             raise TuningError(f"{self.kernel}: warm() was called during CUDA graph capture; call it before")
         world = kwargs.get("world")
-        base = (tuple(self.key(*args, **kwargs).items()), self.dtype_of(*args, **kwargs),
+        base = (self._shape(args, kwargs), self.dtype_of(*args, **kwargs),
                 0 if world is None else world.world_size)  # fmt: skip
         seen = (*base, "eager") in self.cache
         self(*args, **kwargs)  # a new key resolves its graph config here
         if seen:  # resolved before: its graph config may have missed then (or a fallback setting changed since)
             self._warm_graph((*base, "eager"), self.cache[(*base, "eager")], args, kwargs)
         return {t: self.cache[(*base, t)] for t in TIMINGS if (*base, t) in self.cache}
+
+    def _shape(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+        """The call's shape items from `key`; KeyResultError naming it when it returns anything but a mapping."""
+        shape = self.key(*args, **kwargs)
+        if not isinstance(shape, Mapping):
+            name = getattr(self.key, "__qualname__", None) or repr(self.key)
+            raise KeyResultError(
+                f"key: {name} returned {reprlib.repr(shape)} ({type(shape).__name__}); it must return the call's "
+                "shape as a dict of dim name -> int, e.g. {'M': 8192, 'N': 4096, 'K': 12288}"
+            )
+        return tuple(shape.items())
 
     # ---- a new key ----------------------------------------------------------------------------
     def clear_cache(self) -> None:

@@ -298,6 +298,13 @@ def load_sweep_file(path: str | Path) -> SweepFile:
     """Read and validate a sweep YAML file; errors name the file, the line and the field."""
     path = Path(path)
     try:
+        return _load_sweep_file(path)
+    except RecursionError:  # the YAML parser's or the validation's: either way nested past any real sweep
+        raise SweepFileError(f"{path}: nested deeper than a sweep file can be (a few levels are all it uses)") from None
+
+
+def _load_sweep_file(path: Path) -> SweepFile:
+    try:
         text = path.read_text()
     except OSError as exc:
         raise SweepFileError(f"sweep file: {str(path)!r} can't be read ({exc.strerror})") from None
@@ -318,9 +325,4 @@ def load_sweep_file(path: str | Path) -> SweepFile:
         raise SweepFileError(f"{where}: not valid YAML: {what}") from None
     except yaml.YAMLError as exc:
         raise SweepFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    except RecursionError:
-        raise SweepFileError(f"{path}: nested deeper than a sweep file can be (a few levels are all it uses)") from None
-    try:
-        return parse_sweep(data, source=str(path), default_name=path.stem, line_of=_line_finder(root))
-    except RecursionError:
-        raise SweepFileError(f"{path}: nested deeper than a sweep file can be (a few levels are all it uses)") from None
+    return parse_sweep(data, source=str(path), default_name=path.stem, line_of=_line_finder(root))

@@ -85,30 +85,45 @@ def _at(space: Space, problem: Problem) -> str:
 def check_study(space: Space, problem: Problem, settings: TuneSettings) -> None:
     """Refuse a study that can't run as asked before any rank starts (TuningError: the CLI exits 2, a
     sweep file names the job): a restriction that leaves it nothing to tune, or an exhaustive study
-    bigger than its trial budget."""
-    check_restriction(space, problem, settings)
-    _check_exhaustive_budget(space, problem, settings)
-
-
-def check_restriction(space: Space, problem: Problem, settings: TuneSettings) -> None:
-    """Refuse a restriction that leaves no valid config of what it asked for at this problem.
-
-    Why: `study_space` keeps `mode: baseline` in every sub-space that narrows `mode`, so such a study
-    would not be empty: it would measure only the baseline and store that as its tuned result. A
-    restriction that asks for the baseline itself (`mode=baseline`) is a study of it, and allowed.
-    """
-    if not settings.restrict:
+    bigger than its trial budget. The space is counted once, for both."""
+    exhaustive = settings.strategy == "exhaustive"
+    if not settings.restrict and not exhaustive:
         return
     from jointtune.errors import TuningError
     from jointtune.search_spaces import DeviceLimits
 
     limits = DeviceLimits.nominal_hopper()
-    total = left = space.count(problem, limits)
+    count = space.count(problem, limits)
+    if settings.restrict:
+        _check_restriction(space, problem, settings, count, limits)
+    if exhaustive and count > settings.trials:
+        # such a study measures every valid config, and a space of tens of thousands would run for hours
+        raise TuningError(
+            f"trials: {settings.trials} is not allowed for an exhaustive study of {space.name} at "
+            f"{_at(space, problem)}, which has {count:,} valid configs; "
+            f"allowed: >= {count:,} "
+            f"(or narrow the space with --restrict / a sweep job's `restrict`)"
+        )
+
+
+def _check_restriction(
+    space: Space, problem: Problem, settings: TuneSettings, count: int, limits: DeviceLimits
+) -> None:
+    """Refuse a restriction that leaves no valid config of what it asked for at this problem (`count`: the
+    restricted space's valid configs).
+
+    Why: `study_space` keeps `mode: baseline` in every sub-space that narrows `mode`, so such a study
+    would not be empty: it would measure only the baseline and store that as its tuned result. A
+    restriction that asks for the baseline itself (`mode=baseline`) is a study of it, and allowed.
+    """
+    from jointtune.errors import TuningError
+
+    left = count
     if "baseline" in space.modes and not _asks_for_baseline(space, settings):
         left -= space.count(problem, limits, where={"mode": "baseline"})
     if left == 0:
         asked = " ".join(f"{name}={','.join(map(str, values))}" for name, values in settings.restrict)
-        but = "" if total == 0 else " but the baseline (which every study measures anyway)"
+        but = "" if count == 0 else " but the baseline (which every study measures anyway)"
         raise TuningError(
             f"restrict: {asked} leaves {space.name} no valid config{but} at {_at(space, problem)}, "
             f"{problem.dtype}, world size {problem.world_size}; allow more values"
@@ -118,24 +133,6 @@ def check_restriction(space: Space, problem: Problem, settings: TuneSettings) ->
 def _asks_for_baseline(space: Space, settings: TuneSettings) -> bool:
     modes = dict(settings.restrict).get("mode", ())
     return any(space.param("mode").canonical(m) == "baseline" for m in modes)
-
-
-def _check_exhaustive_budget(space: Space, problem: Problem, settings: TuneSettings) -> None:
-    """Refuse an exhaustive study bigger than its trial budget: such a study measures every valid
-    config, and a space of tens of thousands would run for hours."""
-    if settings.strategy != "exhaustive":
-        return
-    from jointtune.errors import TuningError
-    from jointtune.search_spaces import DeviceLimits
-
-    count = space.count(problem, DeviceLimits.nominal_hopper())
-    if count > settings.trials:
-        raise TuningError(
-            f"trials: {settings.trials} is not allowed for an exhaustive study of {space.name} at "
-            f"{_at(space, problem)}, which has {count:,} valid configs; "
-            f"allowed: >= {count:,} "
-            f"(or narrow the space with --restrict / a sweep job's `restrict`)"
-        )
 
 
 def initial_configs(
