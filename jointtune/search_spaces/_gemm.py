@@ -150,11 +150,12 @@ def tile_constraints(cols: str, cols_label: str, depth: str, depth_label: str) -
 
 def _chunk_m(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     rows, chunk = ctx["R"], cfg["chunk_m"]
-    if rows % chunk == 0 or chunk == next_pow2(rows):
+    single = max(16, next_pow2(rows))  # chunk_m starts at 16: below 16 rows the one chunk is 16 rows
+    if rows % chunk == 0 or chunk == single:
         return None
     return (
         f"chunk_m: {chunk} is not allowed for R={rows} rows per rank (M / world_size); "
-        f"allowed: a divisor of R, or {next_pow2(rows)} (one chunk per rank)"
+        f"allowed: a divisor of R, or {single} (one chunk per rank)"
     )
 
 
@@ -192,7 +193,9 @@ def comm_constraints(sms_field: str = "comm_sms", *, ragged_chunks: bool = False
     chunk = (
         Constraint("chunk_fits_rows", ("chunk_m",), "chunk_m <= max(16, next_pow2(R))", _chunk_fits)
         if ragged_chunks
-        else Constraint("chunk_divides_rows", ("chunk_m",), "R % chunk_m == 0 or chunk_m == next_pow2(R)", _chunk_m)
+        else Constraint(
+            "chunk_divides_rows", ("chunk_m",), "R % chunk_m == 0 or chunk_m == max(16, next_pow2(R))", _chunk_m
+        )
     )
     return [
         chunk,

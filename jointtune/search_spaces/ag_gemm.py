@@ -75,7 +75,7 @@ def default_chunk_m(R: int) -> int | None:
 AG_GEMM = Space(
     "ag_gemm",
     dims=("M", "N", "K"),
-    revision=3,  # 2: SPLIT_K (split-K tiles) and its depth rule; 3: push_cublas
+    revision=4,  # 2: SPLIT_K (split-K tiles) and its depth rule; 3: push_cublas; 4: one 16-row chunk below 16 rows
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         mode_param("how A's shards reach the GEMM: fused pull/push, pushed to cuBLAS, copy engine, or NCCL", MODES),

@@ -44,8 +44,9 @@ def _rel(out, ref):
 
 def _config(name, R):
     cfg = dict(CONFIGS[name])
-    if "chunk_m" in cfg and R % cfg["chunk_m"] and cfg["chunk_m"] != 1 << (R - 1).bit_length():
-        cfg["chunk_m"] = 1 << (R - 1).bit_length()  # one chunk per rank: the space's rule for ragged R
+    single = max(16, 1 << (R - 1).bit_length())  # one chunk per rank: the space's rule for ragged R
+    if "chunk_m" in cfg and R % cfg["chunk_m"] and cfg["chunk_m"] != single:
+        cfg["chunk_m"] = single
     return cfg
 
 
@@ -62,6 +63,18 @@ def test_every_mode_matches_reference_with_poisoned_output(name, W, R, K, N_r):
         for o, ref in zip(out, reference(a, b)):
             assert not torch.isnan(o).any(), "an output element was never written"
             assert _rel(o, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("name", ["push", "push_cublas_sm", "push_cublas_ce"])
+@pytest.mark.parametrize("W,R", [(2, 8), (4, 2)])
+def test_chunked_push_at_fewer_rows_than_a_chunk(name, W, R):
+    """Decode sizes at TP=W (M = W..8W): one 16-row chunk per rank, the only chunk the space allows there."""
+    world = create_world("local", world_size=W)
+    a, b = _inputs(W, R, 40, 24, torch.bfloat16, seed=R)
+    out = [torch.full((W * R, 24), float("nan"), dtype=torch.bfloat16) for _ in range(W)]
+    ag_gemm(a, b, world=world, config=_config(name, R), out=out)
+    for o, ref in zip(out, reference(a, b)):
+        assert _rel(o, ref) < TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if n != "ce_cublas"])

@@ -107,8 +107,8 @@ def broken_rules(space: str, cfg: dict[str, Any], problem: Problem, lim: DeviceL
         if cfg["SPLIT_K"] != 1 and -(-depth // cfg["SPLIT_K"]) < 2 * bk:
             bad.append("split_k_fits_depth")
     if space == "ag_gemm":
-        # the all-gather's chunks must tile the rank's rows exactly (or be one chunk of next_pow2(R))
-        if "chunk_m" in cfg and rows % cfg["chunk_m"] and cfg["chunk_m"] != np2(rows):
+        # the all-gather's chunks must tile the rank's rows exactly (or be one chunk of max(16, next_pow2(R)))
+        if "chunk_m" in cfg and rows % cfg["chunk_m"] and cfg["chunk_m"] != max(16, np2(rows)):
             bad.append("chunk_divides_rows")
         if "comm_sms" in cfg and cfg["comm_sms"] > lim.num_sms // 4:
             bad.append("comm_sms_budget")

@@ -385,6 +385,23 @@ def test_a_ragged_last_chunk_is_fine_for_gemm_rs_not_for_ag_gemm() -> None:
     ]
 
 
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 24, 100])
+def test_ag_gemm_offers_every_chunked_mode_at_any_rows_per_rank(world_size: int, rows: int) -> None:
+    # a decode step at TP=8 has M = 8..64 (1..8 rows per rank); chunk_m starts at 16, so one chunk per rank is
+    # max(16, next_pow2(R)) rows (it was next_pow2(R): no push config at all for R <= 8)
+    space, limits = get_space("ag_gemm"), LIMITS[0]
+    shape = {"M": world_size * rows, "N": 64 * world_size, "K": 128}
+    problem = space.make_problem(shape, dtype="bf16", world_size=world_size)
+    single = max(16, 1 << (rows - 1).bit_length())
+    for where in ({"mode": "push"}, {"mode": "push_cublas", "gemm_order": "local_first"}):
+        offered = {
+            c for c in space.param("chunk_m").choices if space.count(problem, limits, where={**where, "chunk_m": c})
+        }
+        assert offered == {c for c in space.param("chunk_m").choices if rows % c == 0 or c == single}, where
+        assert single in offered
+
+
 REDUCE_MODES = [
     ({"mode": "pull", **GEMM_RS_TILE, "chunk_m": 64, "tile_order": "peers_first"}, "quarter"),
     ({"mode": "push", **GEMM_RS_TILE, "chunk_m": 64, "tile_order": "peers_first"}, "quarter"),
