@@ -155,6 +155,8 @@ def main() -> None:
                 R = M // world.world_size
                 cfg = dict(mode=mode, chunk_m=min(256, R), reduce_sms=8, tile_order="peers_first", GROUP_M=1,
                            SPLIT_K=1, **tile)  # fmt: skip
+                if mode != "atomic":
+                    cfg["reduce_by"] = "programs"
                 case = {"shape": [M, N, K], "config": cfg}
                 try:
                     case.update(check(rig, rig.call(cfg), args.calls, args.replays))

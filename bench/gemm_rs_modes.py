@@ -57,6 +57,8 @@ def candidates(M: int, K: int, W: int) -> dict[str, list[dict]]:
         for mode in ("push", "pull", "atomic"):
             for chunk, red in ((256, 16), (1024, 32)):
                 fused.append(dict(mode=mode, chunk_m=chunk, reduce_sms=red, tile_order="peers_first", **BIG))
+            if mode != "atomic":  # every SM on the GEMM, the own rows summed in their tiles' epilogue
+                fused.append(dict(mode=mode, chunk_m=256, reduce_by="epilogue", **BIG))
     else:
         tiles = BIG if R >= 512 else _small(R)
         split = 1 if R >= 512 else 4
@@ -65,12 +67,17 @@ def candidates(M: int, K: int, W: int) -> dict[str, list[dict]]:
             for red in (8, 32):
                 fused.append(dict(mode=mode, chunk_m=chunk, reduce_sms=red, tile_order="peers_first",
                                   **dict(tiles, SPLIT_K=split)))  # fmt: skip
+            if mode != "atomic":
+                fused.append(dict(mode=mode, chunk_m=chunk, reduce_by="epilogue", **dict(tiles, SPLIT_K=split)))
         if R < 512:
             fused.append(dict(mode="push", chunk_m=chunk, reduce_sms=16, tile_order="peers_first",
                               **_small(R, BLOCK_N=128, SPLIT_K=2)))  # fmt: skip
-    out: dict[str, list[dict]] = {"baseline": [dict(mode="baseline")]}
     for cfg in fused:
-        out.setdefault(cfg["mode"], []).append(cfg)
+        if cfg["mode"] != "atomic":
+            cfg.setdefault("reduce_by", "programs")
+    out: dict[str, list[dict]] = {"baseline": [dict(mode="baseline")]}
+    for cfg in fused:  # push_epilogue, pull_epilogue: the modes with the own rows summed in the GEMM's epilogue
+        out.setdefault(cfg["mode"] + ("_epilogue" if cfg.get("reduce_by") == "epilogue" else ""), []).append(cfg)
     out["pull_cublas"] = [dict(mode="pull_cublas", reduce_sms=r) for r in (32, 64, 128)]
     out["ce_cublas"] = [
         dict(mode="ce", ce_consumer="cublas", ce_chunks=c, reduce_sms=r) for c, r in ((1, 64), (1, 128), (2, 128))
@@ -201,14 +208,40 @@ def bench_shape(M: int, N: int, K: int, world, bench: Bench, group_name: str, mo
 STRESS = [
     (
         (128, 8192, 8192),
-        dict(mode="push", chunk_m=64, reduce_sms=16, tile_order="peers_first", **_small(64, SPLIT_K=4)),
+        dict(
+            mode="push",
+            chunk_m=64,
+            reduce_by="programs",
+            reduce_sms=16,
+            tile_order="peers_first",
+            **_small(64, SPLIT_K=4),
+        ),
     ),
-    ((64, 8192, 8192), dict(mode="pull", chunk_m=32, reduce_sms=32, tile_order="own_first", **_small(32, SPLIT_K=2))),
+    ((128, 8192, 8192), dict(mode="push", chunk_m=64, reduce_by="epilogue", **_small(64, SPLIT_K=4))),
+    (
+        (64, 8192, 8192),
+        dict(
+            mode="pull",
+            chunk_m=32,
+            reduce_by="programs",
+            reduce_sms=32,
+            tile_order="own_first",
+            **_small(32, SPLIT_K=2),
+        ),
+    ),
     ((256, 4096, 4096), dict(mode="atomic", chunk_m=64, reduce_sms=8, tile_order="peers_first", **_small(128))),
     # 8-warp atomic tiles: the ones its read/zero race hit in every call before the fix
     ((1024, 4096, 8192), dict(mode="atomic", chunk_m=128, reduce_sms=16, tile_order="own_first", **BIG)),
-    ((1024, 4096, 8192), dict(mode="push", chunk_m=128, reduce_sms=16, tile_order="peers_first", **BIG)),
-    ((1000, 3000, 2000), dict(mode="pull", chunk_m=64, reduce_sms=8, tile_order="peers_first", **_small(500))),
+    (
+        (1024, 4096, 8192),
+        dict(mode="push", chunk_m=128, reduce_by="programs", reduce_sms=16, tile_order="peers_first", **BIG),
+    ),
+    ((1024, 4096, 8192), dict(mode="pull", chunk_m=128, reduce_by="epilogue", **BIG)),
+    (
+        (1000, 3000, 2000),
+        dict(mode="pull", chunk_m=64, reduce_by="programs", reduce_sms=8, tile_order="peers_first", **_small(500)),
+    ),
+    ((1000, 3000, 2000), dict(mode="push", chunk_m=64, reduce_by="epilogue", **_small(500))),
     ((1024, 4096, 8192), dict(mode="ce", ce_consumer="cublas", ce_chunks=2, reduce_sms=16)),
     ((64, 8192, 8192), dict(mode="pull_cublas", reduce_sms=64)),
     ((1000, 3000, 2000), dict(mode="pull_cublas", reduce_sms=8)),

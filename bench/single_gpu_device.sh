@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one GPU can check, run on the lent single-GPU machine (nvidia-h200) from the repository root:
 #   bash bench/single_gpu_device.sh tune19 [kernel-ab] [kernel-grid] [kernel-defaults] [kernel-merge] [atomic-fix]
-#   [stress-w1] [fix-ab] [kernel-floors]
+#   [stress-w1] [fix-ab] [kernel-floors] [rs-epilogue]
 # tune19:      issue 19's before/after tuning run: the same exhaustive `jointtune tune` (world size 1) from a
 #              checkout before the autotune/ restructure (.old19, `git archive 0777b74`) and after it (.new19,
 #              `git archive 8b94e6c`), each on its own SQLite store, for flash_decode and ag_gemm.
@@ -17,6 +17,9 @@
 #              before it (.variants/base) and on this tree, alternating, twice.
 # kernel-floors: --grid floors: the space default against what any kernel needs to read the same KV bytes once
 #              (bench/read_floor.py: best streaming read over program counts and steps, and an empty launch).
+# rs-epilogue: GEMM+RS push and pull with reduce programs beside the GEMM against `reduce_by=epilogue` (every SM on
+#              the GEMM, the own rows summed in the epilogue), at world size 1 on the per-rank GEMMs of the issue's
+#              2-rank shapes, with cuBLAS (baseline) and the tile GEMM alone (ce_triton); then the stress run.
 # Needs .whl (../shared/tools/device-wheels.sh) and, for tune19 and kernel-ab, .old19/.new19, for atomic-fix
 # and fix-ab .variants; carry them all.
 set -uo pipefail
@@ -117,6 +120,13 @@ fix_ab() {
   done
 }
 
+rs_epilogue() {
+  run 420 bench/gemm_rs_modes.py --stress 600 --modes push,push_epilogue,pull,pull_epilogue,ce_triton,baseline \
+    --shapes 8192x4096x6144,8192x3584x7168,8192x8192x14336,1024x8192x4096,128x8192x4096 \
+    --out "$OUT/gemm_rs_epilogue_w1.json" > "$OUT/gemm_rs_epilogue_w1.log" 2>&1
+  grep -E "^\[|^stress|^exit|Error" "$OUT/gemm_rs_epilogue_w1.log" | cut -c1-600
+}
+
 for step in "$@"; do
   case $step in
     tune19) tune19 ;;
@@ -132,7 +142,8 @@ for step in "$@"; do
     atomic-fix) atomic_fix ;;
     stress-w1) stress_w1 ;;
     fix-ab) fix_ab ;;
+    rs-epilogue) rs_epilogue ;;
     *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge, atomic-fix,"\
-         "stress-w1, fix-ab, kernel-floors)"; exit 2 ;;
+         "stress-w1, fix-ab, kernel-floors, rs-epilogue)"; exit 2 ;;
   esac
 done

@@ -33,6 +33,7 @@ class GemmRsConfig:
     num_stages: int = 3
     chunk_m: int = 0
     reduce_sms: int = 1
+    reduce_by: str = "programs"
     tile_order: str = "peers_first"
     ce_consumer: str = "cublas"
     ce_chunks: int = 1
@@ -74,8 +75,8 @@ def kernel_args(cfg: GemmRsConfig, s: RsShape, *, a: Any, b: Any, out: Any, dumm
                 counts: Any = None, half_stride: int = 0, n_chunks: int = 1, chunk_rows: int = 1, first_seg: int = 0,
                 gemm_programs: int = 0, pid_base: int = 0, num_programs: int = 1, stride_dm: int = 0,
                 wait_own: bool = True, zero_src: bool = False, epoch: int = 0, ready: bool = False,
-                exit_flags: tuple[Any, Any] | None = None, aligned: bool = True,
-                num_warps: int | None = None) -> dict[str, Any]:  # fmt: skip
+                exit_flags: tuple[Any, Any] | None = None, aligned: bool = True, epi_reduce: bool = False,
+                own_tiles: int = 0, num_warps: int | None = None) -> dict[str, Any]:  # fmt: skip
     """`gemm_rs_kernel`'s arguments by name (pointers not used by this launch point at `dummy`); `exit_flags` =
     (every rank's exit flags, this rank's) ends the call with the exit handshake (pull_cublas)."""
     red_m, red_n = red_block(s)
@@ -95,7 +96,7 @@ def kernel_args(cfg: GemmRsConfig, s: RsShape, *, a: Any, b: Any, out: Any, dumm
         EPI=epi, GEMM=gemm, REDUCE=reduce, SOURCES=sources, WAIT_OWN=wait_own, ZERO_SRC=zero_src, READY=ready,
         EXIT=exit_flags is not None, ALIGNED=aligned, RED_M=red_m,
         RED_N=red_n, UPCAST=interpreted(), THREADS=32 * warps, FENCE=not interpreted(), EPOCH=epoch,
-        num_warps=warps, num_stages=cfg.num_stages,
+        EPI_REDUCE=epi_reduce, OWN_TILES=own_tiles, num_warps=warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 

@@ -17,6 +17,14 @@ they wait for every source's flag of the chunk, then sum the sources at `src_ptr
 in fp32, in source order (deterministic), and store the output. With ZERO_SRC (atomic) the one source is
 the accumulator, which they hand back zeroed for the call after next.
 
+With EPI_REDUCE (push or pull, `reduce_by=epilogue`) there are no reduce programs: every SM runs the GEMM,
+and the epilogue of a tile of the rank's own rows, which come last in every program's order, waits for the
+peers' flags of its chunk and sums the sources there (the own one straight from the fp32 accumulator, never
+stored), in source order. A program waits only after it finished every tile of other ranks' rows, so every
+flag is released whatever the waits: deadlock-free as long as the grid is resident, as above. OWN_TILES
+splits the work for a world whose ranks launch one after another: 1 = every tile but the own rows', 2 = only
+those (0 = all).
+
 pull_cublas (READY, EXIT): cuBLAS wrote this rank's whole partial earlier on the stream, at a fixed address;
 a reduce-only launch releases "ready" to every peer, pulls and sums, and its last program ends the call
 with an exit handshake (every peer done reading), so the next call's GEMM may overwrite the partial.
@@ -51,6 +59,30 @@ def release_flag_to(flag_ptrs_ptr, owner, index, epoch):
     # flag `index` at rank `owner` := epoch, publishing this program's earlier writes (system scope)
     flags = tl.load(flag_ptrs_ptr + owner).to(tl.pointer_type(tl.int64))
     tl.atomic_xchg(flags + index, epoch, sem="release", scope="sys")
+
+
+@triton.jit
+def _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, fence_ptr, pid, epoch, half, offs_r, offs_n, mmask,
+                  nmask, N, rank, n_chunks, chunk, stride_om, WORLD: tl.constexpr, THREADS: tl.constexpr,
+                  FENCE: tl.constexpr):  # fmt: skip
+    # EPI_REDUCE: a tile of the rank's own rows, once every peer's chunk is in: the sources in source order
+    # (this rank's from the accumulator), stored as output rows
+    for s in range(0, WORLD):
+        if s != rank:
+            wait_flag(flags_ptr + s * n_chunks + chunk, epoch)
+    tl.debug_barrier()
+    thread_fence(fence_ptr, pid, THREADS, FENCE)
+    mask = mmask[:, None] & nmask[None, :]
+    in_slot = offs_r[:, None].to(tl.int64) * N + offs_n[None, :]
+    total = tl.zeros(acc.shape, dtype=tl.float32)
+    for s in range(0, WORLD):
+        if s == rank:
+            total += acc
+        else:
+            delta = (tl.load(src_deltas_ptr + s) // 16) * 16  # every slot is 16-element aligned (`_symm.ALIGN`)
+            total += tl.load(src_ptr + half + delta + in_slot, mask=mask, other=0.0).to(tl.float32)
+    o_ptrs = out_ptr + offs_r[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # Integers that may be 1 stay runtime values: Triton would otherwise compile anew for 1 vs not-1.
@@ -111,6 +143,8 @@ def gemm_rs_kernel(
     THREADS: tl.constexpr,
     FENCE: tl.constexpr,
     EPOCH: tl.constexpr,
+    EPI_REDUCE: tl.constexpr,
+    OWN_TILES: tl.constexpr,
 ):
     pid = tl.program_id(0) + pid_base
     epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
@@ -123,7 +157,14 @@ def gemm_rs_kernel(
             num_work = n_segs * tiles_per_seg * SPLIT_K
             k_blocks = tl.cdiv(K, BLOCK_K)
             k_per_split = tl.cdiv(k_blocks, SPLIT_K)
-            for work in range(pid, num_work, gemm_programs):
+            work_lo, work_hi = 0, num_work
+            if EPI_REDUCE:  # the own rows' tiles are the last work items (peers_first), when the rank has rows
+                own_lo = tl.where(rank < n_segs, (n_segs - 1) * tiles_per_seg * SPLIT_K, num_work)
+                if OWN_TILES == 1:
+                    work_hi = own_lo
+                if OWN_TILES == 2:
+                    work_lo = own_lo
+            for work in range(work_lo + pid, work_hi, gemm_programs):
                 # work item = (tile, split); the splits of a tile are neighbours, so they run together
                 tile = work // SPLIT_K
                 split = work % SPLIT_K
@@ -144,7 +185,12 @@ def gemm_rs_kernel(
                 finished = True
                 if SPLIT_K > 1:  # the tile's splits meet in its workspace slot; the last one has the sum
                     acc, finished = merge_split_k(acc, ws_ptr, counts_ptr, tile, SPLIT_K, BLOCK_M, BLOCK_N)
-                if finished:
+                if EPI_REDUCE and seg == rank:
+                    if finished:
+                        _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, fence_ptr, pid, epoch, half,
+                                      offs_r, offs_n, mmask, nmask, N, rank, n_chunks, (pid_m * BLOCK_M) // chunk_rows,
+                                      stride_om, WORLD, THREADS, FENCE)  # fmt: skip
+                elif finished:
                     delta = tl.load(dest_deltas_ptr + seg)
                     if EPI != 2:  # 16-element aligned: vector stores. Atomics stay scalar (see the module doc)
                         delta = (delta // 16) * 16

@@ -2,7 +2,8 @@
 
 - baseline: cuBLAS into a plan-owned partial, then NCCL reduce-scatter. No cross-call state.
 - push, pull, atomic (`FusedPlan`): one `gemm_rs_kernel` launch per call on a world whose ranks run at
-  once (GEMM programs and reduce programs in one grid); buffers alternate halves by the device epoch.
+  once (GEMM programs and reduce programs in one grid, or, with `reduce_by=epilogue`, GEMM programs only,
+  which sum the own rows' tiles in their epilogue); buffers alternate halves by the device epoch.
 - pull_cublas (`PullCublasPlan`): cuBLAS writes the whole partial into a one-half symmetric buffer; one
   reduce launch releases "ready", pulls and sums this rank's rows, and ends with an exit handshake (every
   peer done reading), so the next call's GEMM may overwrite the partial: two launches, as GEMM + NCCL.
@@ -89,16 +90,19 @@ class FusedPlan:
             buf = world.symmetric("gemm_rs.partials", (2 * W * slot,), s.dtype)
         half_stride = buf.numel // 2 // ALIGN * ALIGN
         tiles = _work(cfg, s.M, R, N) // cfg.SPLIT_K
-        reduce = cfg.reduce_sms
+        epi_reduce = cfg.mode != "atomic" and cfg.reduce_by == "epilogue"
+        reduce = 0 if epi_reduce else cfg.reduce_sms
         gemm = max(1, min(tiles * cfg.SPLIT_K, num_sms(world.device) - reduce))
         fence = world.scratch("gemm_rs.fence", (gemm + reduce) * 32 * cfg.num_warps, torch.int32)
         done = world.scratch("gemm_rs.done", W * n_chunks, torch.int32)
         dummy = world.int_table((0,))
         sources, zero = (1, True) if cfg.mode == "atomic" else (W, False)
-        # (program base, grid, GEMM, REDUCE, EPOCH, num_programs) of each launch per rank
-        phases = [(0, gemm + reduce, True, True, 1, gemm + reduce)]
-        if not world.concurrent:
-            phases = [(0, gemm, True, False, 1, gemm), (gemm, reduce, False, True, 2, gemm + reduce)]
+        # (program base, grid, GEMM, REDUCE, EPOCH, num_programs, OWN_TILES) of each launch per rank
+        phases = [(0, gemm + reduce, True, not epi_reduce, 1, gemm + reduce, 0)]
+        if not world.concurrent and epi_reduce:  # every rank's tiles for others, then every rank's own rows
+            phases = [(0, gemm, True, False, 1, gemm, 1), (0, gemm, True, False, 2, gemm, 2)]
+        elif not world.concurrent:
+            phases = [(0, gemm, True, False, 1, gemm, 0), (gemm, reduce, False, True, 2, gemm + reduce, 0)]
         self.phases: list[list[Launch]] = [[] for _ in phases]
         for i, r in enumerate(world.local_ranks):
             if cfg.mode == "atomic":
@@ -112,8 +116,8 @@ class FusedPlan:
                 src_deltas = _deltas(world, buf, i, [r * slot] * W)
             ws, counts = _split_k(world, cfg, tiles, i)
             a, b, out = _stand_in(world, s)
-            first = (r + 1) % W if cfg.tile_order == "peers_first" else r
-            for n, (base, grid, has_gemm, has_reduce, epoch, programs) in enumerate(phases):
+            first = (r + 1) % W if epi_reduce or cfg.tile_order == "peers_first" else r
+            for n, (base, grid, has_gemm, has_reduce, epoch, programs, own_tiles) in enumerate(phases):
                 args = kernel_args(
                     cfg, s, a=a, b=b, out=out, dummy=dummy, rank=r, rows=s.M, seg_rows=R,
                     epi=EPI_ATOMIC if cfg.mode == "atomic" else EPI_SIGNAL, gemm=has_gemm, reduce=has_reduce,
@@ -121,7 +125,7 @@ class FusedPlan:
                     sources=sources, flags_local=fl.local(i), flag_ptrs=fl.ptrs(i), done=done[i], fence=fence[i],
                     state=state.counters[i], ws=ws, counts=counts, half_stride=half_stride, n_chunks=n_chunks,
                     chunk_rows=chunk_rows, first_seg=first, gemm_programs=gemm, pid_base=base, num_programs=programs,
-                    stride_dm=N, wait_own=True, zero_src=zero, epoch=epoch,
+                    stride_dm=N, wait_own=True, zero_src=zero, epoch=epoch, epi_reduce=epi_reduce, own_tiles=own_tiles,
                 )  # fmt: skip
                 self.phases[n].append(Launch(gemm_rs_kernel, grid, args, slots=("a_ptr", "b_ptr", "out_ptr")))
 

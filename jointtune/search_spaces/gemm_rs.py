@@ -4,9 +4,10 @@ Rank r holds A_r[M, K/W] and B_r[K/W, N], computes the partial P_r = A_r @ B_r o
 ends with its R = M / W rows of sum_r P_r. Dims M, N, K are global; K_r = K / W. Modes:
   push      the tile GEMM's epilogue stores each finished tile into the owner's inbox slot and
             releases a flag per `chunk_m` rows; `reduce_sms` programs of the same launch sum the
-            owner's slots as flags arrive;
+            owner's slots as flags arrive (`reduce_by=programs`), or every SM runs the GEMM and the
+            epilogue of each own-rows tile, computed last, sums the peers' tiles (`epilogue`);
   pull      the epilogue stores into the rank's own partial buffer and flags the owner; the
-            owner's reduce programs read peers' tiles over NVLink;
+            owner's reduce programs, or own-rows epilogues, read peers' tiles over NVLink;
   atomic    the epilogue adds float32 tiles atomically into the owner's accumulator; the reduce
             programs cast it. Non-deterministic (the order of the adds varies): the tuner offers it
             only where the caller allows it (`allow_nondeterministic`, off by default);
@@ -17,7 +18,8 @@ ends with its R = M / W rows of sum_r P_r. Dims M, N, K are global; K_r = K / W.
             programs sum the slots;
   baseline  one cuBLAS GEMM, then NCCL reduce_scatter (no knobs: the unfused reference speed).
 Tiles are ag_gemm's; `SPLIT_K` splits the local k loop, over K_r (not K), each split at least two
-BLOCK_K steps deep. `tile_order` starts with the next rank's rows (own rows last) or the own rows.
+BLOCK_K steps deep. `tile_order` starts with the next rank's rows (own rows last) or the own rows; an
+epilogue reduce always computes the own rows last (its waits would otherwise wait on each other).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ _check_problem, _derive = sharded_problem("gemm_rs", ("M", "K"), {"R": "M", "K_r
 
 MODES = ("pull", "push", "atomic", "pull_cublas", "ce", "baseline")
 _FUSED = when(mode=("pull", "push", "atomic"))
+#: fused modes whose own rows are summed by reduce programs beside the GEMM
+_REDUCE_PROGRAMS = when(mode="atomic") | when(mode=("pull", "push"), reduce_by="programs")
 #: modes whose results may differ in the last bits between identical calls
 NONDETERMINISTIC = ("atomic",)
 
@@ -79,8 +83,8 @@ GEMM_RS = Space(
     dims=("M", "N", "K"),
     # 2: SPLIT_K and its depth rule; 3: the kernel's modes (atomic, pull_cublas, reduce_sms, tile_order); 4: no
     # atomic_tile rule (atomic mode's wrong sums were a race in its kernel, fixed: bench/results/
-    # gemm_rs_atomic_fix_1xH200_2026-11-24.json), so atomic takes every tile the other fused modes take
-    revision=4,
+    # gemm_rs_atomic_fix_1xH200_2026-11-24.json), so atomic takes every tile the other fused modes take; 5: reduce_by
+    revision=5,
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         mode_param(
@@ -95,17 +99,23 @@ GEMM_RS = Space(
         pow2(
             "chunk_m", 16, 8192, when=_FUSED, doc="rows of the partial result per flag (whole tiles: at least BLOCK_M)"
         ),
+        categorical(
+            "reduce_by",
+            ("programs", "epilogue"),
+            when=when(mode=("pull", "push")),
+            doc="who sums the owner's rows: reduce programs beside the GEMM, or the own-rows tiles' epilogues",
+        ),
         pow2(
             "reduce_sms",
             1,
             128,
-            when=when(mode=("pull", "push", "atomic", "pull_cublas", "ce")),
+            when=_REDUCE_PROGRAMS | when(mode=("pull_cublas", "ce")),
             doc="programs that sum (or cast) the owner's rows as their flags arrive",
         ),
         categorical(
             "tile_order",
             ("peers_first", "own_first"),
-            when=_FUSED,
+            when=_REDUCE_PROGRAMS,
             doc="which rows the GEMM computes first: the next ranks' (own last), or its own",
         ),
     ],

@@ -19,9 +19,16 @@ from jointtune.search_spaces import Problem, get_space
 TILES = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2, SPLIT_K=1)
 CONFIGS = {
     "baseline": dict(mode="baseline"),
-    "push": dict(mode="push", chunk_m=16, reduce_sms=2, tile_order="peers_first", **TILES),
-    "push_split_k": dict(mode="push", chunk_m=16, reduce_sms=1, tile_order="peers_first", **dict(TILES, SPLIT_K=2)),
-    "pull": dict(mode="pull", chunk_m=16, reduce_sms=2, tile_order="own_first", **dict(TILES, BLOCK_M=32)),
+    "push": dict(mode="push", chunk_m=16, reduce_by="programs", reduce_sms=2, tile_order="peers_first", **TILES),
+    "push_split_k": dict(
+        mode="push", chunk_m=16, reduce_by="programs", reduce_sms=1, tile_order="peers_first", **dict(TILES, SPLIT_K=2)
+    ),
+    "pull": dict(
+        mode="pull", chunk_m=16, reduce_by="programs", reduce_sms=2, tile_order="own_first", **dict(TILES, BLOCK_M=32)
+    ),
+    # every SM on the GEMM; the own rows' tiles (last) sum the peers' in their epilogue
+    "push_epilogue_split_k": dict(mode="push", chunk_m=16, reduce_by="epilogue", **dict(TILES, SPLIT_K=2)),
+    "pull_epilogue": dict(mode="pull", chunk_m=16, reduce_by="epilogue", **dict(TILES, BLOCK_M=32)),
     "atomic": dict(mode="atomic", chunk_m=16, reduce_sms=4, tile_order="peers_first", **dict(TILES, BLOCK_N=64)),
     "pull_cublas": dict(mode="pull_cublas", reduce_sms=2),
     "ce_cublas": dict(mode="ce", ce_consumer="cublas", ce_chunks=2, reduce_sms=2),
@@ -97,7 +104,7 @@ def test_float16_and_symmetric_inputs(name):
 def test_deterministic_modes_repeat_bit_for_bit():
     world = LocalWorld(world_size=2)
     call = Call(world, 52, 40, 40, seed=3)
-    for name in ("push", "pull", "ce_triton"):
+    for name in ("push", "pull", "ce_triton", "pull_epilogue"):
         first = [o.clone() for o in call(CONFIGS[name])]
         second = call(CONFIGS[name])
         assert all(torch.equal(x, y) for x, y in zip(first, second)), name
@@ -114,7 +121,7 @@ def test_tensor_in_tensor_out_on_one_rank():
 #: W = 4 replays for one config of each way a call keeps its state (epoch halves, exit handshake, entry
 #: handshake, none); every mode runs at W = 4 eagerly above, and every mode replays at W = 2
 REPLAYS = [(name, 2) for name in CONFIGS] + [(name, 4) for name in ("push", "atomic", "pull_cublas", "ce_cublas",
-                                                                     "baseline")]  # fmt: skip
+                                                                     "baseline", "pull_epilogue")]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "W"), REPLAYS)
@@ -142,7 +149,7 @@ def test_replays_interleave_with_eager_calls_other_modes_and_ag_gemm():
     ag_b = [torch.randn(32, 16).bfloat16() for _ in range(2)]
     ag_cfg = dict(mode="push", comm_sms=2, chunk_m=16, **TILES)
     graphs = {}
-    for name in ("push", "atomic", "pull"):
+    for name in ("push", "atomic", "pull", "pull_epilogue"):
         call(CONFIGS[name])
         with capture() as graph:
             call(CONFIGS[name])
@@ -228,6 +235,12 @@ def test_space_marks_atomic_nondeterministic_and_defaults_are_valid():
     assert space.violations({"mode": "pull_cublas", "reduce_sms": 128}, problem, limits) == []
     fused = dict(CONFIGS["push"], BLOCK_M=64, BLOCK_N=128, chunk_m=64)
     assert any("reduce_sms: 64" in v for v in space.violations(dict(fused, reduce_sms=64), problem, limits))
+    # an epilogue reduce has no reduce programs and always computes the own rows last
+    epilogue = {k: v for k, v in fused.items() if k not in ("reduce_sms", "tile_order")} | {"reduce_by": "epilogue"}
+    assert space.violations(epilogue, problem, limits) == []
+    assert "reduce_sms only exists when" in space.violations(dict(epilogue, reduce_sms=8), problem, limits)[0]
+    assert "tile_order only exists when" in space.violations(dict(epilogue, tile_order="own_first"), problem, limits)[0]
+    fused.pop("reduce_by")  # atomic has no choice: its reduce programs cast the accumulator
     # atomic takes the big 8-warp tiles too (revision 4: the race that made them sum wrong is fixed)
     assert space.violations(dict(fused, mode="atomic", reduce_sms=8), problem, limits) == []
     big = dict(fused, mode="atomic", reduce_sms=8, BLOCK_M=128, BLOCK_N=256, num_warps=8)

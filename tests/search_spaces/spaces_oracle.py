@@ -56,9 +56,16 @@ def active_fields(space: str, cfg: dict[str, Any]) -> set[str]:
     # gemm_rs
     if mode in GEMM_RS_FUSED or triton_ce:
         out |= set(TILES)
+    # push and pull choose who sums the owner's rows; with the epilogue there are no reduce programs and the
+    # own rows always come last
+    by_programs = mode == "atomic" or (mode in ("pull", "push") and cfg.get("reduce_by") == "programs")
     if mode in GEMM_RS_FUSED:
-        out |= {"chunk_m", "tile_order"}
-    if mode in (*GEMM_RS_FUSED, "pull_cublas", "ce"):
+        out.add("chunk_m")
+    if mode in ("pull", "push"):
+        out.add("reduce_by")
+    if by_programs:
+        out.add("tile_order")
+    if by_programs or mode in ("pull_cublas", "ce"):
         out.add("reduce_sms")
     return out
 

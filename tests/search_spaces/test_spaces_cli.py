@@ -72,9 +72,9 @@ def test_list_and_show(invoke, kernelless) -> None:
     assert rows[2] == {
         "name": "gemm_rs",
         "version": get_space("gemm_rs").version,
-        "revision": 4,
+        "revision": 5,
         "dims": ["M", "N", "K"],
-        "params": 13,
+        "params": 14,
         "kernels": ["gemm_rs"],
     }
     assert rows[1] == {

@@ -65,6 +65,7 @@ def test_gemm_rs_params_are_exactly_the_kernel_contract() -> None:
         "num_stages": (2, 3, 4, 5, 6),
         "SPLIT_K": (1, 2, 4, 8),
         "chunk_m": (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+        "reduce_by": ("programs", "epilogue"),
         "reduce_sms": (1, 2, 4, 8, 16, 32, 64, 128),
         "tile_order": ("peers_first", "own_first"),
     }
@@ -73,8 +74,11 @@ def test_gemm_rs_params_are_exactly_the_kernel_contract() -> None:
     assert conditions["ce_consumer"] == conditions["ce_chunks"] == 'mode == "ce"'
     for tile in TILES:
         assert conditions[tile] == 'mode in ["pull", "push", "atomic"] or (mode == "ce" and ce_consumer == "triton")'
-    assert conditions["chunk_m"] == conditions["tile_order"] == 'mode in ["pull", "push", "atomic"]'
-    assert conditions["reduce_sms"] == 'mode in ["pull", "push", "atomic", "pull_cublas", "ce"]'
+    assert conditions["chunk_m"] == 'mode in ["pull", "push", "atomic"]'
+    assert conditions["reduce_by"] == 'mode in ["pull", "push"]'
+    by_programs = 'mode == "atomic" or (mode in ["pull", "push"] and reduce_by == "programs")'
+    assert conditions["tile_order"] == by_programs
+    assert conditions["reduce_sms"] == by_programs + ' or mode in ["pull_cublas", "ce"]'
     assert {c.name for c in space.constraints} == {
         "shared_memory",
         "BLOCK_M_fits_problem",
@@ -99,14 +103,14 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
         "ag_gemm": "1276c44a5e54",
         # revision 3 (the kernel's modes: atomic, pull_cublas, reduce_sms, tile_order; chunk_fits_rows,
         # reduce_sms_budget, atomic_tile; no comm_sms) changed it from 1fd89d6bea81; revision 4 (no atomic_tile)
-        # from f8b5ac3391ee
-        "gemm_rs": "7685ce476574",
+        # from f8b5ac3391ee; revision 5 (reduce_by) from 7685ce476574
+        "gemm_rs": "fc5217af7c5c",
         # revision 2 (the kernel's modes: fused, pull, wait, baseline; the decode tiles in every mode, baseline
         # included; items_per_flag, push_programs; items_per_flag_fit; no combine_chunks) changed it from b08fba860040;
         # revision 3 (heads_per_program any divisor of G up to 16; the default's tiles) from 42db48894d7e
         "flash_decode": "c3312b6eea52",
     }
-    assert get_space("gemm_rs").revision == 4
+    assert get_space("gemm_rs").revision == 5
     assert get_space("flash_decode").revision == 3
 
 
@@ -140,7 +144,12 @@ def test_to_json_describes_params_conditions_and_rules() -> None:
     chunk = next(p for p in data["params"] if p["name"] == "chunk_m")
     assert chunk["when"] == [{"mode": ["pull", "push", "atomic"]}] and chunk["kind"] == "pow2" and chunk["doc"]
     reduce = next(p for p in data["params"] if p["name"] == "reduce_sms")
-    assert reduce["when"] == [{"mode": ["pull", "push", "atomic", "pull_cublas", "ce"]}] and reduce["doc"]
+    assert reduce["when"] == [
+        {"mode": ["atomic"]},
+        {"mode": ["pull", "push"], "reduce_by": ["programs"]},
+        {"mode": ["pull_cublas", "ce"]},
+    ]
+    assert reduce["doc"]
     assert reduce["kind"] == "pow2" and reduce["choices"] == [1, 2, 4, 8, 16, 32, 64, 128]
     rules = {c["name"]: c for c in data["constraints"]}
     assert rules["BLOCK_K_fits_problem"]["rule"] == "BLOCK_K <= max(32, next_pow2(K_r))"
@@ -244,7 +253,11 @@ def test_split_k_leaves_each_split_two_k_blocks_of_the_local_depth(name: str, sh
     # both GEMMs loop over a depth of 1020 (gemm_rs: K_r = 2040 / 2); cdiv rounds up: 1020 / 8 -> 128
     space, problem = get_space(name), _problem(name, shape)
     base = {"mode": "pull", "BLOCK_M": 64, "BLOCK_N": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
-    comm = {"chunk_m": 64, "reduce_sms": 8, "tile_order": "peers_first"} if name == "gemm_rs" else {}
+    comm = (
+        {"chunk_m": 64, "reduce_by": "programs", "reduce_sms": 8, "tile_order": "peers_first"}
+        if name == "gemm_rs"
+        else {}
+    )
     base |= comm
     assert space.violations({**base, "BLOCK_K": 64, "SPLIT_K": 8}, problem, HOPPER) == []
     assert space.violations({**base, "BLOCK_K": 128, "SPLIT_K": 2}, problem, HOPPER) == []
@@ -469,11 +482,21 @@ def test_flash_decode_counts_per_mode() -> None:
         ("ag_gemm", "200x40x100", {"mode": "push", "comm_sms": 4}),
         ("ag_gemm", "256x256x1020", {"mode": "pull"}),
         # gemm_rs: every reduce_sms of a fused mode (<= 64 // 4 allowed) with one chunk_m and tile order
-        ("gemm_rs", "1024x8192x8192", {"mode": "pull", "chunk_m": 256, "tile_order": "own_first"}),
+        (
+            "gemm_rs",
+            "1024x8192x8192",
+            {"mode": "pull", "chunk_m": 256, "reduce_by": "programs", "tile_order": "own_first"},
+        ),
         # reduce_sms at the edge of what ce allows (num_sms = 64), a fused mode's budget would refuse it
         ("gemm_rs", "256x256x2040", {"mode": "ce", "reduce_sms": 64}),
         # push's reduce programs at the edge of their budget (64 // 4 = 16); R=100: ragged chunks up to 128
-        ("gemm_rs", "200x40x100", {"mode": "push", "reduce_sms": 16, "tile_order": "peers_first"}),
+        (
+            "gemm_rs",
+            "200x40x100",
+            {"mode": "push", "reduce_by": "programs", "reduce_sms": 16, "tile_order": "peers_first"},
+        ),
+        # the epilogue reduce: no reduce programs, no tile order
+        ("gemm_rs", "200x40x100", {"mode": "pull", "reduce_by": "epilogue", "chunk_m": 32}),
         # atomic: every tile and warp count the other fused modes take
         ("gemm_rs", "2048x1024x1024", {"mode": "atomic", "reduce_sms": 8, "tile_order": "peers_first"}),
         ("gemm_rs", "200x40x100", {"mode": "pull_cublas"}),

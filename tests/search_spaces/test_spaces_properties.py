@@ -172,7 +172,7 @@ def test_enumerated_configs_are_valid_distinct_and_counted(data) -> None:
     space = get_space(data.draw(st.sampled_from(NAMES)))
     problem, limits = data.draw(problems(space.name)), data.draw(st.sampled_from(LIMITS))
     where: dict[str, Any] = {"mode": data.draw(st.sampled_from(space.modes))}
-    for name in ("comm_sms", "reduce_sms", "tile_order", "push_programs"):  # pinned where they exist: keep it small
+    for name in ("comm_sms", "reduce_by", "reduce_sms", "tile_order", "push_programs"):  # pinned where they exist
         if any(p.name == name for p in space.params) and space.param(name).when.holds(where):
             where[name] = data.draw(st.sampled_from(space.param(name).choices))
     seen = set()
@@ -326,7 +326,11 @@ def test_split_k_agrees_with_the_spec_on_both_sides_of_every_edge(name: str) -> 
     # depth d is the one the local GEMM loops over (ag_gemm: K; gemm_rs: K / W, here W = 2)
     space, limits = get_space(name), LIMITS[0]
     tiles = {"mode": "pull", "BLOCK_M": 16, "BLOCK_N": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
-    tiles |= {"chunk_m": 64, "reduce_sms": 8, "tile_order": "peers_first"} if name == "gemm_rs" else {}
+    tiles |= (
+        {"chunk_m": 64, "reduce_by": "programs", "reduce_sms": 8, "tile_order": "peers_first"}
+        if name == "gemm_rs"
+        else {}
+    )
     for split in space.param("SPLIT_K").choices:
         for bk in space.param("BLOCK_K").choices:
             first = split * (2 * bk - 1) + 1  # the least d with cdiv(d, split) >= 2 * bk
@@ -354,6 +358,8 @@ def test_gemm_rs_chunks_may_be_ragged_but_no_longer_than_the_rows_rounded_up(mod
     space, limits = get_space("gemm_rs"), LIMITS[0]
     problem = space.make_problem({"M": 2 * rows, "N": 64, "K": 128}, dtype="bf16", world_size=2)
     base = {"mode": mode, **GEMM_RS_TILE, "reduce_sms": 8, "tile_order": "own_first"}
+    if mode != "atomic":
+        base["reduce_by"] = "programs"
     for chunk in space.param("chunk_m").choices:
         cfg = {**base, "chunk_m": chunk}
         fits = chunk <= longest
@@ -373,7 +379,14 @@ def test_a_ragged_last_chunk_is_fine_for_gemm_rs_not_for_ag_gemm() -> None:
     limits = LIMITS[0]
     rs = get_space("gemm_rs")
     rs_problem = rs.make_problem({"M": 200, "N": 64, "K": 128}, dtype="bf16", world_size=2)
-    push = {"mode": "push", **GEMM_RS_TILE, "chunk_m": 32, "reduce_sms": 8, "tile_order": "peers_first"}
+    push = {
+        "mode": "push",
+        **GEMM_RS_TILE,
+        "chunk_m": 32,
+        "reduce_by": "programs",
+        "reduce_sms": 8,
+        "tile_order": "peers_first",
+    }
     assert broken_rules("gemm_rs", push, rs_problem, limits) == [] == rs.violations(push, rs_problem, limits)
     ag = get_space("ag_gemm")
     ag_problem = ag.make_problem({"M": 200, "N": 128, "K": 64}, dtype="bf16", world_size=2)
@@ -403,8 +416,8 @@ def test_ag_gemm_offers_every_chunked_mode_at_any_rows_per_rank(world_size: int,
 
 
 REDUCE_MODES = [
-    ({"mode": "pull", **GEMM_RS_TILE, "chunk_m": 64, "tile_order": "peers_first"}, "quarter"),
-    ({"mode": "push", **GEMM_RS_TILE, "chunk_m": 64, "tile_order": "peers_first"}, "quarter"),
+    ({"mode": "pull", **GEMM_RS_TILE, "chunk_m": 64, "reduce_by": "programs", "tile_order": "peers_first"}, "quarter"),
+    ({"mode": "push", **GEMM_RS_TILE, "chunk_m": 64, "reduce_by": "programs", "tile_order": "peers_first"}, "quarter"),
     ({"mode": "atomic", **GEMM_RS_TILE, "chunk_m": 64, "tile_order": "own_first"}, "quarter"),
     ({"mode": "pull_cublas"}, "all"),
     ({"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 2}, "all"),
@@ -450,13 +463,16 @@ def test_gemm_rs_atomic_mode_takes_every_tile_the_other_fused_modes_take() -> No
         space.param("BLOCK_M").choices, space.param("BLOCK_N").choices, space.param("num_warps").choices
     ):
         tile = {**fused, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps}
-        pull = broken_rules("gemm_rs", {"mode": "pull", **tile}, problem, limits)
-        assert broken_rules("gemm_rs", {"mode": "atomic", **tile}, problem, limits) == pull, (bm, bn, warps)
-        for mode in ("pull", "atomic"):
-            found = space.violations({"mode": mode, **tile}, problem, limits)
-            assert rules_the_space_finds_broken(space, {"mode": mode, **tile}, problem, limits) == sorted(pull)
+        by_mode = {"pull": {"mode": "pull", "reduce_by": "programs", **tile}, "atomic": {"mode": "atomic", **tile}}
+        pull = broken_rules("gemm_rs", by_mode["pull"], problem, limits)
+        assert broken_rules("gemm_rs", by_mode["atomic"], problem, limits) == pull, (bm, bn, warps)
+        for cfg in by_mode.values():
+            found = space.violations(cfg, problem, limits)
+            assert rules_the_space_finds_broken(space, cfg, problem, limits) == sorted(pull)
             assert len(found) == len(pull), found
     big = {"mode": "atomic", **fused, "BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8}
     assert space.violations(big, problem, limits) == []
     modes = space.count_by_mode(problem, limits)
-    assert 0 < modes["atomic"] == modes["pull"] == modes["push"]
+    assert 0 < modes["pull"] == modes["push"]
+    programs = {"reduce_by": "programs"}
+    assert modes["atomic"] == space.count(problem, limits, where={"mode": "pull", **programs})
