@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one GPU can check, run on the lent single-GPU machine (nvidia-h200) from the repository root:
 #   bash bench/single_gpu_device.sh tune19 [kernel-ab] [kernel-grid] [kernel-defaults] [kernel-merge] [atomic-fix]
-#   [stress-w1] [fix-ab] [kernel-floors] [rs-epilogue]
+#   [stress-w1] [fix-ab] [kernel-floors] [rs-epilogue] [tile-small-m]
 # tune19:      issue 19's before/after tuning run: the same exhaustive `jointtune tune` (world size 1) from a
 #              checkout before the autotune/ restructure (.old19, `git archive 0777b74`) and after it (.new19,
 #              `git archive 8b94e6c`), each on its own SQLite store, for flash_decode and ag_gemm.
@@ -20,6 +20,8 @@
 # rs-epilogue: GEMM+RS push and pull with reduce programs beside the GEMM against `reduce_by=epilogue` (every SM on
 #              the GEMM, the own rows summed in the epilogue), at world size 1 on the per-rank GEMMs of the issue's
 #              2-rank shapes, with cuBLAS (baseline) and the tile GEMM alone (ce_triton); then the stress run.
+# tile-small-m: bench/tile_gemm_small_m.py: the fused kernels' tile GEMM alone at 32-128 rows, over a grid of
+#              tiles, against cuBLAS and the bound of reading A and B once.
 # Needs .whl (../shared/tools/device-wheels.sh) and, for tune19 and kernel-ab, .old19/.new19, for atomic-fix
 # and fix-ab .variants; carry them all.
 set -uo pipefail
@@ -127,6 +129,11 @@ rs_epilogue() {
   grep -E "^\[|^stress|^exit|Error" "$OUT/gemm_rs_epilogue_w1.log" | cut -c1-600
 }
 
+tile_small_m() {
+  run 540 bench/tile_gemm_small_m.py --out "$OUT/tile_gemm_small_m.json" > "$OUT/tile_gemm_small_m.log" 2>&1
+  grep -E "^\[|^exit|Error" "$OUT/tile_gemm_small_m.log" | cut -c1-600
+}
+
 for step in "$@"; do
   case $step in
     tune19) tune19 ;;
@@ -143,7 +150,8 @@ for step in "$@"; do
     stress-w1) stress_w1 ;;
     fix-ab) fix_ab ;;
     rs-epilogue) rs_epilogue ;;
+    tile-small-m) tile_small_m ;;
     *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge, atomic-fix,"\
-         "stress-w1, fix-ab, kernel-floors, rs-epilogue)"; exit 2 ;;
+         "stress-w1, fix-ab, kernel-floors, rs-epilogue, tile-small-m)"; exit 2 ;;
   esac
 done
