@@ -49,6 +49,13 @@ def _small(R: int, **kw) -> dict:
     return dict(dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4, SPLIT_K=1), **kw)
 
 
+def _spanning(M: int) -> dict:
+    """A tile over up to 128 of all ranks' rows: 64 columns, 128-deep K steps, 4 stages, no split-K."""
+    bm = max(16, min(128, 1 << (M - 1).bit_length()))
+    return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=8 if bm >= 128 else 4, num_stages=4,
+                SPLIT_K=1)  # fmt: skip
+
+
 def candidates(M: int, K: int, W: int) -> dict[str, list[dict]]:
     """A short list per mode (the tuner searches the whole space; this is the benchmark's fixed grid)."""
     R = M // W
@@ -72,12 +79,17 @@ def candidates(M: int, K: int, W: int) -> dict[str, list[dict]]:
         if R < 512:
             fused.append(dict(mode="push", chunk_m=chunk, reduce_sms=16, tile_order="peers_first",
                               **_small(R, BLOCK_N=128, SPLIT_K=2)))  # fmt: skip
+            # tiles over every rank's rows, B read once: the tile GEMM's best at 32-128 rows on one H200
+            # (results/tile_gemm_small_m_1xH200_2026-11-24.json: 64 columns, 128-deep steps, no split-K)
+            for mode in ("push", "pull"):
+                fused.append(dict(mode=mode, reduce_by="tile", **_spanning(M)))
     for cfg in fused:
         if cfg["mode"] != "atomic":
             cfg.setdefault("reduce_by", "programs")
     out: dict[str, list[dict]] = {"baseline": [dict(mode="baseline")]}
-    for cfg in fused:  # push_epilogue, pull_epilogue: the modes with the own rows summed in the GEMM's epilogue
-        out.setdefault(cfg["mode"] + ("_epilogue" if cfg.get("reduce_by") == "epilogue" else ""), []).append(cfg)
+    for cfg in fused:  # push_epilogue, pull_tile, ...: push and pull by who sums the own rows (programs: no suffix)
+        by = cfg.get("reduce_by", "programs")
+        out.setdefault(cfg["mode"] + ("" if by == "programs" else f"_{by}"), []).append(cfg)
     out["pull_cublas"] = [dict(mode="pull_cublas", reduce_sms=r) for r in (32, 64, 128)]
     out["ce_cublas"] = [
         dict(mode="ce", ce_consumer="cublas", ce_chunks=c, reduce_sms=r) for c, r in ((1, 64), (1, 128), (2, 128))
@@ -242,6 +254,8 @@ STRESS = [
         dict(mode="pull", chunk_m=64, reduce_by="programs", reduce_sms=8, tile_order="peers_first", **_small(500)),
     ),
     ((1000, 3000, 2000), dict(mode="push", chunk_m=64, reduce_by="epilogue", **_small(500))),
+    ((64, 8192, 8192), dict(mode="push", reduce_by="tile", **_spanning(64))),
+    ((200, 3000, 2000), dict(mode="pull", reduce_by="tile", **dict(_spanning(200), SPLIT_K=2))),
     ((1024, 4096, 8192), dict(mode="ce", ce_consumer="cublas", ce_chunks=2, reduce_sms=16)),
     ((64, 8192, 8192), dict(mode="pull_cublas", reduce_sms=64)),
     ((1000, 3000, 2000), dict(mode="pull_cublas", reduce_sms=8)),

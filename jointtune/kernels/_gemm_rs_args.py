@@ -42,6 +42,14 @@ class GemmRsConfig:
     def of(cls, canonical: dict[str, Any]) -> GemmRsConfig:
         return config_of(cls, canonical)
 
+    def spans_ranks(self) -> bool:
+        """Whether tiles run over every rank's rows (`reduce_by=tile`) rather than one rank's rows at a time."""
+        return self.mode in ("push", "pull") and self.reduce_by == "tile"
+
+    def tiles(self, M: int, N: int) -> int:
+        """Tiles of a launch whose tiles span every rank's M rows."""
+        return cdiv(M, self.BLOCK_M) * cdiv(N, self.BLOCK_N)
+
     def chunk_rows(self, R: int) -> int:
         """Rows per flag in the fused modes: whole tiles (at least BLOCK_M), at most the segment."""
         return min(max(self.chunk_m, self.BLOCK_M), max(R, 1))
@@ -76,7 +84,7 @@ def kernel_args(cfg: GemmRsConfig, s: RsShape, *, a: Any, b: Any, out: Any, dumm
                 gemm_programs: int = 0, pid_base: int = 0, num_programs: int = 1, stride_dm: int = 0,
                 wait_own: bool = True, zero_src: bool = False, epoch: int = 0, ready: bool = False,
                 exit_flags: tuple[Any, Any] | None = None, aligned: bool = True, epi_reduce: bool = False,
-                own_tiles: int = 0, num_warps: int | None = None) -> dict[str, Any]:  # fmt: skip
+                own_tiles: int = 0, span: bool = False, num_warps: int | None = None) -> dict[str, Any]:  # fmt: skip
     """`gemm_rs_kernel`'s arguments by name (pointers not used by this launch point at `dummy`); `exit_flags` =
     (every rank's exit flags, this rank's) ends the call with the exit handshake (pull_cublas)."""
     red_m, red_n = red_block(s)
@@ -96,7 +104,7 @@ def kernel_args(cfg: GemmRsConfig, s: RsShape, *, a: Any, b: Any, out: Any, dumm
         EPI=epi, GEMM=gemm, REDUCE=reduce, SOURCES=sources, WAIT_OWN=wait_own, ZERO_SRC=zero_src, READY=ready,
         EXIT=exit_flags is not None, ALIGNED=aligned, RED_M=red_m,
         RED_N=red_n, UPCAST=interpreted(), THREADS=32 * warps, FENCE=not interpreted(), EPOCH=epoch,
-        EPI_REDUCE=epi_reduce, OWN_TILES=own_tiles, num_warps=warps, num_stages=cfg.num_stages,
+        EPI_REDUCE=epi_reduce, OWN_TILES=own_tiles, SPAN=span, num_warps=warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 

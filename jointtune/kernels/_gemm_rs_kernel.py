@@ -25,6 +25,15 @@ flag is released whatever the waits: deadlock-free as long as the grid is reside
 splits the work for a world whose ranks launch one after another: 1 = every tile but the own rows', 2 = only
 those (0 = all).
 
+With SPAN (push or pull, `reduce_by=tile`, for few rows) tiles run over all M rows, not segment by segment, so B is
+read once however many ranks' rows a tile holds, and every rank walks the tiles in the same order. A finished tile
+sends each row another rank owns to that owner's slot (push: the owner's inbox; pull: this rank's own partial
+buffer) and releases one flag per (this rank, tile) at each such owner; then, if it holds own rows, it waits for the
+same tile's flag of every peer and sums there (`_sum_own_tile`). Every tile sends before it waits and every rank
+takes the tiles in the same order, so by induction over that order every wait ends (the grid is resident, as
+above). With OWN_TILES, a one-rank-at-a-time world first sends every tile (1), then recomputes the tiles holding
+own rows and sums (2).
+
 pull_cublas (READY, EXIT): cuBLAS wrote this rank's whole partial earlier on the stream, at a fixed address;
 a reduce-only launch releases "ready" to every peer, pulls and sums, and its last program ends the call
 with an exit handshake (every peer done reading), so the next call's GEMM may overwrite the partial.
@@ -62,18 +71,18 @@ def release_flag_to(flag_ptrs_ptr, owner, index, epoch):
 
 
 @triton.jit
-def _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, fence_ptr, pid, epoch, half, offs_r, offs_n, mmask,
-                  nmask, N, rank, n_chunks, chunk, stride_om, WORLD: tl.constexpr, THREADS: tl.constexpr,
+def _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, fence_ptr, pid, epoch, half, own_rows, own_mask,
+                  offs_n, nmask, N, rank, n_flags, flag, stride_om, WORLD: tl.constexpr, THREADS: tl.constexpr,
                   FENCE: tl.constexpr):  # fmt: skip
-    # EPI_REDUCE: a tile of the rank's own rows, once every peer's chunk is in: the sources in source order
-    # (this rank's from the accumulator), stored as output rows
+    # A tile's rows of this rank (`own_rows`: rows of its R, where `own_mask`), once every peer's flag `flag` is in:
+    # the sources in source order (this rank's from the accumulator), stored as output rows
     for s in range(0, WORLD):
         if s != rank:
-            wait_flag(flags_ptr + s * n_chunks + chunk, epoch)
+            wait_flag(flags_ptr + s * n_flags + flag, epoch)
     tl.debug_barrier()
     thread_fence(fence_ptr, pid, THREADS, FENCE)
-    mask = mmask[:, None] & nmask[None, :]
-    in_slot = offs_r[:, None].to(tl.int64) * N + offs_n[None, :]
+    mask = own_mask[:, None] & nmask[None, :]
+    in_slot = own_rows[:, None].to(tl.int64) * N + offs_n[None, :]
     total = tl.zeros(acc.shape, dtype=tl.float32)
     for s in range(0, WORLD):
         if s == rank:
@@ -81,8 +90,26 @@ def _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, fence_ptr, p
         else:
             delta = (tl.load(src_deltas_ptr + s) // 16) * 16  # every slot is 16-element aligned (`_symm.ALIGN`)
             total += tl.load(src_ptr + half + delta + in_slot, mask=mask, other=0.0).to(tl.float32)
-    o_ptrs = out_ptr + offs_r[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    o_ptrs = out_ptr + own_rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _send_tile_rows(acc, dest_ptr, dest_deltas_ptr, flag_ptrs_ptr, fence_ptr, pid, epoch, half, offs_m, owner, mmask,
+                    offs_n, nmask, R, rank, first_owner, last_owner, n_tiles, tile, stride_dm, THREADS: tl.constexpr,
+                    FENCE: tl.constexpr):  # fmt: skip
+    # SPAN: every row of the tile that another rank owns goes to that owner's slot for this rank (a slot delta per
+    # row), then each owner in the tile gets this tile's flag
+    delta = tl.load(dest_deltas_ptr + owner, mask=mmask, other=0)
+    rows_at = (offs_m - owner * R).to(tl.int64) * stride_dm
+    d_ptrs = dest_ptr + half + (delta + rows_at)[:, None] + offs_n[None, :]
+    others = mmask & (owner != rank)
+    tl.store(d_ptrs, acc.to(dest_ptr.dtype.element_ty), mask=others[:, None] & nmask[None, :])
+    thread_fence(fence_ptr, pid, THREADS, FENCE)
+    tl.debug_barrier()
+    for s in range(first_owner, last_owner + 1):
+        if s != rank:
+            release_flag_to(flag_ptrs_ptr, s, rank * n_tiles + tile, epoch)
 
 
 # Integers that may be 1 stay runtime values: Triton would otherwise compile anew for 1 vs not-1.
@@ -145,9 +172,51 @@ def gemm_rs_kernel(
     EPOCH: tl.constexpr,
     EPI_REDUCE: tl.constexpr,
     OWN_TILES: tl.constexpr,
+    SPAN: tl.constexpr,
 ):
     pid = tl.program_id(0) + pid_base
     epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
+    if SPAN:  # noqa: SIM102 (constexpr)
+        if pid < gemm_programs:
+            # tiles over all `rows` (every rank's), in the same order on every rank; n_chunks counts the tiles
+            num_pid_n = tl.cdiv(N, BLOCK_N)
+            tiles_m = tl.cdiv(rows, BLOCK_M)
+            k_blocks = tl.cdiv(K, BLOCK_K)
+            k_per_split = tl.cdiv(k_blocks, SPLIT_K)
+            for work in range(pid, tiles_m * num_pid_n * SPLIT_K, gemm_programs):
+                tile = work // SPLIT_K
+                split = work % SPLIT_K
+                pid_m, pid_n = grouped_tile(tile, tiles_m, num_pid_n, GROUP_M)
+                first_owner = (pid_m * BLOCK_M) // R
+                last_owner = (tl.minimum(rows, pid_m * BLOCK_M + BLOCK_M) - 1) // R
+                mine = (first_owner <= rank) & (rank <= last_owner)
+                run = mine
+                if OWN_TILES != 2:  # the second half of a one-rank-at-a-time world takes the own rows' tiles only
+                    run = first_owner >= 0
+                if run:
+                    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+                    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+                    mmask = offs_m < rows
+                    nmask = offs_n < N
+                    a_rows = a_ptr + offs_m.to(tl.int64) * stride_am
+                    kb_lo = split * k_per_split
+                    kb_hi = tl.minimum(kb_lo + k_per_split, k_blocks)
+                    acc = tile_dot(a_rows, mmask, b_ptr, offs_n, nmask, K, kb_lo, kb_hi, stride_bk, stride_bn,
+                                   BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
+                    finished = True
+                    if SPLIT_K > 1:
+                        acc, finished = merge_split_k(acc, ws_ptr, counts_ptr, tile, SPLIT_K, BLOCK_M, BLOCK_N)
+                    if finished:
+                        owner = offs_m // R
+                        if OWN_TILES != 2:
+                            _send_tile_rows(acc, dest_ptr, dest_deltas_ptr, flag_ptrs_ptr, fence_ptr, pid, epoch, half,
+                                            offs_m, owner, mmask, offs_n, nmask, R, rank, first_owner, last_owner,
+                                            n_chunks, tile, stride_dm, THREADS, FENCE)  # fmt: skip
+                        if OWN_TILES != 1:  # noqa: SIM102 (constexpr)
+                            if mine:
+                                _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, fence_ptr, pid,
+                                              epoch, half, offs_m - rank * R, mmask & (owner == rank), offs_n, nmask,
+                                              N, rank, n_chunks, tile, stride_om, WORLD, THREADS, FENCE)  # fmt: skip
     if GEMM:  # noqa: SIM102 (constexpr: a reduce-only launch has no GEMM code at all)
         if pid < gemm_programs:
             num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -188,7 +257,7 @@ def gemm_rs_kernel(
                 if EPI_REDUCE and seg == rank:
                     if finished:
                         _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, fence_ptr, pid, epoch, half,
-                                      offs_r, offs_n, mmask, nmask, N, rank, n_chunks, (pid_m * BLOCK_M) // chunk_rows,
+                                      offs_r, mmask, offs_n, nmask, N, rank, n_chunks, (pid_m * BLOCK_M) // chunk_rows,
                                       stride_om, WORLD, THREADS, FENCE)  # fmt: skip
                 elif finished:
                     delta = tl.load(dest_deltas_ptr + seg)

@@ -3,7 +3,8 @@
 - baseline: cuBLAS into a plan-owned partial, then NCCL reduce-scatter. No cross-call state.
 - push, pull, atomic (`FusedPlan`): one `gemm_rs_kernel` launch per call on a world whose ranks run at
   once (GEMM programs and reduce programs in one grid, or, with `reduce_by=epilogue`, GEMM programs only,
-  which sum the own rows' tiles in their epilogue); buffers alternate halves by the device epoch.
+  which sum the own rows' tiles in their epilogue, or with `reduce_by=tile`, tiles over every rank's rows that
+  swap rows with the peers' same tile); buffers alternate halves by the device epoch.
 - pull_cublas (`PullCublasPlan`): cuBLAS writes the whole partial into a one-half symmetric buffer; one
   reduce launch releases "ready", pulls and sums this rank's rows, and ends with an exit handshake (every
   peer done reading), so the next call's GEMM may overwrite the partial: two launches, as GEMM + NCCL.
@@ -77,8 +78,9 @@ class FusedPlan:
     def __init__(self, world: World, s: RsShape, cfg: GemmRsConfig) -> None:
         W, R, N = s.W, s.R, s.N
         self.world = world
+        span = cfg.spans_ranks()
         chunk_rows = cfg.chunk_rows(R)
-        n_chunks = cdiv(R, chunk_rows)
+        n_chunks = cfg.tiles(s.M, N) if span else cdiv(R, chunk_rows)  # with `span`, a flag per tile
         fl = flags(world, "gemm_rs", n_chunks)
         state = call_state(world)
         slot = slot_elems(R, N)
@@ -89,17 +91,17 @@ class FusedPlan:
         else:  # pull: my partial of every rank's rows, slot p for rank p's
             buf = world.symmetric("gemm_rs.partials", (2 * W * slot,), s.dtype)
         half_stride = buf.numel // 2 // ALIGN * ALIGN
-        tiles = _work(cfg, s.M, R, N) // cfg.SPLIT_K
+        tiles = cfg.tiles(s.M, N) if span else _work(cfg, s.M, R, N) // cfg.SPLIT_K
         epi_reduce = cfg.mode != "atomic" and cfg.reduce_by == "epilogue"
-        reduce = 0 if epi_reduce else cfg.reduce_sms
+        reduce = 0 if epi_reduce or span else cfg.reduce_sms
         gemm = max(1, min(tiles * cfg.SPLIT_K, num_sms(world.device) - reduce))
         fence = world.scratch("gemm_rs.fence", (gemm + reduce) * 32 * cfg.num_warps, torch.int32)
         done = world.scratch("gemm_rs.done", W * n_chunks, torch.int32)
         dummy = world.int_table((0,))
         sources, zero = (1, True) if cfg.mode == "atomic" else (W, False)
         # (program base, grid, GEMM, REDUCE, EPOCH, num_programs, OWN_TILES) of each launch per rank
-        phases = [(0, gemm + reduce, True, not epi_reduce, 1, gemm + reduce, 0)]
-        if not world.concurrent and epi_reduce:  # every rank's tiles for others, then every rank's own rows
+        phases = [(0, gemm + reduce, True, not (epi_reduce or span), 1, gemm + reduce, 0)]
+        if not world.concurrent and (epi_reduce or span):  # every rank's tiles for others, then every rank's own rows
             phases = [(0, gemm, True, False, 1, gemm, 1), (0, gemm, True, False, 2, gemm, 2)]
         elif not world.concurrent:
             phases = [(0, gemm, True, False, 1, gemm, 0), (gemm, reduce, False, True, 2, gemm + reduce, 0)]
@@ -119,13 +121,14 @@ class FusedPlan:
             first = (r + 1) % W if epi_reduce or cfg.tile_order == "peers_first" else r
             for n, (base, grid, has_gemm, has_reduce, epoch, programs, own_tiles) in enumerate(phases):
                 args = kernel_args(
-                    cfg, s, a=a, b=b, out=out, dummy=dummy, rank=r, rows=s.M, seg_rows=R,
-                    epi=EPI_ATOMIC if cfg.mode == "atomic" else EPI_SIGNAL, gemm=has_gemm, reduce=has_reduce,
+                    cfg, s, a=a, b=b, out=out, dummy=dummy, rank=r, rows=s.M, seg_rows=R, reduce=has_reduce,
+                    epi=EPI_ATOMIC if cfg.mode == "atomic" else EPI_SIGNAL, gemm=has_gemm and not span,
                     dest=buf.tensors[i], dest_deltas=dest_deltas, src=buf.tensors[i], src_deltas=src_deltas,
                     sources=sources, flags_local=fl.local(i), flag_ptrs=fl.ptrs(i), done=done[i], fence=fence[i],
                     state=state.counters[i], ws=ws, counts=counts, half_stride=half_stride, n_chunks=n_chunks,
                     chunk_rows=chunk_rows, first_seg=first, gemm_programs=gemm, pid_base=base, num_programs=programs,
                     stride_dm=N, wait_own=True, zero_src=zero, epoch=epoch, epi_reduce=epi_reduce, own_tiles=own_tiles,
+                    span=span,
                 )  # fmt: skip
                 self.phases[n].append(Launch(gemm_rs_kernel, grid, args, slots=("a_ptr", "b_ptr", "out_ptr")))
 

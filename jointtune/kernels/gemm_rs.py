@@ -11,6 +11,8 @@ bf16 GEMM output is) and summed in float32. The config's `mode` picks how partia
 - push and pull with `reduce_by=epilogue`: no reduce programs, every SM runs the GEMM; the epilogue of each
   tile of the own rows (computed last) waits for the peers' chunk and sums it there, over the own tile's
   float32 accumulator (never rounded), as the reduce programs would (same sources, same order).
+- push and pull with `reduce_by=tile` (for few rows): tiles run over every rank's rows, so B is read once; each
+  finished tile sends the rows other ranks own, then waits for the peers' same tile and sums its own rows.
 - atomic: the epilogue adds float32 tiles atomically into the owner's accumulator; the reduce programs
   cast and clear it. The order of the adds varies from call to call, so results may differ in the last
   bits between identical calls: the tuner offers it only where the caller allows non-determinism.
@@ -273,17 +275,18 @@ def standin_launches(cfg: GemmRsConfig, *, M: int, N: int, K: int, world_size: i
     launches = []
     if cfg.mode in ("push", "pull", "atomic"):
         chunk_rows = cfg.chunk_rows(R)
-        atomic = cfg.mode == "atomic"
+        atomic, span = cfg.mode == "atomic", cfg.spans_ranks()
         epi_reduce = not atomic and cfg.reduce_by == "epilogue"
-        reduce = 0 if epi_reduce else cfg.reduce_sms
-        gemm = max(1, min(_work(cfg, M, R, N), num_sms(device) - reduce))
-        fused = kernel_args(cfg, s, rows=M, seg_rows=R, epi=EPI_ATOMIC if atomic else EPI_SIGNAL, gemm=True,
-                            reduce=not epi_reduce, dest=f32 if atomic else t, dest_deltas=i64,
+        reduce = 0 if epi_reduce or span else cfg.reduce_sms
+        work = cfg.tiles(M, N) * cfg.SPLIT_K if span else _work(cfg, M, R, N)
+        gemm = max(1, min(work, num_sms(device) - reduce))
+        fused = kernel_args(cfg, s, rows=M, seg_rows=R, epi=EPI_ATOMIC if atomic else EPI_SIGNAL, gemm=not span,
+                            reduce=reduce > 0, dest=f32 if atomic else t, dest_deltas=i64,
                             src=f32 if atomic else t, src_deltas=i64, sources=1 if atomic else W, flags_local=i64,
                             flag_ptrs=i64, done=i32, fence=i32, state=i64, half_stride=16,
-                            n_chunks=cdiv(R, chunk_rows), chunk_rows=chunk_rows, first_seg=1 % W, gemm_programs=gemm,
-                            num_programs=gemm + reduce, stride_dm=N, zero_src=atomic, epoch=1, epi_reduce=epi_reduce,
-                            **common)  # fmt: skip
+                            n_chunks=cfg.tiles(M, N) if span else cdiv(R, chunk_rows), chunk_rows=chunk_rows,
+                            first_seg=1 % W, gemm_programs=gemm, num_programs=gemm + reduce, stride_dm=N,
+                            zero_src=atomic, epoch=1, epi_reduce=epi_reduce, span=span, **common)  # fmt: skip
         launches.append(fused)
     elif cfg.mode == "pull_cublas":
         launches.append(kernel_args(cfg, s, rows=R, seg_rows=R, epi=EPI_STORE, gemm=False, reduce=True, src=t,

@@ -5,7 +5,9 @@ ends with its R = M / W rows of sum_r P_r. Dims M, N, K are global; K_r = K / W.
   push      the tile GEMM's epilogue stores each finished tile into the owner's inbox slot and
             releases a flag per `chunk_m` rows; `reduce_sms` programs of the same launch sum the
             owner's slots as flags arrive (`reduce_by=programs`), or every SM runs the GEMM and the
-            epilogue of each own-rows tile, computed last, sums the peers' tiles (`epilogue`);
+            epilogue of each own-rows tile, computed last, sums the peers' tiles (`epilogue`), or tiles
+            span every rank's rows (B read once: few rows), send the rows others own and sum their own
+            rows after the peers' same tile arrives (`tile`, a flag per tile, no chunk_m);
   pull      the epilogue stores into the rank's own partial buffer and flags the owner; the
             owner's reduce programs, or own-rows epilogues, read peers' tiles over NVLink;
   atomic    the epilogue adds float32 tiles atomically into the owner's accumulator; the reduce
@@ -44,6 +46,8 @@ MODES = ("pull", "push", "atomic", "pull_cublas", "ce", "baseline")
 _FUSED = when(mode=("pull", "push", "atomic"))
 #: fused modes whose own rows are summed by reduce programs beside the GEMM
 _REDUCE_PROGRAMS = when(mode="atomic") | when(mode=("pull", "push"), reduce_by="programs")
+#: fused modes that flag chunks of a rank's rows (with `reduce_by=tile` a flag is per tile)
+_CHUNKED = when(mode="atomic") | when(mode=("pull", "push"), reduce_by=("programs", "epilogue"))
 #: modes whose results may differ in the last bits between identical calls
 NONDETERMINISTIC = ("atomic",)
 
@@ -96,14 +100,19 @@ GEMM_RS = Space(
             "chunks per destination rank's rows (more chunks = earlier sends, more launches)",
         ),
         *tile_params(_FUSED | when(mode="ce", ce_consumer="triton")),
-        pow2(
-            "chunk_m", 16, 8192, when=_FUSED, doc="rows of the partial result per flag (whole tiles: at least BLOCK_M)"
-        ),
         categorical(
             "reduce_by",
-            ("programs", "epilogue"),
+            ("programs", "epilogue", "tile"),
             when=when(mode=("pull", "push")),
-            doc="who sums the owner's rows: reduce programs beside the GEMM, or the own-rows tiles' epilogues",
+            doc="who sums the owner's rows: reduce programs beside the GEMM, the own-rows tiles' epilogues, or every "
+            "tile of all ranks' rows, after swapping rows with the peers' same tile",
+        ),
+        pow2(
+            "chunk_m",
+            16,
+            8192,
+            when=_CHUNKED,
+            doc="rows of the partial result per flag (whole tiles: at least BLOCK_M)",
         ),
         pow2(
             "reduce_sms",

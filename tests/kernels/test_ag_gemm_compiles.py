@@ -42,6 +42,7 @@ CONFIGS = [
         **TILE,
     ),
     dict(family="gemm_rs", mode="push", chunk_m=64, reduce_by="epilogue", SPLIT_K=2, **TILE),
+    dict(family="gemm_rs", mode="push", reduce_by="tile", SPLIT_K=1, **TILE),
     dict(
         family="gemm_rs",
         mode="atomic",

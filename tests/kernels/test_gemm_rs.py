@@ -29,6 +29,9 @@ CONFIGS = {
     # every SM on the GEMM; the own rows' tiles (last) sum the peers' in their epilogue
     "push_epilogue_split_k": dict(mode="push", chunk_m=16, reduce_by="epilogue", **dict(TILES, SPLIT_K=2)),
     "pull_epilogue": dict(mode="pull", chunk_m=16, reduce_by="epilogue", **dict(TILES, BLOCK_M=32)),
+    # tiles over every rank's rows (a 64-row tile holds several ranks' rows), a flag per tile
+    "push_tile": dict(mode="push", reduce_by="tile", **dict(TILES, BLOCK_M=64)),
+    "pull_tile_split_k": dict(mode="pull", reduce_by="tile", **dict(TILES, SPLIT_K=2)),
     "atomic": dict(mode="atomic", chunk_m=16, reduce_sms=4, tile_order="peers_first", **dict(TILES, BLOCK_N=64)),
     "pull_cublas": dict(mode="pull_cublas", reduce_sms=2),
     "ce_cublas": dict(mode="ce", ce_consumer="cublas", ce_chunks=2, reduce_sms=2),
@@ -104,7 +107,7 @@ def test_float16_and_symmetric_inputs(name):
 def test_deterministic_modes_repeat_bit_for_bit():
     world = LocalWorld(world_size=2)
     call = Call(world, 52, 40, 40, seed=3)
-    for name in ("push", "pull", "ce_triton", "pull_epilogue"):
+    for name in ("push", "pull", "ce_triton", "pull_epilogue", "push_tile"):
         first = [o.clone() for o in call(CONFIGS[name])]
         second = call(CONFIGS[name])
         assert all(torch.equal(x, y) for x, y in zip(first, second)), name
@@ -120,8 +123,9 @@ def test_tensor_in_tensor_out_on_one_rank():
 
 #: W = 4 replays for one config of each way a call keeps its state (epoch halves, exit handshake, entry
 #: handshake, none); every mode runs at W = 4 eagerly above, and every mode replays at W = 2
-REPLAYS = [(name, 2) for name in CONFIGS] + [(name, 4) for name in ("push", "atomic", "pull_cublas", "ce_cublas",
-                                                                     "baseline", "pull_epilogue")]  # fmt: skip
+REPLAYS = [(name, 2) for name in CONFIGS] + [
+    (name, 4) for name in ("push", "atomic", "pull_cublas", "ce_cublas", "baseline", "pull_epilogue", "push_tile")
+]
 
 
 @pytest.mark.parametrize(("name", "W"), REPLAYS)
@@ -149,7 +153,7 @@ def test_replays_interleave_with_eager_calls_other_modes_and_ag_gemm():
     ag_b = [torch.randn(32, 16).bfloat16() for _ in range(2)]
     ag_cfg = dict(mode="push", comm_sms=2, chunk_m=16, **TILES)
     graphs = {}
-    for name in ("push", "atomic", "pull", "pull_epilogue"):
+    for name in ("push", "atomic", "pull", "pull_epilogue", "push_tile"):
         call(CONFIGS[name])
         with capture() as graph:
             call(CONFIGS[name])
@@ -240,6 +244,10 @@ def test_space_marks_atomic_nondeterministic_and_defaults_are_valid():
     assert space.violations(epilogue, problem, limits) == []
     assert "reduce_sms only exists when" in space.violations(dict(epilogue, reduce_sms=8), problem, limits)[0]
     assert "tile_order only exists when" in space.violations(dict(epilogue, tile_order="own_first"), problem, limits)[0]
+    # tiles over every rank's rows: a flag per tile, so no chunk_m either
+    tile = {k: v for k, v in epilogue.items() if k != "chunk_m"} | {"reduce_by": "tile"}
+    assert space.violations(tile, problem, limits) == []
+    assert "chunk_m only exists when" in space.violations(dict(tile, chunk_m=64), problem, limits)[0]
     fused.pop("reduce_by")  # atomic has no choice: its reduce programs cast the accumulator
     # atomic takes the big 8-warp tiles too (revision 4: the race that made them sum wrong is fixed)
     assert space.violations(dict(fused, mode="atomic", reduce_sms=8), problem, limits) == []

@@ -27,6 +27,7 @@ CONFIGS = [
          tile_order="own_first", SPLIT_K=2, **dict(TILE, BLOCK_M=64, BLOCK_K=32)),
     # the GEMM programs themselves wait (the own rows' epilogue)
     dict(family="gemm_rs", shape=GEMM, mode="push", chunk_m=128, reduce_by="epilogue", SPLIT_K=1, **TILE),
+    dict(family="gemm_rs", shape=GEMM, mode="pull", reduce_by="tile", SPLIT_K=2, **TILE),
     dict(family="gemm_rs", shape=GEMM, mode="pull_cublas", reduce_sms=16),
     dict(family="ag_gemm", shape=GEMM, mode="push", comm_sms=16, chunk_m=128, SPLIT_K=2, **TILE),
     dict(family="flash_decode", shape=FD_SHAPE, mode="fused", **FD),

@@ -59,8 +59,8 @@ def active_fields(space: str, cfg: dict[str, Any]) -> set[str]:
     # push and pull choose who sums the owner's rows; with the epilogue there are no reduce programs and the
     # own rows always come last
     by_programs = mode == "atomic" or (mode in ("pull", "push") and cfg.get("reduce_by") == "programs")
-    if mode in GEMM_RS_FUSED:
-        out.add("chunk_m")
+    if mode == "atomic" or (mode in ("pull", "push") and cfg.get("reduce_by") in ("programs", "epilogue")):
+        out.add("chunk_m")  # reduce_by=tile flags each tile, not chunks of rows
     if mode in ("pull", "push"):
         out.add("reduce_by")
     if by_programs:

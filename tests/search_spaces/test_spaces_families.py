@@ -65,7 +65,7 @@ def test_gemm_rs_params_are_exactly_the_kernel_contract() -> None:
         "num_stages": (2, 3, 4, 5, 6),
         "SPLIT_K": (1, 2, 4, 8),
         "chunk_m": (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
-        "reduce_by": ("programs", "epilogue"),
+        "reduce_by": ("programs", "epilogue", "tile"),
         "reduce_sms": (1, 2, 4, 8, 16, 32, 64, 128),
         "tile_order": ("peers_first", "own_first"),
     }
@@ -74,7 +74,10 @@ def test_gemm_rs_params_are_exactly_the_kernel_contract() -> None:
     assert conditions["ce_consumer"] == conditions["ce_chunks"] == 'mode == "ce"'
     for tile in TILES:
         assert conditions[tile] == 'mode in ["pull", "push", "atomic"] or (mode == "ce" and ce_consumer == "triton")'
-    assert conditions["chunk_m"] == 'mode in ["pull", "push", "atomic"]'
+    assert (
+        conditions["chunk_m"]
+        == 'mode == "atomic" or (mode in ["pull", "push"] and reduce_by in ["programs", "epilogue"])'
+    )
     assert conditions["reduce_by"] == 'mode in ["pull", "push"]'
     by_programs = 'mode == "atomic" or (mode in ["pull", "push"] and reduce_by == "programs")'
     assert conditions["tile_order"] == by_programs
@@ -104,7 +107,7 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
         # revision 3 (the kernel's modes: atomic, pull_cublas, reduce_sms, tile_order; chunk_fits_rows,
         # reduce_sms_budget, atomic_tile; no comm_sms) changed it from 1fd89d6bea81; revision 4 (no atomic_tile)
         # from f8b5ac3391ee; revision 5 (reduce_by) from 7685ce476574
-        "gemm_rs": "fc5217af7c5c",
+        "gemm_rs": "7734783b94e1",
         # revision 2 (the kernel's modes: fused, pull, wait, baseline; the decode tiles in every mode, baseline
         # included; items_per_flag, push_programs; items_per_flag_fit; no combine_chunks) changed it from b08fba860040;
         # revision 3 (heads_per_program any divisor of G up to 16; the default's tiles) from 42db48894d7e
@@ -142,7 +145,8 @@ def test_to_json_describes_params_conditions_and_rules() -> None:
     data = json.loads(json.dumps(get_space("gemm_rs").to_json()))
     assert data["name"] == "gemm_rs" and data["version"] == get_space("gemm_rs").version
     chunk = next(p for p in data["params"] if p["name"] == "chunk_m")
-    assert chunk["when"] == [{"mode": ["pull", "push", "atomic"]}] and chunk["kind"] == "pow2" and chunk["doc"]
+    assert chunk["when"] == [{"mode": ["atomic"]}, {"mode": ["pull", "push"], "reduce_by": ["programs", "epilogue"]}]
+    assert chunk["kind"] == "pow2" and chunk["doc"]
     reduce = next(p for p in data["params"] if p["name"] == "reduce_sms")
     assert reduce["when"] == [
         {"mode": ["atomic"]},
