@@ -61,7 +61,7 @@ def candidates(M: int, W: int) -> dict[str, list[dict]]:
         push_cublas.append(dict(pc, push_by="ce", gemm_order="gathered"))
         push_cublas.append(dict(pc, push_by="ce", gemm_order="local_first", chunk_m=1 << (R.bit_length() - 1)))
         tiles, push_chunk = (BIG if R >= 512 else dict(SMALL, BLOCK_N=64)), min(1 << (R.bit_length() - 1), 256)
-    return {
+    out = {
         "baseline": [dict(mode="baseline")],
         "push_cublas": push_cublas,
         "ce_cublas": [dict(mode="ce", ce_consumer="cublas", ce_chunks=c) for c in (1, 2)],
@@ -69,6 +69,11 @@ def candidates(M: int, W: int) -> dict[str, list[dict]]:
         "pull": [dict(mode="pull", **(BIG if R >= 512 else SMALL))],
         "push": [dict(mode="push", comm_sms=32, chunk_m=push_chunk, **tiles)],
     }
+    if M <= 128:  # one row tile over all M rows (B read once): the tile GEMM's best at 32-128 rows on one H200
+        one = dict(SMALL, BLOCK_M=max(16, 1 << (M - 1).bit_length()), BLOCK_N=64, num_warps=8 if M > 64 else 4)
+        out["pull"].append(dict(mode="pull", **one))
+        out["push"].append(dict(mode="push", comm_sms=8, chunk_m=max(16, 1 << (R - 1).bit_length()), **one))
+    return out
 
 
 class Rig:
