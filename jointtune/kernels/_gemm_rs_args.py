@@ -42,6 +42,10 @@ class GemmRsConfig:
     def of(cls, canonical: dict[str, Any]) -> GemmRsConfig:
         return config_of(cls, canonical)
 
+    def reduces_in_epilogue(self) -> bool:
+        """Whether the own rows' tiles, computed last, sum the peers' chunks (`reduce_by=epilogue`)."""
+        return self.mode in ("push", "pull") and self.reduce_by == "epilogue"
+
     def spans_ranks(self) -> bool:
         """Whether tiles run over every rank's rows (`reduce_by=tile`) rather than one rank's rows at a time."""
         return self.mode in ("push", "pull") and self.reduce_by == "tile"

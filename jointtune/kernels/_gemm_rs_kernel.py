@@ -38,9 +38,12 @@ pull_cublas (READY, EXIT): cuBLAS wrote this rank's whole partial earlier on the
 a reduce-only launch releases "ready" to every peer, pulls and sums, and its last program ends the call
 with an exit handshake (every peer done reading), so the next call's GEMM may overwrite the partial.
 
-GEMM programs wait on nothing and the grid is no larger than the SM count, so every program is resident
-and every wait ends: deadlock-free by construction. A world whose ranks launch one after another issues
-every rank's GEMM programs (EPOCH 1) before any rank's reduce programs (EPOCH 2, `pid_base`).
+With reduce programs, GEMM programs wait on nothing and the grid is no larger than the SM count, so every
+program is resident and every wait ends: deadlock-free by construction. A world whose ranks launch one after
+another issues every rank's GEMM programs (EPOCH 1) before any rank's reduce programs (EPOCH 2, `pid_base`).
+Every fused launch assumes its grid gets the SMs it asks for: a kernel of another stream that holds SMs on one
+rank while waiting on its peer (a collective) can starve a peer's waiting programs, and with an epilogue reduce
+or SPAN every program may be waiting. Run them on one stream with the collectives, as serving engines do.
 
 Halves: the buffers a call writes into alternate by the parity of the device epoch (`half_stride` > 0),
 so a rank writes call e + 2's tiles into a half only after its call e + 1 waited for every peer's flags of

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import triton
 
 from jointtune.kernels._gemm_rs_args import EPI_ATOMIC, EPI_SIGNAL, EPI_STORE, GemmRsConfig, RsShape, kernel_args
 from jointtune.kernels._gemm_rs_args import tile_work as _work
@@ -80,7 +81,9 @@ class FusedPlan:
         self.world = world
         span = cfg.spans_ranks()
         chunk_rows = cfg.chunk_rows(R)
-        n_chunks = cfg.tiles(s.M, N) if span else cdiv(R, chunk_rows)  # with `span`, a flag per tile
+        # with `span`, a flag per tile, in a buffer of the next power of two of them: tuning many shapes keeps a
+        # few flag buffers per world, not one per tile count
+        n_chunks = triton.next_power_of_2(cfg.tiles(s.M, N)) if span else cdiv(R, chunk_rows)
         fl = flags(world, "gemm_rs", n_chunks)
         state = call_state(world)
         slot = slot_elems(R, N)
@@ -92,7 +95,7 @@ class FusedPlan:
             buf = world.symmetric("gemm_rs.partials", (2 * W * slot,), s.dtype)
         half_stride = buf.numel // 2 // ALIGN * ALIGN
         tiles = cfg.tiles(s.M, N) if span else _work(cfg, s.M, R, N) // cfg.SPLIT_K
-        epi_reduce = cfg.mode != "atomic" and cfg.reduce_by == "epilogue"
+        epi_reduce = cfg.reduces_in_epilogue()
         reduce = 0 if epi_reduce or span else cfg.reduce_sms
         gemm = max(1, min(tiles * cfg.SPLIT_K, num_sms(world.device) - reduce))
         fence = world.scratch("gemm_rs.fence", (gemm + reduce) * 32 * cfg.num_warps, torch.int32)

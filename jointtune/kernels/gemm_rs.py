@@ -22,7 +22,8 @@ bf16 GEMM output is) and summed in float32. The config's `mode` picks how partia
   chunk into the owner's inbox on a side stream; the owner's reduce programs sum.
 - baseline: cuBLAS, then NCCL reduce_scatter (kept in the space: tuning never loses to it).
 
-Tiles are computed starting at the next rank's rows and ending with the rank's own (`tile_order`). A and
+Tiles are computed starting at the next rank's rows and ending with the rank's own (`tile_order`; always so
+with `reduce_by=epilogue`; with `reduce_by=tile` they run over all rows in the same order on every rank). A and
 B are only read by their own rank, so they may live in symmetric memory or be ordinary tensors. Every call
 of one (world, shapes, dtype, config) runs a launch plan built once (`_gemm_rs_plans`), and nothing a later
 call needs comes from the host: the op is correct under CUDA-graph capture and replay (capture after one
@@ -276,7 +277,7 @@ def standin_launches(cfg: GemmRsConfig, *, M: int, N: int, K: int, world_size: i
     if cfg.mode in ("push", "pull", "atomic"):
         chunk_rows = cfg.chunk_rows(R)
         atomic, span = cfg.mode == "atomic", cfg.spans_ranks()
-        epi_reduce = not atomic and cfg.reduce_by == "epilogue"
+        epi_reduce = cfg.reduces_in_epilogue()
         reduce = 0 if epi_reduce or span else cfg.reduce_sms
         work = cfg.tiles(M, N) * cfg.SPLIT_K if span else _work(cfg, M, R, N)
         gemm = max(1, min(work, num_sms(device) - reduce))
