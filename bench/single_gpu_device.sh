@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one GPU can check, run on the lent single-GPU machine (nvidia-h200) from the repository root:
 #   bash bench/single_gpu_device.sh tune19 [kernel-ab] [kernel-grid] [kernel-defaults] [kernel-merge] [atomic-fix]
-#   [stress-w1] [fix-ab] [kernel-floors] [rs-epilogue] [tile-small-m] [rs-tile]
+#   [stress-w1] [fix-ab] [kernel-floors] [rs-epilogue] [tile-small-m] [rs-tile] [tile-anatomy]
 # tune19:      issue 19's before/after tuning run: the same exhaustive `jointtune tune` (world size 1) from a
 #              checkout before the autotune/ restructure (.old19, `git archive 0777b74`) and after it (.new19,
 #              `git archive 8b94e6c`), each on its own SQLite store, for flash_decode and ag_gemm.
@@ -21,7 +21,8 @@
 #              the GEMM, the own rows summed in the epilogue), at world size 1 on the per-rank GEMMs of the issue's
 #              2-rank shapes, with cuBLAS (baseline) and the tile GEMM alone (ce_triton); then the stress run.
 # tile-small-m: bench/tile_gemm_small_m.py: the fused kernels' tile GEMM alone at 32-128 rows, over a grid of
-#              tiles, against cuBLAS and the bound of reading A and B once.
+#              tiles, against cuBLAS and the bound of reading A and B once. tile-anatomy: its --anatomy (the
+#              reduce_by=tile launch against the tile GEMM alone, fences and call epoch on and off).
 # rs-tile:     GEMM+RS `reduce_by=tile` (tiles over every rank's rows) against the other fused launches and cuBLAS at
 #              decode rows, world size 1; then the stress run.
 # Needs .whl (../shared/tools/device-wheels.sh) and, for tune19 and kernel-ab, .old19/.new19, for atomic-fix
@@ -136,6 +137,11 @@ tile_small_m() {
   grep -E "^\[|^exit|Error" "$OUT/tile_gemm_small_m.log" | cut -c1-600
 }
 
+tile_anatomy() {
+  run 200 bench/tile_gemm_small_m.py --anatomy --out "$OUT/tile_anatomy.json" > "$OUT/tile_anatomy.log" 2>&1
+  grep -E "^\[|^exit|Error" "$OUT/tile_anatomy.log" | cut -c1-600
+}
+
 rs_tile() {
   run 300 bench/gemm_rs_modes.py --stress 600 --modes push,push_epilogue,push_tile,pull_tile,ce_triton,baseline \
     --shapes 32x8192x4096,64x8192x4096,128x8192x4096,256x8192x4096 \
@@ -160,8 +166,9 @@ for step in "$@"; do
     fix-ab) fix_ab ;;
     rs-epilogue) rs_epilogue ;;
     tile-small-m) tile_small_m ;;
+    tile-anatomy) tile_anatomy ;;
     rs-tile) rs_tile ;;
     *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge, atomic-fix,"\
-         "stress-w1, fix-ab, kernel-floors, rs-epilogue, tile-small-m, rs-tile)"; exit 2 ;;
+         "stress-w1, fix-ab, kernel-floors, rs-epilogue, tile-small-m, rs-tile, tile-anatomy)"; exit 2 ;;
   esac
 done

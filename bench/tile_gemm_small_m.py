@@ -2,7 +2,7 @@
 when A has few rows, over a grid of tiles. At 128 rows every fused GEMM+RS mode ran 3.4-7x cuBLAS on one H200
 (`results/gemm_rs_epilogue_w1_1xH200_2026-11-24.json`); this separates the tile GEMM from the fusion around it.
 
-Launch: `torchrun --nproc-per-node=1 bench/tile_gemm_small_m.py --out t.json [--shapes MxNxK,...]`
+Launch: `torchrun --nproc-per-node=1 bench/tile_gemm_small_m.py --out t.json [--shapes MxNxK,...] [--anatomy]`
 
 Each config is `gemm_rs_kernel` with the plain-store epilogue over all M rows as one segment (what the copy-engine
 mode's Triton consumer launches), compiled ahead on a thread pool, checked against the float32 product (NaN-poisoned
@@ -56,9 +56,12 @@ def grid(M: int, N: int, K: int) -> list[dict]:
 
 
 class TileGemm:
-    """One config's launch over fixed A, B, C (and its split-K workspace)."""
+    """One config's launch over fixed A, B, C (and its split-K workspace). `span` makes it the launch of
+    `reduce_by=tile` at world size 1 (every row its own: no sends, no waits), `fence` and `epoch` switch that
+    launch's system-scope fences and its call epoch off, to tell what each costs (only right at world size 1)."""
 
-    def __init__(self, cfg: dict, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    def __init__(self, cfg: dict, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, span: bool = False,
+                 fence: bool = True, epoch: bool = True) -> None:  # fmt: skip
         M, K = a.shape
         N = b.shape[1]
         self.cfg = GemmRsConfig.of(cfg)
@@ -71,9 +74,20 @@ class TileGemm:
             ws = torch.zeros(tiles * self.cfg.BLOCK_M * self.cfg.BLOCK_N, dtype=torch.float32, device=dev)
             counts = torch.zeros(tiles, dtype=torch.int32, device=dev)
         dummy = torch.zeros(1, dtype=torch.int64, device=dev)
-        args = kernel_args(self.cfg, s, a=a, b=b, out=c, dummy=dummy, rank=0, rows=M, seg_rows=M, epi=EPI_STORE,
-                           gemm=True, reduce=False, dest=c, dest_deltas=dummy, ws=ws, counts=counts,
-                           gemm_programs=self.work, num_programs=self.work, stride_dm=N)  # fmt: skip
+        if span:
+            self.work = min(self.work, torch.cuda.get_device_properties(dev).multi_processor_count)
+            state = torch.zeros(2, dtype=torch.int64, device=dev)
+            fences = torch.zeros(self.work * 32 * self.cfg.num_warps, dtype=torch.int32, device=dev)
+            args = kernel_args(self.cfg, s, a=a, b=b, out=c, dummy=dummy, rank=0, rows=M, seg_rows=M, epi=EPI_STORE,
+                               gemm=False, reduce=False, dest=c, dest_deltas=dummy, src=c, src_deltas=dummy,
+                               flags_local=dummy, flag_ptrs=dummy, fence=fences, state=state, ws=ws, counts=counts,
+                               n_chunks=tiles, gemm_programs=self.work, num_programs=self.work, stride_dm=N,
+                               epoch=1 if epoch else 0, span=True)  # fmt: skip
+            args["FENCE"] = fence
+        else:
+            args = kernel_args(self.cfg, s, a=a, b=b, out=c, dummy=dummy, rank=0, rows=M, seg_rows=M, epi=EPI_STORE,
+                               gemm=True, reduce=False, dest=c, dest_deltas=dummy, ws=ws, counts=counts,
+                               gemm_programs=self.work, num_programs=self.work, stride_dm=N)  # fmt: skip
         self.named, self.options = split_options(args)
 
     def compile(self) -> None:
@@ -146,6 +160,38 @@ def bench_shape(M: int, N: int, K: int, bandwidth: float) -> dict:
     return entry
 
 
+def anatomy(M: int, N: int, K: int) -> dict:
+    """The tile GEMM alone against the `reduce_by=tile` launch at world size 1 on the same tile (one row tile over
+    M, 64 columns, 128-deep steps, no split-K), with its fences and call epoch on and off."""
+    gen = torch.Generator(device="cuda").manual_seed(M + N + K)
+    a = torch.randn(M, K, device="cuda", generator=gen).div_(K**0.25).bfloat16()
+    b = torch.randn(K, N, device="cuda", generator=gen).div_(K**0.25).bfloat16()
+    c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    ref = a.float() @ b.float()
+    bm = max(16, min(128, 1 << (M - 1).bit_length()))
+    cfg = dict(mode="pull", reduce_by="tile", BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=1,
+               num_warps=8 if bm >= 128 else 4, num_stages=4, SPLIT_K=1)  # fmt: skip
+    variants = {
+        "tile_gemm": TileGemm(cfg, a, b, c),
+        "span": TileGemm(cfg, a, b, c, span=True),
+        "span_no_fence": TileGemm(cfg, a, b, c, span=True, fence=False),
+        "span_no_fence_no_epoch": TileGemm(cfg, a, b, c, span=True, fence=False, epoch=False),
+    }
+    entry = {"M": M, "N": N, "K": K, "config": cfg, "cublas_us": graph_us(lambda: torch.mm(a, b, out=c))}
+    for name, launch in variants.items():
+        c.fill_(float("nan"))
+        launch()
+        torch.cuda.synchronize()
+        err = ((c.float() - ref).norm() / ref.norm()).nan_to_num(float("inf")).item()
+        entry[name] = {"error_rel": err, "us": graph_us(launch) if err < 2e-2 else None}
+    print(
+        f"[anatomy {M}x{N}x{K}] cublas {entry['cublas_us']:.1f} us, "
+        + ", ".join(f"{n} {entry[n]['us'] or float('nan'):.1f}" for n in variants),
+        flush=True,
+    )
+    return entry
+
+
 def _try(fn) -> str | None:
     try:
         fn()
@@ -158,6 +204,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="tile_gemm_small_m.json")
     ap.add_argument("--shapes", default="", help="MxNxK,... (default: decode rows 32-256 of 8192-wide layers)")
+    ap.add_argument("--anatomy", action="store_true", help="only what the reduce_by=tile launch adds to the tile GEMM")
     args = ap.parse_args()
     world = init_cuda_world()
     result = run_header(world, "bench/tile_gemm_small_m.py")
@@ -167,7 +214,7 @@ def main() -> None:
     spin_up(2.0)
     result["shapes"] = []
     for shape in shapes:
-        result["shapes"].append(bench_shape(*shape, bandwidth))
+        result["shapes"].append(anatomy(*shape) if args.anatomy else bench_shape(*shape, bandwidth))
         Path(args.out).write_text(json.dumps(result, indent=1))
 
 
