@@ -97,7 +97,11 @@ class _NewRecordMethods:
 
     def validate(self) -> Self:
         """This record with canonical values (dtype aliases resolved, dims sorted) if every field is
-        allowed by the store's schema (`RecordIn`), else InvalidRecordError naming each bad field."""
+        allowed by the store's schema (`RecordIn`), else InvalidRecordError naming each bad field. A record
+        built by `of` from a checked RecordIn is returned as it is: a REST publish checks its body once (the
+        kernel's space check costs about 75 us), not once in the route and again in the store."""
+        if self.__dict__.get("_checked"):
+            return self
         try:
             checked = RecordIn.model_validate(self.to_json())
         except ValidationError as exc:
@@ -109,7 +113,9 @@ class _NewRecordMethods:
         """The NewRecord of a record the schema accepted (dims sorted by name)."""
         data = checked.model_dump()
         data["shape"] = dict(sorted(data["shape"].items()))
-        return cls(**data)
+        record = cls(**data)
+        object.__setattr__(record, "_checked", True)  # not a field: equality, JSON and `replace` ignore it
+        return record
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from jointtune.db import PUBLISHED, STORE_SET, LookupOut, NewRecord, Record, RecordIn, Store
+from jointtune.db import PUBLISHED, STORE_SET, InvalidRecordError, LookupOut, NewRecord, Record, RecordIn, Store
 from jointtune.db._models import RecordRow
 from jointtune.db._queries import record_values
 from jointtune.db.record import RECORD_FIELDS, Latency3, Provenance
@@ -135,6 +135,24 @@ def test_new_record_has_record_in_fields_and_defaults() -> None:
             assert f.default == model_field.default, f.name
         assert f.kw_only and f.default_factory is dataclasses.MISSING
     assert NewRecord.__dataclass_params__.frozen and NewRecord.__module__ == "jointtune.db.record"
+
+
+def test_a_record_built_from_a_checked_body_is_not_checked_again(
+    make_record: Callable[..., NewRecord], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a REST publish: the route validates the body as RecordIn, the store takes NewRecord.of(body)
+    body = RecordIn.model_validate(make_record(dtype="bf16", shape={"N": 4096, "M": 8192, "K": 12288}).to_json())
+    checked = NewRecord.of(body)
+    calls = []
+    real = RecordIn.model_validate
+    monkeypatch.setattr(RecordIn, "model_validate", lambda data: calls.append(1) or real(data))
+    assert checked.validate() is checked and calls == []
+    assert checked == make_record(shape={"K": 12288, "M": 8192, "N": 4096}) and "_checked" not in checked.to_json()
+    # anything built another way, or changed since, is checked: a bad value is still refused
+    changed = dataclasses.replace(checked, world_size=0)
+    with pytest.raises(InvalidRecordError, match="world_size"):
+        changed.validate()
+    assert calls == [1]
 
 
 def test_record_is_record_in_plus_what_the_store_sets() -> None:
