@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one GPU can check, run on the lent single-GPU machine (nvidia-h200) from the repository root:
 #   bash bench/single_gpu_device.sh tune19 [kernel-ab] [kernel-grid] [kernel-defaults] [kernel-merge] [atomic-fix]
-#   [stress-w1] [fix-ab] [kernel-floors] [rs-epilogue] [tile-small-m] [rs-tile] [tile-anatomy]
+#   [stress-w1] [fix-ab] [kernel-floors] [rs-epilogue] [tile-small-m] [rs-tile] [tile-anatomy] [ag-small-m]
 # tune19:      issue 19's before/after tuning run: the same exhaustive `jointtune tune` (world size 1) from a
 #              checkout before the autotune/ restructure (.old19, `git archive 0777b74`) and after it (.new19,
 #              `git archive 8b94e6c`), each on its own SQLite store, for flash_decode and ag_gemm.
@@ -25,6 +25,8 @@
 #              reduce_by=tile launch against the tile GEMM alone, fences and call epoch on and off).
 # rs-tile:     GEMM+RS `reduce_by=tile` (tiles over every rank's rows) against the other fused launches and cuBLAS at
 #              decode rows, world size 1; then the stress run.
+# ag-small-m:  AG+GEMM's Triton modes at decode rows (their candidates, one row tile over M among them) against
+#              cuBLAS, world size 1.
 # Needs .whl (../shared/tools/device-wheels.sh) and, for tune19 and kernel-ab, .old19/.new19, for atomic-fix
 # and fix-ab .variants; carry them all.
 set -uo pipefail
@@ -149,6 +151,13 @@ rs_tile() {
   grep -E "^\[|^stress|^exit|Error" "$OUT/gemm_rs_tile_w1.log" | cut -c1-700
 }
 
+ag_small_m() {
+  run 300 bench/ag_gemm_modes.py --stress 0 --modes push,pull,ce_triton,baseline \
+    --shapes 64x8192x8192,128x8192x8192,64x6144x4096,128x6144x4096 \
+    --out "$OUT/ag_gemm_small_m_w1.json" > "$OUT/ag_gemm_small_m_w1.log" 2>&1
+  grep -E "^\[|^exit|Error" "$OUT/ag_gemm_small_m_w1.log" | cut -c1-700
+}
+
 for step in "$@"; do
   case $step in
     tune19) tune19 ;;
@@ -167,8 +176,9 @@ for step in "$@"; do
     rs-epilogue) rs_epilogue ;;
     tile-small-m) tile_small_m ;;
     tile-anatomy) tile_anatomy ;;
+    ag-small-m) ag_small_m ;;
     rs-tile) rs_tile ;;
     *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge, atomic-fix,"\
-         "stress-w1, fix-ab, kernel-floors, rs-epilogue, tile-small-m, rs-tile, tile-anatomy)"; exit 2 ;;
+         "stress-w1, fix-ab, kernel-floors, rs-epilogue, tile-small-m, rs-tile, tile-anatomy, ag-small-m)"; exit 2 ;;
   esac
 done
