@@ -204,6 +204,18 @@ def comm_constraints(sms_field: str = "comm_sms", *, ragged_chunks: bool = False
     ]
 
 
+#: the fused GEMM tile that measured best at large shapes (bench/results/gemm_rs_epilogue_w1_1xH200_2026-11-24.json)
+BIG_TILE: dict[str, Value] = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, SPLIT_K=1)
+
+
+def row_tile(M: int) -> dict[str, Value]:
+    """One row tile over up to 128 rows, 64 columns, 128-deep steps, no split-K: our tile GEMM's best at 32-128 rows,
+    1.05-1.16x cuBLAS (bench/results/tile_gemm_small_m_1xH200_2026-11-24.json; split-K cost 1.2-2.9x there)."""
+    bm = max(16, min(128, next_pow2(M)))
+    return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=8 if bm >= 128 else 4, num_stages=4,
+                SPLIT_K=1)  # fmt: skip
+
+
 def gemm_default(ctx: Context) -> dict[str, Value]:
     """Baseline for small per-rank row counts, else copy engine + cuBLAS: valid for any shape."""
     if ctx["R"] < BASELINE_BELOW_ROWS:

@@ -50,7 +50,9 @@ class Space:
     """Params, conditions and constraints of one family; see the module docstring for an example.
 
     `derive(problem)` adds numbers the constraints read (e.g. rows per rank `R`); `check_problem`
-    rejects shapes the family can't run; `default(ctx)` gives a config valid for every problem.
+    rejects shapes the family can't run; `default(ctx)` gives a config valid for every problem;
+    `seeds(ctx)` names a few configs worth a tuner's first trials in this regime (those the problem
+    allows are tried after the default; they change no record's meaning, so not the version).
     Bump `revision` whenever constraint code or the default changes meaning.
     """
 
@@ -68,8 +70,10 @@ class Space:
         doc: str = "",
         nondeterministic: Sequence[str] = (),
         dtypes: Sequence[str] = tuple(DTYPE_BYTES),
+        seeds: Callable[[Context], Sequence[Mapping[str, Value]]] | None = None,
     ) -> None:
         self.name = name
+        self._seeds = seeds
         #: element types the family's kernels run (a problem of another dtype is refused before any trial)
         self.dtypes = tuple(dtypes)
         #: modes whose results may differ in the last bits between identical calls (atomic reductions):
@@ -206,6 +210,7 @@ class Space:
             doc=self.doc,
             nondeterministic=[m for m in self.nondeterministic if m in kept.get("mode", ())],
             dtypes=self.dtypes,
+            seeds=self._seeds,
         )
         sub.restricted_from = self
         sub.restriction = {**self.restriction, **{name: list(values) for name, values in allowed.items()}}
@@ -356,6 +361,16 @@ class Space:
                 f"world size {problem.world_size}; allow more values"
             )
         return best
+
+    def seeds(self, problem: Problem, limits: DeviceLimits) -> list[dict[str, Value]]:
+        """The space's seed configs this problem and device allow (canonical), for a tuner's first trials."""
+        if self._seeds is None:
+            return []
+        return [
+            self.validate(config, problem, limits)
+            for config in self._seeds(self.context(problem, limits))
+            if not self.violations(config, problem, limits)
+        ]
 
     def baseline(self, problem: Problem, limits: DeviceLimits) -> dict[str, Value]:
         """The unfused path (`mode: baseline`), or the default for a space without that mode. Knobs that exist in

@@ -24,6 +24,7 @@ from jointtune.search_spaces._gemm import (
     ce_params,
     comm_constraints,
     mode_param,
+    row_tile,
     sharded_problem,
     tile_constraints,
     tile_params,
@@ -59,6 +60,18 @@ def _default(ctx: Context) -> dict[str, Value]:
     if chunk is None:
         return {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1}
     return {"mode": "push_cublas", "push_by": "ce", "gemm_order": "local_first", "chunk_m": chunk}
+
+
+def _seeds(ctx: Context) -> list[dict[str, Value]]:
+    """Up to 128 rows: the Triton modes with one row tile over all M rows (B read once; at one rank push took 1.13-1.19x
+    cuBLAS with it, 1.69x faster than with 64-row tiles: bench/results/ag_gemm_small_m_w1_1xH200_2026-11-24.json)."""
+    if ctx["W"] == 1 or ctx["M"] > 128:
+        return []
+    tile = row_tile(ctx["M"])
+    return [
+        {"mode": "push", "comm_sms": 8, "chunk_m": max(16, next_pow2(ctx["R"])), **tile},
+        {"mode": "pull", **tile},
+    ]
 
 
 def default_chunk_m(R: int) -> int | None:
@@ -116,4 +129,5 @@ AG_GEMM = Space(
     dtypes=("bfloat16", "float16"),
     check_problem=_check_problem,
     default=_default,
+    seeds=_seeds,
 )

@@ -30,9 +30,11 @@ from collections.abc import Mapping
 
 from jointtune.search_spaces._gemm import (
     BASELINE_BELOW_ROWS,
+    BIG_TILE,
     ce_params,
     comm_constraints,
     mode_param,
+    row_tile,
     sharded_problem,
     tile_constraints,
     tile_params,
@@ -62,6 +64,16 @@ def _default(ctx: Context) -> dict[str, Value]:
     if ctx["R"] < BASELINE_BELOW_ROWS:
         return {"mode": "pull_cublas", "reduce_sms": _pow2_at_most(64, ctx["num_sms"])}
     return {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "reduce_sms": _pow2_at_most(128, ctx["num_sms"])}
+
+
+def _seeds(ctx: Context) -> list[dict[str, Value]]:
+    """The fused launches that measured best at one rank (bench/results/gemm_rs_tile_w1_* and gemm_rs_epilogue_w1_*,
+    1x H200), for a tuner's first trials: tiles over every rank's rows up to 128 rows, own-rows epilogues above."""
+    if ctx["W"] == 1:
+        return []
+    if ctx["M"] <= 128:
+        return [{"mode": mode, "reduce_by": "tile", **row_tile(ctx["M"])} for mode in ("push", "pull")]
+    return [{"mode": mode, "reduce_by": "epilogue", "chunk_m": 256, **BIG_TILE} for mode in ("pull", "push")]
 
 
 def _pow2_at_most(want: int, num_sms: int) -> int:
@@ -143,4 +155,5 @@ GEMM_RS = Space(
     check_problem=_check_problem,
     default=_default,
     nondeterministic=NONDETERMINISTIC,
+    seeds=_seeds,
 )

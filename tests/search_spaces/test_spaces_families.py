@@ -558,3 +558,33 @@ def test_count_filters_must_name_real_choices() -> None:
         AG_GEMM.count(problem, HOPPER, where={"chunk": 1})
     assert AG_GEMM.count(problem, HOPPER, where={"mode": "baseline", "chunk_m": 64}) == 0
     assert AG_GEMM.count(problem, HOPPER, where={"ce_consumer": "cublas"}) == 4
+
+
+def test_seeds_are_valid_configs_of_their_regime_and_leave_the_version_alone() -> None:
+    # seeds: a tuner's first trials after the default (the fused launches that measured best on one H200)
+    for space, problem in anchor_problems(["ag_gemm", "gemm_rs"]):
+        for seed in space.seeds(problem, HOPPER):
+            assert space.violations(seed, problem, HOPPER) == [], (problem.dims, seed)
+    rs = get_space("gemm_rs")
+    decode = rs.make_problem("64x8192x8192", dtype="bf16", world_size=2)
+    prefill = rs.make_problem("8192x4096x12288", dtype="bf16", world_size=2)
+    assert [(s["mode"], s["reduce_by"], s["BLOCK_M"]) for s in rs.seeds(decode, HOPPER)] == [
+        ("push", "tile", 64),
+        ("pull", "tile", 64),
+    ]
+    assert [(s["mode"], s["reduce_by"]) for s in rs.seeds(prefill, HOPPER)] == [
+        ("pull", "epilogue"),
+        ("push", "epilogue"),
+    ]
+    # one rank has nothing to overlap; a restriction keeps only the seeds it allows; tiny shapes take none
+    assert rs.seeds(rs.make_problem("64x8192x8192", dtype="bf16", world_size=1), HOPPER) == []
+    assert [s["mode"] for s in rs.restrict({"mode": ["pull", "baseline"]}).seeds(decode, HOPPER)] == ["pull"]
+    assert rs.seeds(rs.make_problem("64x64x128", dtype="bf16", world_size=2), HOPPER) == []
+    ag = get_space("ag_gemm")
+    assert [s["mode"] for s in ag.seeds(ag.make_problem("128x8192x8192", dtype="bf16", world_size=2), HOPPER)] == [
+        "push",
+        "pull",
+    ]
+    assert get_space("flash_decode").seeds(anchor_problems(["flash_decode"])[0][1], HOPPER) == []
+    # they change no record's meaning: the space's version is the same without them
+    assert _rebuild(rs).version == rs.version and _rebuild(AG_GEMM).version == AG_GEMM.version

@@ -143,8 +143,8 @@ def initial_configs(
     warm: Iterable[Mapping[str, Any]] = (),
     exhaustive: bool = False,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """(role, config) to enqueue before any sampling: baseline, default, warm configs, then (for
-    exhaustive studies) every other valid config. Invalid and repeated configs are dropped."""
+    """(role, config) to enqueue before any sampling: baseline, default, warm configs, the space's seeds, then
+    (for exhaustive studies) every other valid config. Invalid and repeated configs are dropped."""
     out: list[tuple[str, dict[str, Any]]] = []
     seen: set[str] = set()
 
@@ -165,6 +165,8 @@ def initial_configs(
         add("default", space.default(problem, limits))
     for config in warm:
         add("warm", config)
+    for config in space.seeds(problem, limits):
+        add("seed", config)
     if exhaustive:
         for config in space.enumerate(problem, limits):
             add("grid", config)

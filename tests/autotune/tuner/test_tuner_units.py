@@ -211,6 +211,17 @@ def test_initial_configs_put_the_baseline_first_and_drop_invalid_or_repeated_war
     assert len(initial_configs(space, PROBLEM, LIMITS, exhaustive=True)) == 13
 
 
+def test_the_space_s_seeds_come_after_the_warm_configs_and_repeat_none():
+    from jointtune.search_spaces import DeviceLimits, get_space
+
+    space, limits = get_space("gemm_rs"), DeviceLimits.nominal_hopper()
+    problem = space.make_problem("64x8192x8192", dtype="bf16", world_size=2)
+    seeds = space.seeds(problem, limits)
+    configs = initial_configs(space, problem, limits, warm=[seeds[1]])
+    assert [role for role, _ in configs] == ["baseline", "default", "warm", "seed"]
+    assert [c for _, c in configs[2:]] == [seeds[1], seeds[0]]  # a warm config is not tried again as a seed
+
+
 def test_sweeps_are_registered_in_the_storage(families, sqlite_url):
     storage = open_storage(sqlite_url)
     job = Job.of("jt_sleep", PROBLEM, TuneSettings(trials=3))
