@@ -39,6 +39,7 @@ from checkout import add_tree_argument  # first: `--tree` picks the jointtune ev
 from ag_gemm_bench import Bench, init_cuda_world, spin_up
 
 from jointtune.kernels.ag_gemm import ag_gemm, config_json
+from jointtune.search_spaces._gemm import row_tile
 
 ANCHOR_SHAPES = [(8192, 4096, 12288), (8192, 8192, 28672), (8192, 3584, 14336), (1024, 8192, 8192), (128, 8192, 8192)]
 DECODE_SHAPES = [(64, 8192, 8192), (256, 8192, 8192), (64, 6144, 4096), (128, 6144, 4096), (256, 6144, 4096)]
@@ -70,7 +71,7 @@ def candidates(M: int, W: int) -> dict[str, list[dict]]:
         "push": [dict(mode="push", comm_sms=32, chunk_m=push_chunk, **tiles)],
     }
     if M <= 128:  # one row tile over all M rows (B read once): the tile GEMM's best at 32-128 rows on one H200
-        one = dict(SMALL, BLOCK_M=max(16, 1 << (M - 1).bit_length()), BLOCK_N=64, num_warps=8 if M > 64 else 4)
+        one = row_tile(M)
         out["pull"].append(dict(mode="pull", **one))
         out["push"].append(dict(mode="push", comm_sms=8, chunk_m=max(16, 1 << (R - 1).bit_length()), **one))
     return out

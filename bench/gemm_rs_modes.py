@@ -38,6 +38,7 @@ from ag_gemm_modes import (
 from ag_gemm_modes import stress as modes_stress
 
 from jointtune.kernels.gemm_rs import gemm_rs
+from jointtune.search_spaces._gemm import row_tile as _spanning  # one row tile over up to 128 of all ranks' rows
 
 SHAPES = [(64, 8192, 8192), (128, 8192, 8192), (1024, 8192, 8192), (8192, 4096, 12288), (8192, 3584, 14336),
           (8192, 8192, 28672)]  # fmt: skip
@@ -47,13 +48,6 @@ BIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_sta
 def _small(R: int, **kw) -> dict:
     bm = max(16, min(64, 1 << (R - 1).bit_length()))
     return dict(dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4, SPLIT_K=1), **kw)
-
-
-def _spanning(M: int) -> dict:
-    """A tile over up to 128 of all ranks' rows: 64 columns, 128-deep K steps, 4 stages, no split-K."""
-    bm = max(16, min(128, 1 << (M - 1).bit_length()))
-    return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=8 if bm >= 128 else 4, num_stages=4,
-                SPLIT_K=1)  # fmt: skip
 
 
 def candidates(M: int, K: int, W: int) -> dict[str, list[dict]]:
