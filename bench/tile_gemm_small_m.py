@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from ag_gemm_bench import init_cuda_world, spin_up
-from ag_gemm_modes import run_header
+from ag_gemm_modes import capture, run_header
 from flash_decode_modes import copy_bandwidth
 
 from jointtune.kernels._gemm_rs_args import EPI_STORE, GemmRsConfig, RsShape, kernel_args, tile_work
@@ -100,11 +100,7 @@ class TileGemm:
 def graph_us(fn, replays: int = 10) -> float:
     """Per-launch time of CALLS launches captured in one graph: min over three runs of `replays` replays."""
     fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
+    graph = capture(fn, CALLS)
     best = float("inf")
     for _ in range(3):
         graph.replay()
