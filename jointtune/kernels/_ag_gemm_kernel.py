@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from jointtune.kernels._signals import call_epoch_and_half, close_call, push_rows, thread_fence, wait_chunks
-from jointtune.kernels._tiles import grouped_tile, merge_split_k, tile_dot
+from jointtune.kernels._tiles import grouped_tile, split_product
 
 
 @triton.jit
@@ -112,8 +112,6 @@ def ag_gemm_kernel(
         num_pid_m = tl.cdiv(rows, BLOCK_M)
         num_pid_n = tl.cdiv(N, BLOCK_N)
         num_work = num_pid_m * num_pid_n * SPLIT_K
-        k_blocks = tl.cdiv(K, BLOCK_K)
-        k_per_split = tl.cdiv(k_blocks, SPLIT_K)
         row_end = row_lo + rows
         if DYNAMIC:
             work = tl.atomic_add(tickets_ptr, 1)
@@ -142,13 +140,9 @@ def ag_gemm_kernel(
                 if (row_first // R != rank) | (row_last // R != rank):  # tiles of my own rows waited on nothing
                     thread_fence(fence_ptr, pid, THREADS, FENCE)
 
-            kb_lo = split * k_per_split
-            kb_hi = tl.minimum(kb_lo + k_per_split, k_blocks)
-            acc = tile_dot(a_rows, mmask, b_ptr, offs_n, nmask, K, kb_lo, kb_hi, stride_bk, stride_bn,
-                           BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
-            finished = True
-            if SPLIT_K > 1:  # the tile's splits meet in its workspace slot; the last one stores C
-                acc, finished = merge_split_k(acc, ws_ptr, counts_ptr, tile, SPLIT_K, BLOCK_M, BLOCK_N)
+            # the tile's splits meet in its workspace slot; the last one stores C
+            acc, finished = split_product(a_rows, mmask, b_ptr, offs_n, nmask, K, split, ws_ptr, counts_ptr, tile,
+                                          stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, UPCAST)  # fmt: skip
             if finished:
                 c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
                 tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])

@@ -63,7 +63,7 @@ from jointtune.kernels._signals import (
     thread_fence,
     wait_flag,
 )
-from jointtune.kernels._tiles import grouped_tile, merge_split_k, tile_dot
+from jointtune.kernels._tiles import grouped_tile, split_product
 
 
 @triton.jit
@@ -184,8 +184,6 @@ def gemm_rs_kernel(
             # tiles over all `rows` (every rank's), in the same order on every rank; n_chunks counts the tiles
             num_pid_n = tl.cdiv(N, BLOCK_N)
             tiles_m = tl.cdiv(rows, BLOCK_M)
-            k_blocks = tl.cdiv(K, BLOCK_K)
-            k_per_split = tl.cdiv(k_blocks, SPLIT_K)
             for work in range(pid, tiles_m * num_pid_n * SPLIT_K, gemm_programs):
                 tile = work // SPLIT_K
                 split = work % SPLIT_K
@@ -202,13 +200,9 @@ def gemm_rs_kernel(
                     mmask = offs_m < rows
                     nmask = offs_n < N
                     a_rows = a_ptr + offs_m.to(tl.int64) * stride_am
-                    kb_lo = split * k_per_split
-                    kb_hi = tl.minimum(kb_lo + k_per_split, k_blocks)
-                    acc = tile_dot(a_rows, mmask, b_ptr, offs_n, nmask, K, kb_lo, kb_hi, stride_bk, stride_bn,
-                                   BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
-                    finished = True
-                    if SPLIT_K > 1:
-                        acc, finished = merge_split_k(acc, ws_ptr, counts_ptr, tile, SPLIT_K, BLOCK_M, BLOCK_N)
+                    acc, finished = split_product(a_rows, mmask, b_ptr, offs_n, nmask, K, split, ws_ptr, counts_ptr,
+                                                  tile, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
+                                                  UPCAST)  # fmt: skip
                     if finished:
                         owner = offs_m // R
                         if OWN_TILES != 2:
@@ -227,8 +221,6 @@ def gemm_rs_kernel(
             n_segs = tl.cdiv(rows, R)
             tiles_per_seg = seg_tiles_m * num_pid_n
             num_work = n_segs * tiles_per_seg * SPLIT_K
-            k_blocks = tl.cdiv(K, BLOCK_K)
-            k_per_split = tl.cdiv(k_blocks, SPLIT_K)
             work_lo, work_hi = 0, num_work
             if EPI_REDUCE:  # the own rows' tiles are the last work items (peers_first), when the rank has rows
                 own_lo = tl.where(rank < n_segs, (n_segs - 1) * tiles_per_seg * SPLIT_K, num_work)
@@ -250,13 +242,10 @@ def gemm_rs_kernel(
                 mmask = offs_r < seg_rows
                 nmask = offs_n < N
                 a_rows = a_ptr + (seg * R + offs_r).to(tl.int64) * stride_am
-                kb_lo = split * k_per_split
-                kb_hi = tl.minimum(kb_lo + k_per_split, k_blocks)
-                acc = tile_dot(a_rows, mmask, b_ptr, offs_n, nmask, K, kb_lo, kb_hi, stride_bk, stride_bn,
-                               BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)  # fmt: skip
-                finished = True
-                if SPLIT_K > 1:  # the tile's splits meet in its workspace slot; the last one has the sum
-                    acc, finished = merge_split_k(acc, ws_ptr, counts_ptr, tile, SPLIT_K, BLOCK_M, BLOCK_N)
+                # the tile's splits meet in its workspace slot; the last one has the sum
+                acc, finished = split_product(a_rows, mmask, b_ptr, offs_n, nmask, K, split, ws_ptr, counts_ptr,
+                                              tile, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
+                                              UPCAST)  # fmt: skip
                 if EPI_REDUCE and seg == rank:
                     if finished:
                         _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, fence_ptr, pid, epoch, half,

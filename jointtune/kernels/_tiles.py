@@ -63,4 +63,22 @@ def merge_split_k(acc, ws_ptr, counts_ptr, tile, SPLIT_K: tl.constexpr, BLOCK_M:
     return acc, last
 
 
-__all__ = ["grouped_tile", "merge_split_k", "tile_dot"]
+@triton.jit
+def split_product(a_rows, mmask, b_ptr, offs_n, nmask, K, split, ws_ptr, counts_ptr, tile, stride_bk, stride_bn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                  UPCAST: tl.constexpr):  # fmt: skip
+    # (the tile's product, whether this work item holds all of it): split `split` of the K loop, merged with the
+    # tile's other splits (the last to arrive holds the sum); every fused GEMM's work item
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    k_per_split = tl.cdiv(k_blocks, SPLIT_K)
+    kb_lo = split * k_per_split
+    kb_hi = tl.minimum(kb_lo + k_per_split, k_blocks)
+    acc = tile_dot(a_rows, mmask, b_ptr, offs_n, nmask, K, kb_lo, kb_hi, stride_bk, stride_bn, BLOCK_M, BLOCK_N,
+                   BLOCK_K, UPCAST)  # fmt: skip
+    finished = True
+    if SPLIT_K > 1:
+        acc, finished = merge_split_k(acc, ws_ptr, counts_ptr, tile, SPLIT_K, BLOCK_M, BLOCK_N)
+    return acc, finished
+
+
+__all__ = ["grouped_tile", "merge_split_k", "split_product", "tile_dot"]
