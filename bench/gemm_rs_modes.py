@@ -38,7 +38,7 @@ from ag_gemm_modes import (
 from ag_gemm_modes import stress as modes_stress
 
 from jointtune.kernels.gemm_rs import gemm_rs
-from jointtune.search_spaces._gemm import row_tile as _spanning  # one row tile over up to 128 of all ranks' rows
+from jointtune.search_spaces._gemm import row_tile
 
 SHAPES = [(64, 8192, 8192), (128, 8192, 8192), (1024, 8192, 8192), (8192, 4096, 12288), (8192, 3584, 14336),
           (8192, 8192, 28672)]  # fmt: skip
@@ -76,7 +76,7 @@ def candidates(M: int, K: int, W: int) -> dict[str, list[dict]]:
             # tiles over every rank's rows, B read once: the tile GEMM's best at 32-128 rows on one H200
             # (results/tile_gemm_small_m_1xH200_2026-11-24.json: 64 columns, 128-deep steps, no split-K)
             for mode in ("push", "pull"):
-                fused.append(dict(mode=mode, reduce_by="tile", **_spanning(M)))
+                fused.append(dict(mode=mode, reduce_by="tile", **row_tile(M)))
     for cfg in fused:
         if cfg["mode"] != "atomic":
             cfg.setdefault("reduce_by", "programs")
@@ -248,8 +248,8 @@ STRESS = [
         dict(mode="pull", chunk_m=64, reduce_by="programs", reduce_sms=8, tile_order="peers_first", **_small(500)),
     ),
     ((1000, 3000, 2000), dict(mode="push", chunk_m=64, reduce_by="epilogue", **_small(500))),
-    ((64, 8192, 8192), dict(mode="push", reduce_by="tile", **_spanning(64))),
-    ((200, 3000, 2000), dict(mode="pull", reduce_by="tile", **dict(_spanning(200), SPLIT_K=2))),
+    ((64, 8192, 8192), dict(mode="push", reduce_by="tile", **row_tile(64))),
+    ((200, 3000, 2000), dict(mode="pull", reduce_by="tile", **dict(row_tile(200), SPLIT_K=2))),
     ((1024, 4096, 8192), dict(mode="ce", ce_consumer="cublas", ce_chunks=2, reduce_sms=16)),
     ((64, 8192, 8192), dict(mode="pull_cublas", reduce_sms=64)),
     ((1000, 3000, 2000), dict(mode="pull_cublas", reduce_sms=8)),

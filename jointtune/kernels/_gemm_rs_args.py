@@ -54,6 +54,20 @@ class GemmRsConfig:
         """Tiles of a launch whose tiles span every rank's M rows."""
         return cdiv(M, self.BLOCK_M) * cdiv(N, self.BLOCK_N)
 
+    def fused_reduce_programs(self) -> int:
+        """Reduce programs beside a fused GEMM: none where the GEMM's own tiles sum (`epilogue`, `tile`)."""
+        return 0 if self.reduces_in_epilogue() or self.spans_ranks() else self.reduce_sms
+
+    def fused_tiles(self, M: int, R: int, N: int) -> int:
+        """Tiles of a fused launch over M rows, R per rank (over every rank's rows with `reduce_by=tile`)."""
+        return self.tiles(M, N) if self.spans_ranks() else tile_work(self, M, R, N) // self.SPLIT_K
+
+    def fused_flags(self, M: int, R: int, N: int) -> int:
+        """Flags per rank of a fused launch: one per chunk of rows or, with `reduce_by=tile`, per tile, counted up to
+        a power of two (the flag buffer of that size serves every shape up to it: tuning many shapes keeps a few flag
+        buffers per world, not one per tile count)."""
+        return triton.next_power_of_2(self.tiles(M, N)) if self.spans_ranks() else cdiv(R, self.chunk_rows(R))
+
     def chunk_rows(self, R: int) -> int:
         """Rows per flag in the fused modes: whole tiles (at least BLOCK_M), at most the segment."""
         return min(max(self.chunk_m, self.BLOCK_M), max(R, 1))

@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import triton
 
 from jointtune.kernels._gemm_rs_args import EPI_ATOMIC, EPI_SIGNAL, EPI_STORE, GemmRsConfig, RsShape, kernel_args
 from jointtune.kernels._gemm_rs_args import tile_work as _work
@@ -81,9 +80,7 @@ class FusedPlan:
         self.world = world
         span = cfg.spans_ranks()
         chunk_rows = cfg.chunk_rows(R)
-        # with `span`, a flag per tile, in a buffer of the next power of two of them: tuning many shapes keeps a
-        # few flag buffers per world, not one per tile count
-        n_chunks = triton.next_power_of_2(cfg.tiles(s.M, N)) if span else cdiv(R, chunk_rows)
+        n_chunks = cfg.fused_flags(s.M, R, N)
         fl = flags(world, "gemm_rs", n_chunks)
         state = call_state(world)
         slot = slot_elems(R, N)
@@ -94,17 +91,17 @@ class FusedPlan:
         else:  # pull: my partial of every rank's rows, slot p for rank p's
             buf = world.symmetric("gemm_rs.partials", (2 * W * slot,), s.dtype)
         half_stride = buf.numel // 2 // ALIGN * ALIGN
-        tiles = cfg.tiles(s.M, N) if span else _work(cfg, s.M, R, N) // cfg.SPLIT_K
+        tiles = cfg.fused_tiles(s.M, R, N)
         epi_reduce = cfg.reduces_in_epilogue()
-        reduce = 0 if epi_reduce or span else cfg.reduce_sms
+        reduce = cfg.fused_reduce_programs()
         gemm = max(1, min(tiles * cfg.SPLIT_K, num_sms(world.device) - reduce))
         fence = world.scratch("gemm_rs.fence", (gemm + reduce) * 32 * cfg.num_warps, torch.int32)
         done = world.scratch("gemm_rs.done", W * n_chunks, torch.int32)
         dummy = world.int_table((0,))
         sources, zero = (1, True) if cfg.mode == "atomic" else (W, False)
         # (program base, grid, GEMM, REDUCE, EPOCH, num_programs, OWN_TILES) of each launch per rank
-        phases = [(0, gemm + reduce, True, not (epi_reduce or span), 1, gemm + reduce, 0)]
-        if not world.concurrent and (epi_reduce or span):  # every rank's tiles for others, then every rank's own rows
+        phases = [(0, gemm + reduce, True, reduce > 0, 1, gemm + reduce, 0)]
+        if not world.concurrent and not reduce:  # every rank's tiles for others, then every rank's own rows
             phases = [(0, gemm, True, False, 1, gemm, 1), (0, gemm, True, False, 2, gemm, 2)]
         elif not world.concurrent:
             phases = [(0, gemm, True, False, 1, gemm, 0), (gemm, reduce, False, True, 2, gemm + reduce, 0)]

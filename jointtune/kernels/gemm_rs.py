@@ -277,17 +277,15 @@ def standin_launches(cfg: GemmRsConfig, *, M: int, N: int, K: int, world_size: i
     if cfg.mode in ("push", "pull", "atomic"):
         chunk_rows = cfg.chunk_rows(R)
         atomic, span = cfg.mode == "atomic", cfg.spans_ranks()
-        epi_reduce = cfg.reduces_in_epilogue()
-        reduce = 0 if epi_reduce or span else cfg.reduce_sms
-        work = cfg.tiles(M, N) * cfg.SPLIT_K if span else _work(cfg, M, R, N)
-        gemm = max(1, min(work, num_sms(device) - reduce))
+        reduce = cfg.fused_reduce_programs()
+        gemm = max(1, min(cfg.fused_tiles(M, R, N) * cfg.SPLIT_K, num_sms(device) - reduce))
         fused = kernel_args(cfg, s, rows=M, seg_rows=R, epi=EPI_ATOMIC if atomic else EPI_SIGNAL, gemm=not span,
                             reduce=reduce > 0, dest=f32 if atomic else t, dest_deltas=i64,
                             src=f32 if atomic else t, src_deltas=i64, sources=1 if atomic else W, flags_local=i64,
                             flag_ptrs=i64, done=i32, fence=i32, state=i64, half_stride=16,
-                            n_chunks=cfg.tiles(M, N) if span else cdiv(R, chunk_rows), chunk_rows=chunk_rows,
-                            first_seg=1 % W, gemm_programs=gemm, num_programs=gemm + reduce, stride_dm=N,
-                            zero_src=atomic, epoch=1, epi_reduce=epi_reduce, span=span, **common)  # fmt: skip
+                            n_chunks=cfg.fused_flags(M, R, N), chunk_rows=chunk_rows, first_seg=1 % W,
+                            gemm_programs=gemm, num_programs=gemm + reduce, stride_dm=N, zero_src=atomic, epoch=1,
+                            epi_reduce=cfg.reduces_in_epilogue(), span=span, **common)  # fmt: skip
         launches.append(fused)
     elif cfg.mode == "pull_cublas":
         launches.append(kernel_args(cfg, s, rows=R, seg_rows=R, epi=EPI_STORE, gemm=False, reduce=True, src=t,

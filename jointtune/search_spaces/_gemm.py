@@ -148,9 +148,14 @@ def tile_constraints(cols: str, cols_label: str, depth: str, depth_label: str) -
     ]
 
 
+def one_chunk(R: int) -> int:
+    """chunk_m of one chunk per rank of R rows: next_pow2(R), at least chunk_m's smallest choice (16)."""
+    return max(16, next_pow2(R))
+
+
 def _chunk_m(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     rows, chunk = ctx["R"], cfg["chunk_m"]
-    single = max(16, next_pow2(rows))  # chunk_m starts at 16: below 16 rows the one chunk is 16 rows
+    single = one_chunk(rows)
     if rows % chunk == 0 or chunk == single:
         return None
     return (
@@ -178,11 +183,11 @@ def _ce_chunks(cfg: Mapping[str, Value], ctx: Context) -> str | None:
 
 
 def _chunk_fits(cfg: Mapping[str, Value], ctx: Context) -> str | None:
-    if cfg["chunk_m"] <= max(16, next_pow2(ctx["R"])):
+    if cfg["chunk_m"] <= one_chunk(ctx["R"]):
         return None
     return (
         f"chunk_m: {cfg['chunk_m']} is not allowed for R={ctx['R']} rows per rank (M / world_size); "
-        f"allowed: <= max(16, next_pow2(R)) = {max(16, next_pow2(ctx['R']))}"
+        f"allowed: <= max(16, next_pow2(R)) = {one_chunk(ctx['R'])}"
     )
 
 

@@ -366,11 +366,9 @@ class Space:
         """The space's seed configs this problem and device allow (canonical), for a tuner's first trials."""
         if self._seeds is None:
             return []
-        return [
-            self.validate(config, problem, limits)
-            for config in self._seeds(self.context(problem, limits))
-            if not self.violations(config, problem, limits)
-        ]
+        ctx = self.context(problem, limits)
+        checked = [self._check(config, ctx) for config in self._seeds(ctx)]
+        return [canonical for canonical, errors in checked if not errors]
 
     def baseline(self, problem: Problem, limits: DeviceLimits) -> dict[str, Value]:
         """The unfused path (`mode: baseline`), or the default for a space without that mode. Knobs that exist in

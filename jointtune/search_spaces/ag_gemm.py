@@ -24,6 +24,7 @@ from jointtune.search_spaces._gemm import (
     ce_params,
     comm_constraints,
     mode_param,
+    one_chunk,
     row_tile,
     sharded_problem,
     tile_constraints,
@@ -69,7 +70,7 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
         return []
     tile = row_tile(ctx["M"])
     return [
-        {"mode": "push", "comm_sms": 8, "chunk_m": max(16, next_pow2(ctx["R"])), **tile},
+        {"mode": "push", "comm_sms": 8, "chunk_m": one_chunk(ctx["R"]), **tile},
         {"mode": "pull", **tile},
     ]
 
