@@ -61,6 +61,7 @@ from jointtune.kernels._signals import (
     close_call,
     release_flag,
     thread_fence,
+    wait_chunks,
     wait_flag,
 )
 from jointtune.kernels._tiles import grouped_tile, split_product
@@ -79,9 +80,7 @@ def _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, fence_ptr, p
                   FENCE: tl.constexpr):  # fmt: skip
     # A tile's rows of this rank (`own_rows`: rows of its R, where `own_mask`), once every peer's flag `flag` is in:
     # the sources in source order (this rank's from the accumulator), stored as output rows
-    for s in range(0, WORLD):
-        if s != rank:
-            wait_flag(flags_ptr + s * n_flags + flag, epoch)
+    wait_chunks(flags_ptr, epoch, rank, n_flags, 0, WORLD - 1, flag, flag)
     tl.debug_barrier()
     thread_fence(fence_ptr, pid, THREADS, FENCE)
     mask = own_mask[:, None] & nmask[None, :]
