@@ -254,7 +254,7 @@ STRESS = [
     ((8, 64, 8, 32768, 128), dict(mode="fused", kv_split=1024, items_per_flag=8, **TILE)),
     ((3, 24, 8, 5000, 128), dict(mode="fused", kv_split=128, items_per_flag=2, **dict(TILE, heads_per_program=1))),
     ((1, 64, 8, 8192, 128), dict(mode="pull", kv_split=512, items_per_flag=2, **TILE)),
-    # 8,208 programs: many more than the kernel's fence slots, so programs share them
+    # 8,208 programs: a grid many times the SM count (each program hands its partial on through the counters)
     ((2, 64, 8, 131072, 128), dict(mode="fused", kv_split=128, items_per_flag=4, **TILE)),
     ((4, 32, 4, 20000, 64), dict(mode="pull", kv_split=256, items_per_flag=4, **dict(TILE, heads_per_program=4))),
     ((1, 64, 8, 8192, 128), dict(mode="wait", kv_split=256, items_per_flag=1, push_programs=4, **TILE)),

@@ -2,6 +2,7 @@
 # What one GPU can check, run on the lent single-GPU machine (nvidia-h200) from the repository root:
 #   bash bench/single_gpu_device.sh tune19 [kernel-ab] [kernel-grid] [kernel-defaults] [kernel-merge] [atomic-fix]
 #   [stress-w1] [fix-ab] [kernel-floors] [rs-epilogue] [tile-small-m] [rs-tile] [tile-anatomy] [ag-small-m]
+#   [handoff] [handoff-ab]
 # tune19:      issue 19's before/after tuning run: the same exhaustive `jointtune tune` (world size 1) from a
 #              checkout before the autotune/ restructure (.old19, `git archive 0777b74`) and after it (.new19,
 #              `git archive 8b94e6c`), each on its own SQLite store, for flash_decode and ag_gemm.
@@ -27,8 +28,13 @@
 #              decode rows, world size 1; then the stress run.
 # ag-small-m:  AG+GEMM's Triton modes at decode rows (their candidates, one row tile over M among them) against
 #              cuBLAS, world size 1.
-# Needs .whl (../shared/tools/device-wheels.sh) and, for tune19 and kernel-ab, .old19/.new19, for atomic-fix
-# and fix-ab .variants; carry them all.
+# handoff:     bench/handoff_litmus.py: one thread's release and acquire handing a program's data to another SM
+#              (the kernels' pattern, the old per-thread atomics, and two controls that drop the acquire or barrier).
+# handoff-ab:  what dropping the per-thread atomics gains: the tile anatomy and the GEMM+RS, AG+GEMM and Flash-Decode
+#              modes benchmarks at decode sizes (no stress) on the kernels before (.variants/base) and on this tree,
+#              one round each; name it twice to alternate twice.
+# Needs .whl (../shared/tools/device-wheels.sh) and, for tune19 and kernel-ab, .old19/.new19, for atomic-fix,
+# fix-ab and handoff-ab .variants; carry them all.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 [ -n "$SITE" ] || { echo "single_gpu_device.sh: carry .whl (the tuner's and the service's wheels)"; exit 1; }
@@ -158,6 +164,44 @@ ag_small_m() {
   grep -E "^\[|^exit|Error" "$OUT/ag_gemm_small_m_w1.log" | cut -c1-700
 }
 
+handoff() {
+  for shape in "4 2048" "8 8192"; do
+    set -- $shape
+    echo "== handoff: $1 warps, $2 ints per message"
+    timeout 240 python3 bench/handoff_litmus.py --warps "$1" --block "$2" --rounds 50000 --launches 5 \
+      --out "$OUT/handoff_litmus_w$1_b$2.json" > "$OUT/handoff_litmus_w$1_b$2.log" 2>&1
+    echo "exit $?"
+    grep -E "^\[|Error" "$OUT/handoff_litmus_w$1_b$2.log" | cut -c1-300
+  done
+}
+
+AB_ROUND=${AB_ROUND:-0}  # the round before the first of this call (AB_ROUND=1: this call runs round 2)
+handoff_ab() {  # one round (base, then this tree) per call: `handoff-ab handoff-ab` alternates twice
+  AB_ROUND=$((AB_ROUND + 1))
+  local round
+  for round in $AB_ROUND; do
+    for tree in base this; do
+      local t=()
+      [ "$tree" = base ] && t=(--tree "$ROOT/.variants/base")
+      echo "== handoff-ab round $round: $tree"
+      run 100 bench/tile_gemm_small_m.py --anatomy "${t[@]}" --out "$OUT/handoff_ab_anatomy_${tree}_$round.json" \
+        > "$OUT/handoff_ab_anatomy_${tree}_$round.log" 2>&1
+      grep -E "^\[|^exit" "$OUT/handoff_ab_anatomy_${tree}_$round.log" | cut -c1-400
+      run 200 bench/gemm_rs_modes.py "${t[@]}" --stress 0 --modes push,push_epilogue,push_tile,pull_tile,baseline \
+        --shapes 64x8192x4096,128x8192x4096,1024x8192x4096 --out "$OUT/handoff_ab_rs_${tree}_$round.json" \
+        > "$OUT/handoff_ab_rs_${tree}_$round.log" 2>&1
+      grep -E "^\[|^exit" "$OUT/handoff_ab_rs_${tree}_$round.log" | cut -c1-500
+      run 150 bench/ag_gemm_modes.py "${t[@]}" --stress 0 --modes push,pull,baseline \
+        --shapes 64x8192x8192,128x8192x8192 --out "$OUT/handoff_ab_ag_${tree}_$round.json" \
+        > "$OUT/handoff_ab_ag_${tree}_$round.log" 2>&1
+      grep -E "^\[|^exit" "$OUT/handoff_ab_ag_${tree}_$round.log" | cut -c1-500
+      run 150 bench/flash_decode_modes.py "${t[@]}" --stress 0 --shapes 1x64x8x4096x128,1x64x8x16384x128 \
+        --out "$OUT/handoff_ab_fd_${tree}_$round.json" > "$OUT/handoff_ab_fd_${tree}_$round.log" 2>&1
+      grep -E "^\[|^exit" "$OUT/handoff_ab_fd_${tree}_$round.log" | cut -c1-500
+    done
+  done
+}
+
 for step in "$@"; do
   case $step in
     tune19) tune19 ;;
@@ -178,7 +222,10 @@ for step in "$@"; do
     tile-anatomy) tile_anatomy ;;
     ag-small-m) ag_small_m ;;
     rs-tile) rs_tile ;;
+    handoff) handoff ;;
+    handoff-ab) handoff_ab ;;
     *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge, atomic-fix,"\
-         "stress-w1, fix-ab, kernel-floors, rs-epilogue, tile-small-m, rs-tile, tile-anatomy, ag-small-m)"; exit 2 ;;
+         "stress-w1, fix-ab, kernel-floors, rs-epilogue, tile-small-m, rs-tile, tile-anatomy, ag-small-m, handoff,"\
+         "handoff-ab)"; exit 2 ;;
   esac
 done

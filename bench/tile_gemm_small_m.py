@@ -2,7 +2,8 @@
 when A has few rows, over a grid of tiles. At 128 rows every fused GEMM+RS mode ran 3.4-7x cuBLAS on one H200
 (`results/gemm_rs_epilogue_w1_1xH200_2026-11-24.json`); this separates the tile GEMM from the fusion around it.
 
-Launch: `torchrun --nproc-per-node=1 bench/tile_gemm_small_m.py --out t.json [--shapes MxNxK,...] [--anatomy]`
+Launch: `torchrun --nproc-per-node=1 bench/tile_gemm_small_m.py --out t.json [--shapes MxNxK,...] [--anatomy]
+[--tree DIR]`
 
 Each config is `gemm_rs_kernel` with the plain-store epilogue over all M rows as one segment (what the copy-engine
 mode's Triton consumer launches), compiled ahead on a thread pool, checked against the float32 product (NaN-poisoned
@@ -13,6 +14,7 @@ torch.mm (cuBLAS) on the same tensors and the bound of reading A and B once at t
 from __future__ import annotations
 
 import argparse
+import inspect
 import itertools
 import json
 import sys
@@ -21,6 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from checkout import add_tree_argument  # first: `--tree` picks the jointtune every import below gets
+
+# isort: split
 
 import torch
 from ag_gemm_bench import init_cuda_world, spin_up
@@ -57,11 +63,12 @@ def grid(M: int, N: int, K: int) -> list[dict]:
 
 class TileGemm:
     """One config's launch over fixed A, B, C (and its split-K workspace). `span` makes it the launch of
-    `reduce_by=tile` at world size 1 (every row its own: no sends, no waits), `fence` and `epoch` switch that
-    launch's system-scope fences and its call epoch off, to tell what each costs (only right at world size 1)."""
+    `reduce_by=tile` at world size 1 (every row its own: no sends, no waits); `epoch` switches that launch's call
+    epoch off, to tell what it costs (only right at world size 1). With `--tree` on a checkout whose kernels still
+    fenced per thread, the span launch gets its fence scratch."""
 
     def __init__(self, cfg: dict, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, span: bool = False,
-                 fence: bool = True, epoch: bool = True) -> None:  # fmt: skip
+                 epoch: bool = True) -> None:  # fmt: skip
         M, K = a.shape
         N = b.shape[1]
         self.cfg = GemmRsConfig.of(cfg)
@@ -77,13 +84,13 @@ class TileGemm:
         if span:
             self.work = min(self.work, torch.cuda.get_device_properties(dev).multi_processor_count)
             state = torch.zeros(2, dtype=torch.int64, device=dev)
-            fences = torch.zeros(self.work * 32 * self.cfg.num_warps, dtype=torch.int32, device=dev)
+            fenced = "fence" in inspect.signature(kernel_args).parameters
+            extra = {"fence": torch.zeros(self.work * 32 * self.cfg.num_warps, dtype=torch.int32, device=dev)}
             args = kernel_args(self.cfg, s, a=a, b=b, out=c, dummy=dummy, rank=0, rows=M, seg_rows=M, epi=EPI_STORE,
                                gemm=False, reduce=False, dest=c, dest_deltas=dummy, src=c, src_deltas=dummy,
-                               flags_local=dummy, flag_ptrs=dummy, fence=fences, state=state, ws=ws, counts=counts,
+                               flags_local=dummy, flag_ptrs=dummy, state=state, ws=ws, counts=counts,
                                n_chunks=tiles, gemm_programs=self.work, num_programs=self.work, stride_dm=N,
-                               epoch=1 if epoch else 0, span=True)  # fmt: skip
-            args["FENCE"] = fence
+                               epoch=1 if epoch else 0, span=True, **(extra if fenced else {}))  # fmt: skip
         else:
             args = kernel_args(self.cfg, s, a=a, b=b, out=c, dummy=dummy, rank=0, rows=M, seg_rows=M, epi=EPI_STORE,
                                gemm=True, reduce=False, dest=c, dest_deltas=dummy, ws=ws, counts=counts,
@@ -158,7 +165,7 @@ def bench_shape(M: int, N: int, K: int, bandwidth: float) -> dict:
 
 def anatomy(M: int, N: int, K: int) -> dict:
     """The tile GEMM alone against the `reduce_by=tile` launch at world size 1 on the same tile (one row tile over
-    M, 64 columns, 128-deep steps, no split-K), with its fences and call epoch on and off."""
+    M, 64 columns, 128-deep steps, no split-K), with its call epoch on and off."""
     gen = torch.Generator(device="cuda").manual_seed(M + N + K)
     a = torch.randn(M, K, device="cuda", generator=gen).div_(K**0.25).bfloat16()
     b = torch.randn(K, N, device="cuda", generator=gen).div_(K**0.25).bfloat16()
@@ -170,8 +177,7 @@ def anatomy(M: int, N: int, K: int) -> dict:
     variants = {
         "tile_gemm": TileGemm(cfg, a, b, c),
         "span": TileGemm(cfg, a, b, c, span=True),
-        "span_no_fence": TileGemm(cfg, a, b, c, span=True, fence=False),
-        "span_no_fence_no_epoch": TileGemm(cfg, a, b, c, span=True, fence=False, epoch=False),
+        "span_no_epoch": TileGemm(cfg, a, b, c, span=True, epoch=False),
     }
     entry = {"M": M, "N": N, "K": K, "config": cfg, "cublas_us": graph_us(lambda: torch.mm(a, b, out=c))}
     for name, launch in variants.items():
@@ -201,6 +207,7 @@ def main() -> None:
     ap.add_argument("--out", default="tile_gemm_small_m.json")
     ap.add_argument("--shapes", default="", help="MxNxK,... (default: decode rows 32-256 of 8192-wide layers)")
     ap.add_argument("--anatomy", action="store_true", help="only what the reduce_by=tile launch adds to the tile GEMM")
+    add_tree_argument(ap)
     args = ap.parse_args()
     world = init_cuda_world()
     result = run_header(world, "bench/tile_gemm_small_m.py")

@@ -80,7 +80,6 @@ class GemmArgs:
     ws_ptr: Any
     counts_ptr: Any
     done_ptr: Any
-    fence_ptr: Any
     state_ptr: Any
     N: int
     K: int
@@ -115,8 +114,6 @@ class GemmArgs:
     DYNAMIC: bool
     PRODUCERS_CONSUME: bool
     UPCAST: bool
-    THREADS: int
-    FENCE: bool
     EPOCH: int
     num_warps: int
     num_stages: int
@@ -135,7 +132,7 @@ def gemm_args(cfg: AgGemmConfig, W: int, *, a: Any, b: Any, c: Any, K: int, N_r:
         a_ptr=a, src_ptr=a if src is None else src, deltas_ptr=dummy if deltas is None else deltas, b_ptr=b, c_ptr=c,
         inbox_ptr=p.get("inbox", dummy), inbox_deltas_ptr=p.get("inbox_deltas", dummy), flags_ptr=p.get("flags", dummy),
         flag_ptrs_ptr=p.get("flag_ptrs", dummy), tickets_ptr=p.get("tickets", dummy), ws_ptr=c if ws is None else ws,
-        counts_ptr=dummy if counts is None else counts, done_ptr=p.get("done", dummy), fence_ptr=p.get("fence", dummy),
+        counts_ptr=dummy if counts is None else counts, done_ptr=p.get("done", dummy),
         state_ptr=p.get("state", dummy), N=N_r, K=K, R=R, slot=p.get("slot", 0), half_stride=p.get("half_stride", 0),
         row_lo=row_lo, rows=rows, rank=rank, n_chunks=p.get("n_chunks", 1), shift=shift, num_consumers=consumers,
         pid_base=p.get("pid_base", 0), ticket_takers=p.get("ticket_takers", 1), num_programs=p.get("num_programs", 1),
@@ -143,17 +140,16 @@ def gemm_args(cfg: AgGemmConfig, W: int, *, a: Any, b: Any, c: Any, K: int, N_r:
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, SPLIT_K=cfg.SPLIT_K,
         COMM_SMS=comm, CHUNK_M=max(cfg.chunk_m, 1), WAIT=dynamic, OWN=p.get("own", False), CP_M=CP_M, CP_K=CP_K,
         DYNAMIC=dynamic, PRODUCERS_CONSUME=p.get("producers_consume", False), UPCAST=interpreted(),
-        THREADS=32 * cfg.num_warps, FENCE=dynamic and not interpreted(), EPOCH=p.get("epoch", 0),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        EPOCH=p.get("epoch", 0), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
 def push_args(cfg: AgGemmConfig, W: int, *, src: Any, inbox_base: Any, inbox_deltas: Any, own: Any, flag_ptrs: Any,
-              flags_local: Any, done: Any, fence: Any, state: Any, K: int, R: int, slot: int, half_stride: int,
+              flags_local: Any, done: Any, state: Any, K: int, R: int, slot: int, half_stride: int,
               rank: int, n_chunks: int, chunk_m: int, epoch: int, wait_all: bool, own_rows: bool,
               enter: tuple[Any, Any] | None = None) -> PushArgs:  # fmt: skip
     """`allgather_push_kernel`'s arguments; `enter` = (every rank's entry flags, this rank's) to open the call."""
     return PushArgs.build(W, cfg.comm_sms, cfg.num_warps, src=src, inbox_base=inbox_base, inbox_deltas=inbox_deltas,
-                          own=own, flag_ptrs=flag_ptrs, flags_local=flags_local, done=done, fence=fence, state=state,
+                          own=own, flag_ptrs=flag_ptrs, flags_local=flags_local, done=done, state=state,
                           K=K, R=R, slot=slot, half_stride=half_stride, rank=rank, n_chunks=n_chunks, chunk_m=chunk_m,
                           epoch=epoch, wait_all=wait_all, own_rows=own_rows, enter=enter)  # fmt: skip

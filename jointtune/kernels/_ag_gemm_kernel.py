@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import call_epoch_and_half, close_call, push_rows, thread_fence, wait_chunks
+from jointtune.kernels._signals import call_epoch_and_half, close_call, push_rows, wait_chunks
 from jointtune.kernels._tiles import grouped_tile, split_product
 
 
@@ -57,7 +57,6 @@ def ag_gemm_kernel(
     ws_ptr,
     counts_ptr,
     done_ptr,
-    fence_ptr,
     state_ptr,
     N,
     K,
@@ -92,8 +91,6 @@ def ag_gemm_kernel(
     DYNAMIC: tl.constexpr,
     PRODUCERS_CONSUME: tl.constexpr,
     UPCAST: tl.constexpr,
-    THREADS: tl.constexpr,
-    FENCE: tl.constexpr,
     EPOCH: tl.constexpr,
 ):
     pid = tl.program_id(0) + pid_base
@@ -102,8 +99,7 @@ def ag_gemm_kernel(
         if pid < COMM_SMS:
             push_rows(
                 a_ptr, inbox_ptr + half, inbox_deltas_ptr, inbox_ptr + half + rank.to(tl.int64) * slot, flag_ptrs_ptr,
-                done_ptr, fence_ptr, pid, K, R, slot, rank, epoch, n_chunks, WORLD, COMM_SMS, CHUNK_M, OWN, CP_M, CP_K,
-                THREADS, FENCE,
+                done_ptr, pid, K, R, slot, rank, epoch, n_chunks, WORLD, COMM_SMS, CHUNK_M, OWN, CP_M, CP_K,
             )  # fmt: skip
     if (pid >= COMM_SMS) or PRODUCERS_CONSUME:
         # ---- consumer: GEMM tiles over the gathered rows [row_lo, row_lo + rows) ----
@@ -114,7 +110,7 @@ def ag_gemm_kernel(
         num_work = num_pid_m * num_pid_n * SPLIT_K
         row_end = row_lo + rows
         if DYNAMIC:
-            work = tl.atomic_add(tickets_ptr, 1)
+            work = tl.atomic_add(tickets_ptr, 1, sem="relaxed")  # a work counter, no handoff
         else:
             work = pid - COMM_SMS
         while work < num_work:
@@ -136,9 +132,6 @@ def ag_gemm_kernel(
                 row_first = row_lo + pid_m * BLOCK_M
                 row_last = tl.minimum(row_first + BLOCK_M, row_end) - 1
                 _wait_rows(flags_ptr, row_first, row_last, R, rank, epoch, n_chunks, CHUNK_M)
-                tl.debug_barrier()
-                if (row_first // R != rank) | (row_last // R != rank):  # tiles of my own rows waited on nothing
-                    thread_fence(fence_ptr, pid, THREADS, FENCE)
 
             # the tile's splits meet in its workspace slot; the last one stores C
             acc, finished = split_product(a_rows, mmask, b_ptr, offs_n, nmask, K, split, ws_ptr, counts_ptr, tile,
@@ -147,7 +140,7 @@ def ag_gemm_kernel(
                 c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
                 tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
             if DYNAMIC:
-                work = tl.atomic_add(tickets_ptr, 1)
+                work = tl.atomic_add(tickets_ptr, 1, sem="relaxed")  # a work counter, no handoff
             else:
                 work += num_consumers
         if DYNAMIC:  # noqa: SIM102 (constexpr)

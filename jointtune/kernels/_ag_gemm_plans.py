@@ -198,7 +198,6 @@ class PushPlan:
         programs = cfg.comm_sms + consumers
         tickets = world.scratch("ag_gemm.tickets", 1, torch.int32)
         done = world.scratch("ag_gemm.push_done", n_chunks, torch.int32)
-        fence = world.scratch("ag_gemm.fence", programs * 32 * cfg.num_warps, torch.int32)
         dummy = world.int_table((0,))
         # the interpreter (and any sequential world) runs every rank's producers before any consumer
         # (first program id, programs, EPOCH, ticket takers) of each launch per rank
@@ -211,7 +210,7 @@ class PushPlan:
             deltas = world.int_table(tuple(p * self.box.slot for p in range(s.W)))
             for n, (pid_base, grid, epoch, takers) in enumerate(phases):
                 push = dict(inbox=self.box.base(i), inbox_deltas=self.box.deltas[i], flags=fl.local(i),
-                            flag_ptrs=fl.ptrs(i), tickets=tickets[i], done=done[i], fence=fence[i],
+                            flag_ptrs=fl.ptrs(i), tickets=tickets[i], done=done[i],
                             state=self.state.counters[i], slot=self.box.slot, half_stride=self.box.half_stride,
                             n_chunks=n_chunks, comm_sms=cfg.comm_sms, consumers=consumers, pid_base=pid_base,
                             ticket_takers=max(takers, 1), num_programs=grid, own=want_gathered, epoch=epoch,
@@ -274,11 +273,10 @@ class PushOpenedPlan:
         for i, r in enumerate(world.local_ranks):
             if cfg.push_by == "sm":
                 done = world.scratch("ag_gemm.push_done", self.n_chunks, torch.int32)
-                fence = world.scratch("ag_gemm.fence", cfg.comm_sms * 32 * cfg.num_warps, torch.int32)
                 args = push_args(cfg, s.W, src=self.box.base(i), inbox_base=self.box.base(i),
                                  inbox_deltas=self.box.deltas[i], own=self.box.rows(i, r, s.R, s.K),
                                  flag_ptrs=self.flags.ptrs(i), flags_local=self.flags.local(i), done=done[i],
-                                 fence=fence[i], state=st.counters[i], K=s.K, R=s.R,
+                                 state=st.counters[i], K=s.K, R=s.R,
                                  slot=self.box.slot, half_stride=0, rank=r, n_chunks=self.n_chunks,
                                  chunk_m=self.chunk_m, epoch=1 if self.folded else 2,
                                  wait_all=self.fold_wait, own_rows=self.own_rows,

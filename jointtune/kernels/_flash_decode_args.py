@@ -100,7 +100,7 @@ class Work:
 def kernel_args(cfg: FlashDecodeConfig, s: DecodeShape, w: Work, *, q: Any, k: Any, v: Any, lens: Any, out: Any,
                 parts: Any, counts: Any, dummy: Any, rank: int, decode: bool, combine: bool, dest: Any = None,
                 dest_deltas: Any = None, send_to: int = 1, src: Any = None, src_deltas: Any = None,
-                flags_local: Any = None, flag_ptrs: Any = None, fence: Any = None, state: Any = None,
+                flags_local: Any = None, flag_ptrs: Any = None, state: Any = None,
                 ticket: Any = None, signal: bool = False, wait: bool = False, wait_own: bool = True,
                 half_own: bool = True, half_stride: int = 0, epoch: int = 0,
                 num_programs: int = 1) -> dict[str, Any]:  # fmt: skip
@@ -110,7 +110,7 @@ def kernel_args(cfg: FlashDecodeConfig, s: DecodeShape, w: Work, *, q: Any, k: A
         q_ptr=q, k_ptr=k, v_ptr=v, lens_ptr=lens, out_ptr=out, parts_ptr=parts, counts_ptr=counts,
         dest_ptr=_or(dest, dummy), dest_deltas_ptr=_or(dest_deltas, dummy), src_ptr=_or(src, dummy),
         src_deltas_ptr=_or(src_deltas, dummy), flags_ptr=_or(flags_local, dummy), flag_ptrs_ptr=_or(flag_ptrs, dummy),
-        fence_ptr=_or(fence, dummy), state_ptr=_or(state, dummy), ticket_ptr=_or(ticket, dummy),
+        state_ptr=_or(state, dummy), ticket_ptr=_or(ticket, dummy),
         sm_scale=s.scale * LOG2E, S_r=s.S_r, n_splits=w.n_splits, n_items=w.n_items, n_chunks=w.n_chunks, rank=rank,
         half_stride=half_stride, num_programs=num_programs, H=s.H, G=s.G,
         stride_qb=s.q_stride[0], stride_qh=s.q_stride[1], stride_kb=s.k_stride[0], stride_kh=s.k_stride[1],
@@ -119,8 +119,8 @@ def kernel_args(cfg: FlashDecodeConfig, s: DecodeShape, w: Work, *, q: Any, k: A
         KV_SPLIT=cfg.kv_split, HB=triton.next_power_of_2(hpp), SPLITS=merge_splits(w.n_splits, hpp, s.D, cfg.num_warps),
         IPF=cfg.items_per_flag if cfg.mode != "baseline" else 1, WORLD=s.W, DECODE=decode,
         COMBINE=combine, SEND_TO=send_to, SIGNAL=signal, WAIT=wait, WAIT_OWN=wait_own, HALF_OWN=half_own,
-        TICKET=ticket is not None, EPOCH=epoch, THREADS=32 * cfg.num_warps, FENCE=not interpreted(),
-        UPCAST=interpreted(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        TICKET=ticket is not None, EPOCH=epoch, UPCAST=interpreted(), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
 
 

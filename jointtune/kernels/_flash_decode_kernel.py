@@ -31,14 +31,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import acq_rel_fence, call_epoch_and_half, thread_fence, wait_flag
+from jointtune.kernels._signals import call_epoch_and_half, wait_flag
 
 #: LSE of a partial with no keys: finite, so merges need no special case (exp2(EMPTY - x) == 0 for real x)
 EMPTY = tl.constexpr(-1.0e30)
-#: programs that fence through distinct slots of the fence scratch; more share them (a fence adds 0: any slot
-#: works, distinct ones only spare contention), so the scratch and its offsets stay small whatever the grid
-FENCE_SLOT_COUNT = 1024
-FENCE_SLOTS = tl.constexpr(FENCE_SLOT_COUNT)
 
 
 @triton.jit
@@ -177,7 +173,6 @@ def flash_decode_kernel(
     src_deltas_ptr,
     flags_ptr,
     flag_ptrs_ptr,
-    fence_ptr,
     state_ptr,
     ticket_ptr,
     sm_scale,
@@ -219,8 +214,6 @@ def flash_decode_kernel(
     HALF_OWN: tl.constexpr,
     TICKET: tl.constexpr,
     EPOCH: tl.constexpr,
-    THREADS: tl.constexpr,
-    FENCE: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -229,7 +222,6 @@ def flash_decode_kernel(
         unit = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
     else:
         unit = pid
-    fence_slot = pid % FENCE_SLOTS
     n_decode = 0
     if DECODE:
         n_decode = n_items * n_splits
@@ -241,19 +233,16 @@ def flash_decode_kernel(
                           stride_vn, D, PW, HPP, BLOCK_H, BLOCK_N, KV_SPLIT, UPCAST)  # fmt: skip
             chunk = item // IPF
             expected = tl.minimum(IPF, n_items - chunk * IPF) * n_splits
-            acq_rel_fence(THREADS, FENCE, False)  # this split's partial is visible on the GPU before it is counted
-            tl.debug_barrier()
+            tl.debug_barrier()  # the count carries every thread's partial (`_signals` doc)
             arrived = tl.atomic_add(counts_ptr + chunk, 1, sem="acq_rel", scope="gpu")
             if arrived == expected - 1:
                 # ---- the chunk's last split: merge its splits, send the packed rows, flag them ----
                 tl.store(counts_ptr + chunk, 0)
-                tl.debug_barrier()
-                acq_rel_fence(THREADS, FENCE, False)  # every thread acquires the other splits' partials (read past L1)
+                tl.debug_barrier()  # every thread reads the other splits' partials after the count's acquire
                 _send_chunk(parts_ptr, dest_ptr, dest_deltas_ptr, chunk, n_items, n_splits, half, D, PW, HPP, HB,
                             IPF, SPLITS, SEND_TO)  # fmt: skip
                 if SIGNAL:
-                    thread_fence(fence_ptr, fence_slot, THREADS, FENCE)  # the rows reach every peer before the flag
-                    tl.debug_barrier()
+                    tl.debug_barrier()  # every thread's rows reach every rank before the flag
                     for p in range(0, WORLD):
                         flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
                         tl.atomic_xchg(flags + rank * n_chunks + chunk, epoch, sem="release", scope="sys")
@@ -265,8 +254,6 @@ def flash_decode_kernel(
                 for p in range(0, WORLD):
                     if WAIT_OWN or p != rank:
                         wait_flag(flags_ptr + p * n_chunks + chunk, epoch)
-                tl.debug_barrier()
-                thread_fence(fence_ptr, fence_slot, THREADS, FENCE)
             _combine_chunk(src_ptr, src_deltas_ptr, out_ptr, chunk, n_items, rank, half, H, stride_ob, stride_oh, D,
                            PW, HPP, BLOCK_H, IPF, WORLD, HALF_OWN)  # fmt: skip
     if TICKET or EPOCH == 1:
@@ -281,4 +268,4 @@ def flash_decode_kernel(
                 tl.atomic_xchg(state_ptr, epoch, sem="release", scope="gpu")
 
 
-__all__ = ["EMPTY", "FENCE_SLOTS", "FENCE_SLOT_COUNT", "flash_decode_kernel", "triton"]
+__all__ = ["EMPTY", "flash_decode_kernel", "triton"]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from jointtune.kernels._flash_decode_args import DecodeShape, FlashDecodeConfig, Work, kernel_args
-from jointtune.kernels._flash_decode_kernel import FENCE_SLOT_COUNT, flash_decode_kernel
+from jointtune.kernels._flash_decode_kernel import flash_decode_kernel
 from jointtune.kernels._launch import Launch
 from jointtune.kernels._push import PushArgs
 from jointtune.kernels._signals import allgather_push_kernel
@@ -42,12 +42,9 @@ class DecodePlan:
         self.world, self.s, self.cfg = world, s, cfg
         w = self.work = Work.of(cfg, s)
         n_local = len(world.local_ranks)
-        threads = 32 * cfg.num_warps
         one_launch = cfg.mode in ("fused", "pull") and world.concurrent
-        grid = w.n_decode + w.n_chunks if one_launch else max(w.n_decode, w.n_chunks)
         self.parts = world.scratch("flash_decode.parts", s.rows * w.n_splits * s.PW, torch.float32)
         self.counts = world.scratch("flash_decode.counts", w.n_chunks, torch.int32)
-        self.fence = world.scratch("flash_decode.fence", min(grid, FENCE_SLOT_COUNT) * threads, torch.int32)
         self.ticket = world.scratch("flash_decode.ticket", 1, torch.int32)
         self.state = call_state(world)
         self.dummy = world.int_table((0,))
@@ -67,7 +64,7 @@ class DecodePlan:
         stand = torch.empty(1, dtype=self.s.dtype, device=self.world.device)
         return dict(q=stand, k=stand, v=stand, lens=self.full_lens, out=stand, parts=self.parts[i],
                     counts=self.counts[i], dummy=self.dummy, rank=self.world.local_ranks[i],
-                    fence=self.fence[i], state=self.state.counters[i])  # fmt: skip
+                    state=self.state.counters[i])  # fmt: skip
 
     def _decode(self, i: int, **extra: Any) -> Launch:
         args = kernel_args(self.cfg, self.s, self.work, **self._common(i), decode=True, combine=False,
@@ -94,14 +91,13 @@ class DecodePlan:
         fl = flags(world, "flash_decode", w.n_chunks)
         mine = [torch.empty(s.slot, dtype=torch.float32, device=world.device) for _ in range(n_local)]
         done = world.scratch("flash_decode.push_done", w.n_chunks, torch.int32)
-        push_fence = world.scratch("flash_decode.push_fence", cfg.push_programs * 32 * cfg.num_warps, torch.int32)
         decode, push, combine = [], [], []
         for i, r in enumerate(world.local_ranks):
             decode.append(self._decode(i, dest=mine[i], dest_deltas=self.dummy, epoch=1))
             args = PushArgs.build(
                 s.W, cfg.push_programs, cfg.num_warps, src=mine[i], inbox_base=box.base(i),
                 inbox_deltas=box.deltas[i], own=self.dummy, flag_ptrs=fl.ptrs(i), flags_local=fl.local(i),
-                done=done[i], fence=push_fence[i], state=self.state.counters[i], K=s.PW, R=s.rows, slot=box.slot,
+                done=done[i], state=self.state.counters[i], K=s.PW, R=s.rows, slot=box.slot,
                 half_stride=box.half_stride, rank=r, n_chunks=w.n_chunks,
                 chunk_m=cfg.items_per_flag * cfg.heads_per_program, epoch=2,
             )  # fmt: skip

@@ -97,7 +97,7 @@ def red_block(s: RsShape) -> tuple[int, int]:
 def kernel_args(cfg: GemmRsConfig, s: RsShape, *, a: Any, b: Any, out: Any, dummy: Any, rank: int, rows: int,
                 seg_rows: int, epi: int, gemm: bool, reduce: bool, dest: Any = None, dest_deltas: Any = None,
                 src: Any = None, src_deltas: Any = None, sources: int = 1, flags_local: Any = None,
-                flag_ptrs: Any = None, done: Any = None, fence: Any = None, state: Any = None, ws: Any = None,
+                flag_ptrs: Any = None, done: Any = None, state: Any = None, ws: Any = None,
                 counts: Any = None, half_stride: int = 0, n_chunks: int = 1, chunk_rows: int = 1, first_seg: int = 0,
                 gemm_programs: int = 0, pid_base: int = 0, num_programs: int = 1, stride_dm: int = 0,
                 wait_own: bool = True, zero_src: bool = False, epoch: int = 0, ready: bool = False,
@@ -111,7 +111,7 @@ def kernel_args(cfg: GemmRsConfig, s: RsShape, *, a: Any, b: Any, out: Any, dumm
         a_ptr=a, b_ptr=b, out_ptr=out, dest_ptr=dummy if dest is None else dest,
         dest_deltas_ptr=dummy if dest_deltas is None else dest_deltas, src_ptr=dummy if src is None else src,
         src_deltas_ptr=dummy if src_deltas is None else src_deltas, flags_ptr=_or(flags_local, dummy),
-        flag_ptrs_ptr=_or(flag_ptrs, dummy), done_ptr=_or(done, dummy), fence_ptr=_or(fence, dummy),
+        flag_ptrs_ptr=_or(flag_ptrs, dummy), done_ptr=_or(done, dummy),
         state_ptr=_or(state, dummy), ws_ptr=_or(ws, dummy), counts_ptr=_or(counts, dummy),
         exit_ptrs_ptr=exit_flags[0] if exit_flags else dummy, exit_ptr=exit_flags[1] if exit_flags else dummy,
         N=s.N, K=s.K_r, R=seg_rows,
@@ -121,7 +121,7 @@ def kernel_args(cfg: GemmRsConfig, s: RsShape, *, a: Any, b: Any, out: Any, dumm
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, SPLIT_K=cfg.SPLIT_K,
         EPI=epi, GEMM=gemm, REDUCE=reduce, SOURCES=sources, WAIT_OWN=wait_own, ZERO_SRC=zero_src, READY=ready,
         EXIT=exit_flags is not None, ALIGNED=aligned, RED_M=red_m,
-        RED_N=red_n, UPCAST=interpreted(), THREADS=32 * warps, FENCE=not interpreted(), EPOCH=epoch,
+        RED_N=red_n, UPCAST=interpreted(), EPOCH=epoch,
         EPI_REDUCE=epi_reduce, OWN_TILES=own_tiles, SPAN=span, num_warps=warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 

@@ -55,34 +55,24 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import (
-    acq_rel_fence,
-    call_epoch_and_half,
-    close_call,
-    release_flag,
-    thread_fence,
-    wait_chunks,
-    wait_flag,
-)
+from jointtune.kernels._signals import call_epoch_and_half, close_call, release_flag, wait_chunks, wait_flag
 from jointtune.kernels._tiles import grouped_tile, split_product
 
 
 @triton.jit
 def release_flag_to(flag_ptrs_ptr, owner, index, epoch):
-    # flag `index` at rank `owner` := epoch, publishing this program's earlier writes (system scope)
+    # flag `index` at rank `owner` := epoch, publishing this program's earlier writes, all threads' (system scope)
+    tl.debug_barrier()
     flags = tl.load(flag_ptrs_ptr + owner).to(tl.pointer_type(tl.int64))
     tl.atomic_xchg(flags + index, epoch, sem="release", scope="sys")
 
 
 @triton.jit
-def _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, fence_ptr, pid, epoch, half, own_rows, own_mask,
-                  offs_n, nmask, N, rank, n_flags, flag, stride_om, WORLD: tl.constexpr, THREADS: tl.constexpr,
-                  FENCE: tl.constexpr):  # fmt: skip
+def _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, epoch, half, own_rows, own_mask, offs_n, nmask, N,
+                  rank, n_flags, flag, stride_om, WORLD: tl.constexpr):  # fmt: skip
     # A tile's rows of this rank (`own_rows`: rows of its R, where `own_mask`), once every peer's flag `flag` is in:
     # the sources in source order (this rank's from the accumulator), stored as output rows
     wait_chunks(flags_ptr, epoch, rank, n_flags, 0, WORLD - 1, flag, flag)
-    tl.debug_barrier()
-    thread_fence(fence_ptr, pid, THREADS, FENCE)
     mask = own_mask[:, None] & nmask[None, :]
     in_slot = own_rows[:, None].to(tl.int64) * N + offs_n[None, :]
     total = tl.zeros(acc.shape, dtype=tl.float32)
@@ -97,9 +87,8 @@ def _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, fence_ptr, p
 
 
 @triton.jit
-def _send_tile_rows(acc, dest_ptr, dest_deltas_ptr, flag_ptrs_ptr, fence_ptr, pid, epoch, half, offs_m, owner, mmask,
-                    offs_n, nmask, R, rank, first_owner, last_owner, n_tiles, tile, stride_dm, THREADS: tl.constexpr,
-                    FENCE: tl.constexpr):  # fmt: skip
+def _send_tile_rows(acc, dest_ptr, dest_deltas_ptr, flag_ptrs_ptr, epoch, half, offs_m, owner, mmask, offs_n, nmask, R,
+                    rank, first_owner, last_owner, n_tiles, tile, stride_dm):  # fmt: skip
     # SPAN: every row of the tile that another rank owns goes to that owner's slot for this rank (a slot delta per
     # row), then each owner in the tile gets this tile's flag
     delta = tl.load(dest_deltas_ptr + owner, mask=mmask, other=0)
@@ -107,8 +96,6 @@ def _send_tile_rows(acc, dest_ptr, dest_deltas_ptr, flag_ptrs_ptr, fence_ptr, pi
     d_ptrs = dest_ptr + half + (delta + rows_at)[:, None] + offs_n[None, :]
     others = mmask & (owner != rank)
     tl.store(d_ptrs, acc.to(dest_ptr.dtype.element_ty), mask=others[:, None] & nmask[None, :])
-    thread_fence(fence_ptr, pid, THREADS, FENCE)
-    tl.debug_barrier()
     for s in range(first_owner, last_owner + 1):
         if s != rank:
             release_flag_to(flag_ptrs_ptr, s, rank * n_tiles + tile, epoch)
@@ -128,7 +115,6 @@ def gemm_rs_kernel(
     flags_ptr,
     flag_ptrs_ptr,
     done_ptr,
-    fence_ptr,
     state_ptr,
     ws_ptr,
     counts_ptr,
@@ -169,8 +155,6 @@ def gemm_rs_kernel(
     RED_M: tl.constexpr,
     RED_N: tl.constexpr,
     UPCAST: tl.constexpr,
-    THREADS: tl.constexpr,
-    FENCE: tl.constexpr,
     EPOCH: tl.constexpr,
     EPI_REDUCE: tl.constexpr,
     OWN_TILES: tl.constexpr,
@@ -205,14 +189,14 @@ def gemm_rs_kernel(
                     if finished:
                         owner = offs_m // R
                         if OWN_TILES != 2:
-                            _send_tile_rows(acc, dest_ptr, dest_deltas_ptr, flag_ptrs_ptr, fence_ptr, pid, epoch, half,
-                                            offs_m, owner, mmask, offs_n, nmask, R, rank, first_owner, last_owner,
-                                            n_chunks, tile, stride_dm, THREADS, FENCE)  # fmt: skip
+                            _send_tile_rows(acc, dest_ptr, dest_deltas_ptr, flag_ptrs_ptr, epoch, half, offs_m, owner,
+                                            mmask, offs_n, nmask, R, rank, first_owner, last_owner, n_chunks, tile,
+                                            stride_dm)  # fmt: skip
                         if OWN_TILES != 1:  # noqa: SIM102 (constexpr)
                             if mine:
-                                _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, fence_ptr, pid,
-                                              epoch, half, offs_m - rank * R, mmask & (owner == rank), offs_n, nmask,
-                                              N, rank, n_chunks, tile, stride_om, WORLD, THREADS, FENCE)  # fmt: skip
+                                _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, epoch, half,
+                                              offs_m - rank * R, mmask & (owner == rank), offs_n, nmask, N, rank,
+                                              n_chunks, tile, stride_om, WORLD)  # fmt: skip
     if GEMM:  # noqa: SIM102 (constexpr: a reduce-only launch has no GEMM code at all)
         if pid < gemm_programs:
             num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -247,9 +231,9 @@ def gemm_rs_kernel(
                                               UPCAST)  # fmt: skip
                 if EPI_REDUCE and seg == rank:
                     if finished:
-                        _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, fence_ptr, pid, epoch, half,
-                                      offs_r, mmask, offs_n, nmask, N, rank, n_chunks, (pid_m * BLOCK_M) // chunk_rows,
-                                      stride_om, WORLD, THREADS, FENCE)  # fmt: skip
+                        _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, epoch, half, offs_r, mmask,
+                                      offs_n, nmask, N, rank, n_chunks, (pid_m * BLOCK_M) // chunk_rows, stride_om,
+                                      WORLD)  # fmt: skip
                 elif finished:
                     delta = tl.load(dest_deltas_ptr + seg)
                     if EPI != 2:  # 16-element aligned: vector stores. Atomics stay scalar (see the module doc)
@@ -266,10 +250,7 @@ def gemm_rs_kernel(
                         chunk = (pid_m * BLOCK_M) // chunk_rows
                         in_chunk = tl.minimum(chunk_rows, seg_rows - chunk * chunk_rows)
                         expected = tl.cdiv(in_chunk, BLOCK_M) * num_pid_n
-                        if EPI == 2:
-                            acq_rel_fence(THREADS, FENCE, True)  # the atomics reach the owner first
-                        thread_fence(fence_ptr, pid, THREADS, FENCE)
-                        tl.debug_barrier()
+                        tl.debug_barrier()  # the count carries every thread's stores or atomics (`_signals` doc)
                         done = tl.atomic_add(done_ptr + seg * n_chunks + chunk, 1, sem="acq_rel", scope="sys")
                         if done == expected - 1:
                             tl.store(done_ptr + seg * n_chunks + chunk, 0)
@@ -292,8 +273,6 @@ def gemm_rs_kernel(
                 for s in range(0, WORLD):
                     if WAIT_OWN or s != rank:
                         wait_flag(flags_ptr + s * n_chunks + chunk, epoch)
-                tl.debug_barrier()
-                thread_fence(fence_ptr, pid, THREADS, FENCE)
                 cols = nb * RED_N + tl.arange(0, RED_N)
                 cmask = cols < N
                 row_hi = tl.minimum(R, chunk * chunk_rows + chunk_rows)

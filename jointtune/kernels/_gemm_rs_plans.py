@@ -95,7 +95,6 @@ class FusedPlan:
         epi_reduce = cfg.reduces_in_epilogue()
         reduce = cfg.fused_reduce_programs()
         gemm = max(1, min(tiles * cfg.SPLIT_K, num_sms(world.device) - reduce))
-        fence = world.scratch("gemm_rs.fence", (gemm + reduce) * 32 * cfg.num_warps, torch.int32)
         done = world.scratch("gemm_rs.done", W * n_chunks, torch.int32)
         dummy = world.int_table((0,))
         sources, zero = (1, True) if cfg.mode == "atomic" else (W, False)
@@ -124,7 +123,7 @@ class FusedPlan:
                     cfg, s, a=a, b=b, out=out, dummy=dummy, rank=r, rows=s.M, seg_rows=R, reduce=has_reduce,
                     epi=EPI_ATOMIC if cfg.mode == "atomic" else EPI_SIGNAL, gemm=has_gemm and not span,
                     dest=buf.tensors[i], dest_deltas=dest_deltas, src=buf.tensors[i], src_deltas=src_deltas,
-                    sources=sources, flags_local=fl.local(i), flag_ptrs=fl.ptrs(i), done=done[i], fence=fence[i],
+                    sources=sources, flags_local=fl.local(i), flag_ptrs=fl.ptrs(i), done=done[i],
                     state=state.counters[i], ws=ws, counts=counts, half_stride=half_stride, n_chunks=n_chunks,
                     chunk_rows=chunk_rows, first_seg=first, gemm_programs=gemm, pid_base=base, num_programs=programs,
                     stride_dm=N, wait_own=True, zero_src=zero, epoch=epoch, epi_reduce=epi_reduce, own_tiles=own_tiles,
@@ -178,10 +177,9 @@ class CePlan:
             own_gemm = self._tile_gemm(world, cfg, s, R, dummy, i) if cfg.ce_consumer == "triton" else None
             self.own.append((self.box.rows(i, r, R, N), own_gemm))
             slots = world.int_table(tuple(p * self.box.slot for p in range(W)))
-            fence = world.scratch("gemm_rs.fence", cfg.reduce_sms * 32 * 4, torch.int32)[i]
             args = kernel_args(
                 cfg, s, a=a0, b=b0, out=out0, dummy=dummy, rank=r, rows=R, seg_rows=R, epi=EPI_STORE, gemm=False,
-                reduce=True, src=self.box.base(i), src_deltas=slots, sources=W, flags_local=fl.local(i), fence=fence,
+                reduce=True, src=self.box.base(i), src_deltas=slots, sources=W, flags_local=fl.local(i),
                 state=state.counters[i], n_chunks=n_chunks, chunk_rows=chunk_rows, num_programs=cfg.reduce_sms,
                 wait_own=False, epoch=2, num_warps=4,
             )  # fmt: skip
@@ -237,7 +235,6 @@ class PullCublasPlan:
         state = call_state(world)
         dummy = world.int_table((0,))
         red = cfg.reduce_sms
-        fence = world.scratch("gemm_rs.fence", red * 32 * cfg.num_warps, torch.int32)
         # (grid, READY, REDUCE, EXIT, EPOCH): one launch where ranks run at once; on a sequential world every
         # rank's "ready" first, then every rank's reduce (and no exit: nothing runs beside it)
         steps = [(red, True, True, True, 1)]
@@ -251,7 +248,7 @@ class PullCublasPlan:
                 args = kernel_args(
                     cfg, s, a=a, b=b, out=out, dummy=dummy, rank=r, rows=R, seg_rows=R, epi=EPI_STORE, gemm=False,
                     reduce=has_reduce, src=buf.tensors[i], src_deltas=src_deltas, sources=W, flags_local=ready.local(i),
-                    flag_ptrs=ready.ptrs(i), fence=fence[i], state=state.counters[i], n_chunks=1, chunk_rows=R,
+                    flag_ptrs=ready.ptrs(i), state=state.counters[i], n_chunks=1, chunk_rows=R,
                     num_programs=grid, wait_own=False, epoch=epoch, ready=has_ready,
                     exit_flags=(done.ptrs(i), done.local(i)) if has_exit else None, aligned=(R * N) % ALIGN == 0,
                 )  # fmt: skip

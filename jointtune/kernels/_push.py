@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jointtune.kernels._runtime import interpreted
-
 #: rows x columns of one copy piece of the push (one program's unit of work)
 CP_M, CP_K = 32, 256
 
@@ -23,7 +21,6 @@ class PushArgs:
     flag_ptrs_ptr: Any
     flags_ptr: Any
     done_ptr: Any
-    fence_ptr: Any
     state_ptr: Any
     entered_ptrs_ptr: Any
     entered_ptr: Any
@@ -40,8 +37,6 @@ class PushArgs:
     OWN: bool
     CP_M: int
     CP_K: int
-    THREADS: int
-    FENCE: bool
     EPOCH: int
     WAIT_ALL: bool
     ENTER: bool
@@ -49,7 +44,7 @@ class PushArgs:
 
     @classmethod
     def build(cls, W: int, programs: int, num_warps: int, *, src: Any, inbox_base: Any, inbox_deltas: Any, own: Any,
-              flag_ptrs: Any, flags_local: Any, done: Any, fence: Any, state: Any, K: int, R: int, slot: int,
+              flag_ptrs: Any, flags_local: Any, done: Any, state: Any, K: int, R: int, slot: int,
               half_stride: int, rank: int, n_chunks: int, chunk_m: int, epoch: int, wait_all: bool = False,
               own_rows: bool = False, enter: tuple[Any, Any] | None = None) -> PushArgs:  # fmt: skip
         """`programs` programs push rows [R, K] of `src` into slot `rank` of every peer's inbox (`own_rows`: and to
@@ -57,9 +52,9 @@ class PushArgs:
         entered_ptrs, entered = enter if enter is not None else (state, state)
         return cls(
             src_ptr=src, inbox_ptr=inbox_base, inbox_deltas_ptr=inbox_deltas, own_ptr=own, flag_ptrs_ptr=flag_ptrs,
-            flags_ptr=flags_local, done_ptr=done, fence_ptr=fence, state_ptr=state,
+            flags_ptr=flags_local, done_ptr=done, state_ptr=state,
             entered_ptrs_ptr=entered_ptrs, entered_ptr=entered, K=K, R=R, slot=slot, half_stride=half_stride,
             rank=rank, n_chunks=n_chunks, num_programs=programs, WORLD=W, PROGRAMS=programs, CHUNK_M=chunk_m,
-            OWN=own_rows, CP_M=CP_M, CP_K=CP_K, THREADS=32 * num_warps, FENCE=not interpreted(), EPOCH=epoch,
+            OWN=own_rows, CP_M=CP_M, CP_K=CP_K, EPOCH=epoch,
             WAIT_ALL=wait_all, ENTER=enter is not None, num_warps=num_warps,
         )  # fmt: skip

@@ -1,5 +1,5 @@
 """Communication pieces every fused family shares, in Triton: push rows to peers, release and wait for
-flags, fence, and the call's epoch, which lives on the device.
+flags, and the call's epoch, which lives on the device.
 
 Cross-call state never comes from the host. Each world keeps a per-rank counter in device memory
 (`CallState`): the number of fused calls this rank has opened. A call's epoch is that counter + 1.
@@ -15,6 +15,15 @@ Epochs and flags are int64: at one call per microsecond they would take 290,000 
 Layout conventions (all families): a flag buffer per (family, chunk count) holds `world_size * n_chunks`
 int64 flags; flag (p, c) at `p * n_chunks + c` is written only by rank p (one writer per flag). A
 rank's entry flags (`entered[p]`) are written only by rank p.
+
+Handing data between programs (here or on a peer) is per program, not per thread, as CUDA's grid sync and
+NCCL's protocols do it. The writer: every thread stores, a barrier, then one thread's release (the flag, or a
+counter whose last arrival releases the flag). The reader: one thread acquires the flag (Triton broadcasts its
+value through shared memory behind a barrier), a barrier, then every thread loads. PTX's memory model makes
+causality transitive through the CTA barrier (morally strong at CTA scope) and the system-scope release and
+acquire, so each thread's stores are visible to each reading thread, past any stale L1 line. `release_flag`
+and `wait_flag` take their barriers themselves; a kernel that releases through a counter puts one before it.
+`bench/handoff_litmus.py` checks the pattern on a GPU (and that a reader without the acquire reads stale data).
 """
 
 from __future__ import annotations
@@ -57,30 +66,9 @@ def close_call(state_ptr, epoch, num_programs):
 
 
 @triton.jit
-def thread_fence(fence_ptr, pid, THREADS: tl.constexpr, FENCE: tl.constexpr):
-    # One acq_rel system-scope atomic per thread (a 1-D block of THREADS elements puts one on each):
-    # a per-thread fence ordering that thread's own loads/stores around a barrier-based handshake.
-    if FENCE:
-        tl.atomic_add(fence_ptr + pid * THREADS + tl.arange(0, THREADS), 0, sem="acq_rel", scope="sys")
-
-
-@triton.jit
-def acq_rel_fence(THREADS: tl.constexpr, FENCE: tl.constexpr, SYSTEM: tl.constexpr):
-    # fence.acq_rel on every thread (one element of a THREADS block each), GPU or (SYSTEM) system scope: what the
-    # thread did before (stores; atomics to peers included at system scope) is performed at that scope before what
-    # it does after. GPU scope serves the "last program to arrive" pattern over local scratch
-    if FENCE:
-        if SYSTEM:
-            tl.inline_asm_elementwise("fence.acq_rel.sys;\n\tmov.u32 $0, $1;", "=r,r", [tl.arange(0, THREADS)],
-                                      dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
-        else:
-            tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r", [tl.arange(0, THREADS)],
-                                      dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
-
-
-@triton.jit
 def release_flag(flag_ptrs_ptr, rank, index, epoch, WORLD: tl.constexpr):
-    # flag `index` (this rank's) at every peer := epoch, publishing this rank's earlier writes
+    # flag `index` (this rank's) at every peer := epoch, publishing this program's earlier writes (all threads')
+    tl.debug_barrier()
     for j in range(1, WORLD):
         peer = (rank + j) % WORLD
         flags = tl.load(flag_ptrs_ptr + peer).to(tl.pointer_type(tl.int64))
@@ -94,10 +82,12 @@ def wait_flag(flag_ptr, epoch):
     # acquiring read's value must be used: Triton (3.6 to 3.9) folds away a scalar `atomic_add(p, 0)` whose
     # result is unused, acquire or not, which left every wait without its acquire (tests/kernels/
     # test_kernel_ordering.py checks the compiled PTX).
+    # The barrier after hands the acquire to every thread of the program (module doc).
     while tl.load(flag_ptr, volatile=True) < epoch:
         pass
     while tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys") < epoch:
         pass
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -120,7 +110,6 @@ def push_rows(
     own_ptr,
     flag_ptrs_ptr,
     done_ptr,
-    fence_ptr,
     pid,
     K,
     R,
@@ -134,15 +123,14 @@ def push_rows(
     OWN: tl.constexpr,
     CP_M: tl.constexpr,
     CP_K: tl.constexpr,
-    THREADS: tl.constexpr,
-    FENCE: tl.constexpr,
 ):
     # All PROGRAMS programs share every chunk, piece by piece ([CP_M, CP_K] blocks; piece g of the call
     # goes to program g % PROGRAMS), so the copy runs on all of them whatever the chunk size. `dest_ptr`
     # is this call's inbox (half) base as this rank maps it; rank p's is at `dest_deltas[p]` elements
-    # from it. OWN: this rank's rows also go to `own_ptr`. A program fences once per chunk, after its
-    # last piece, and adds its piece count to the chunk's counter; the one completing the count (and
-    # leaving it at zero for the next call) releases the chunk's flag to every peer.
+    # from it. OWN: this rank's rows also go to `own_ptr`. After its last piece of a chunk a program adds its
+    # piece count to the chunk's counter (after a barrier, with acq_rel: the counter carries every program's
+    # stores); the one completing the count (and leaving it at zero for the next call) releases the chunk's
+    # flag to every peer.
     k_pieces = tl.cdiv(K, CP_K)
     pieces = tl.cdiv(CHUNK_M, CP_M) * k_pieces
     for c in range(0, n_chunks):
@@ -162,7 +150,6 @@ def push_rows(
                 tl.store(own_ptr + offs, x, mask=mask)
         mine = tl.cdiv(pieces - first, PROGRAMS)
         if mine > 0:
-            thread_fence(fence_ptr, pid, THREADS, FENCE)
             tl.debug_barrier()
             done = tl.atomic_add(done_ptr + c, mine, sem="acq_rel", scope="sys")
             if done + mine == pieces:
@@ -204,7 +191,6 @@ def allgather_push_kernel(
     flag_ptrs_ptr,
     flags_ptr,
     done_ptr,
-    fence_ptr,
     state_ptr,
     entered_ptrs_ptr,
     entered_ptr,
@@ -221,8 +207,6 @@ def allgather_push_kernel(
     OWN: tl.constexpr,
     CP_M: tl.constexpr,
     CP_K: tl.constexpr,
-    THREADS: tl.constexpr,
-    FENCE: tl.constexpr,
     EPOCH: tl.constexpr,
     WAIT_ALL: tl.constexpr,
     ENTER: tl.constexpr,
@@ -242,13 +226,11 @@ def allgather_push_kernel(
                 peer = (rank + j) % WORLD
                 entered = tl.load(entered_ptrs_ptr + peer).to(tl.pointer_type(tl.int64))
                 tl.atomic_xchg(entered + rank, epoch, sem="release", scope="sys")
-        for j in range(1, WORLD):
+        for j in range(1, WORLD):  # every thread's stores into a peer come after the acquire of its entry
             wait_flag(entered_ptr + (rank + j) % WORLD, epoch)
-        tl.debug_barrier()  # every thread's stores into a peer come after its acquire of the peer's entry
-        thread_fence(fence_ptr, pid, THREADS, FENCE)
     push_rows(
-        src_ptr, inbox_ptr + half, inbox_deltas_ptr, own_ptr, flag_ptrs_ptr, done_ptr, fence_ptr, pid, K, R, slot,
-        rank, epoch, n_chunks, WORLD, PROGRAMS, CHUNK_M, OWN, CP_M, CP_K, THREADS, FENCE,
+        src_ptr, inbox_ptr + half, inbox_deltas_ptr, own_ptr, flag_ptrs_ptr, done_ptr, pid, K, R, slot, rank, epoch,
+        n_chunks, WORLD, PROGRAMS, CHUNK_M, OWN, CP_M, CP_K,
     )  # fmt: skip
     if WAIT_ALL:  # noqa: SIM102 (constexpr: without it no wait code at all)
         if pid == 0:
@@ -276,7 +258,6 @@ def wait_chunks_kernel(flags_ptr, state_ptr, rank, n_chunks, p_lo, p_hi, c_lo, c
 
 
 __all__ = [
-    "acq_rel_fence",
     "allgather_push_kernel",
     "call_epoch",
     "close_call",
@@ -284,7 +265,6 @@ __all__ = [
     "push_rows",
     "release_chunk_kernel",
     "release_flag",
-    "thread_fence",
     "triton",
     "wait_chunks",
     "wait_chunks_kernel",

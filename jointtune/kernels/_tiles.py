@@ -48,15 +48,17 @@ def merge_split_k(acc, ws_ptr, counts_ptr, tile, SPLIT_K: tl.constexpr, BLOCK_M:
     # (the tile's sum, whether this split arrived last and so holds it); see the module doc
     in_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     slot_ptrs = ws_ptr + tile.to(tl.int64) * (BLOCK_M * BLOCK_N) + in_tile
-    # acq_rel per thread: each add is performed at GPU scope before its thread reaches the barrier (as a
-    # per-thread fence would), so the counter orders every warp's adds
-    tl.atomic_add(slot_ptrs, acc, sem="acq_rel")
+    # Relaxed adds, a barrier, then one thread's acq_rel count: the count carries every thread's adds, and the
+    # last split's count acquires them all, handed to its threads by the barrier (`_signals` doc). The read is
+    # `.cg`, from L2, where the adds are.
+    tl.atomic_add(slot_ptrs, acc, sem="relaxed")
     tl.debug_barrier()
     arrived = tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel")
     last = arrived == SPLIT_K - 1
     if last:
+        tl.debug_barrier()
+        acc = tl.load(slot_ptrs, cache_modifier=".cg")
         zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = tl.atomic_add(slot_ptrs, zeros, sem="acquire")
         tl.debug_barrier()  # every thread has read the slot before any zeroes it (layouts may differ)
         tl.store(slot_ptrs, zeros)
         tl.store(counts_ptr + tile, 0)

@@ -290,7 +290,7 @@ def standin_launches(cfg: AgGemmConfig, *, M: int, N: int, K: int, world_size: i
         gathered = cfg.gemm_order == "gathered"  # then a plan on a world whose ranks run at once folds the open
         chunk = triton.next_power_of_2(R) if gathered else cfg.chunk_m
         args = push_args(cfg, W, src=t, inbox_base=t, inbox_deltas=i64, own=t, flag_ptrs=i64, flags_local=i64,
-                         done=i32, fence=i32, state=i64, K=K, R=R, slot=slot, half_stride=0, rank=0,
+                         done=i32, state=i64, K=K, R=R, slot=slot, half_stride=0, rank=0,
                          n_chunks=-(-R // chunk), chunk_m=chunk, epoch=1 if gathered else 2, wait_all=gathered,
                          own_rows=gathered, enter=(i64, i64) if gathered else None)  # fmt: skip
         return [_split(allgather_push_kernel, args)]
@@ -300,7 +300,7 @@ def standin_launches(cfg: AgGemmConfig, *, M: int, N: int, K: int, world_size: i
     c = torch.empty_strided((1, 1), (N_r, 1), dtype=dtype, device=device)
     push = None
     if cfg.mode == "push":
-        push = dict(inbox=t, inbox_deltas=i64, flags=i64, flag_ptrs=i64, tickets=i32, done=i32, fence=i32, state=i64,
+        push = dict(inbox=t, inbox_deltas=i64, flags=i64, flag_ptrs=i64, tickets=i32, done=i32, state=i64,
                     slot=slot, half_stride=W * slot, n_chunks=2, comm_sms=cfg.comm_sms, consumers=2, pid_base=0,
                     ticket_takers=2, num_programs=2, own=False, epoch=1, producers_consume=True)  # fmt: skip
     rows = M if cfg.mode != "ce" else -(-R // cfg.ce_chunks)

@@ -407,7 +407,7 @@ def standin_launches(cfg: FlashDecodeConfig, s: DecodeShape, device: torch.devic
     w = Work.of(cfg, s)
     t = torch.empty(1, dtype=s.dtype, device=device)
     i64, i32, f32 = (torch.zeros(1, dtype=d, device=device) for d in (torch.int64, torch.int32, torch.float32))
-    common = dict(q=t, k=t, v=t, lens=i32, out=t, parts=f32, counts=i32, dummy=i64, rank=0, fence=i32, state=i64)
+    common = dict(q=t, k=t, v=t, lens=i32, out=t, parts=f32, counts=i32, dummy=i64, rank=0, state=i64)
     launches = []
     if cfg.mode in ("fused", "pull"):  # one launch where ranks run at once
         push = cfg.mode == "fused"
@@ -426,7 +426,7 @@ def standin_launches(cfg: FlashDecodeConfig, s: DecodeShape, device: torch.devic
     out = [(flash_decode_kernel, *split_options(args)) for args in launches]
     if cfg.mode == "wait":
         push = PushArgs.build(s.W, cfg.push_programs, cfg.num_warps, src=f32, inbox_base=f32, inbox_deltas=i64,
-                              own=i64, flag_ptrs=i64, flags_local=i64, done=i32, fence=i32, state=i64, K=s.PW,
+                              own=i64, flag_ptrs=i64, flags_local=i64, done=i32, state=i64, K=s.PW,
                               R=s.rows, slot=s.slot, half_stride=16, rank=0, n_chunks=w.n_chunks,
                               chunk_m=cfg.items_per_flag * cfg.heads_per_program, epoch=2)  # fmt: skip
         out.append((allgather_push_kernel, *split_options(push)))

@@ -282,14 +282,14 @@ def standin_launches(cfg: GemmRsConfig, *, M: int, N: int, K: int, world_size: i
         fused = kernel_args(cfg, s, rows=M, seg_rows=R, epi=EPI_ATOMIC if atomic else EPI_SIGNAL, gemm=not span,
                             reduce=reduce > 0, dest=f32 if atomic else t, dest_deltas=i64,
                             src=f32 if atomic else t, src_deltas=i64, sources=1 if atomic else W, flags_local=i64,
-                            flag_ptrs=i64, done=i32, fence=i32, state=i64, half_stride=16,
+                            flag_ptrs=i64, done=i32, state=i64, half_stride=16,
                             n_chunks=cfg.fused_flags(M, R, N), chunk_rows=chunk_rows, first_seg=1 % W,
                             gemm_programs=gemm, num_programs=gemm + reduce, stride_dm=N, zero_src=atomic, epoch=1,
                             epi_reduce=cfg.reduces_in_epilogue(), span=span, **common)  # fmt: skip
         launches.append(fused)
     elif cfg.mode == "pull_cublas":
         launches.append(kernel_args(cfg, s, rows=R, seg_rows=R, epi=EPI_STORE, gemm=False, reduce=True, src=t,
-                                    src_deltas=i64, sources=W, flags_local=i64, flag_ptrs=i64, fence=i32, state=i64,
+                                    src_deltas=i64, sources=W, flags_local=i64, flag_ptrs=i64, state=i64,
                                     n_chunks=1, chunk_rows=R, num_programs=cfg.reduce_sms, wait_own=False, epoch=1,
                                     ready=True, exit_flags=(i64, i64), aligned=(R * N) % 16 == 0,
                                     **common))  # fmt: skip
@@ -302,7 +302,7 @@ def standin_launches(cfg: GemmRsConfig, *, M: int, N: int, K: int, world_size: i
                                             dest=t, gemm_programs=tiles, num_programs=tiles, stride_dm=N,
                                             **common))  # fmt: skip
         reduce = kernel_args(cfg, s, rows=R, seg_rows=R, epi=EPI_STORE, gemm=False, reduce=True, src=t,
-                             src_deltas=i64, sources=W, flags_local=i64, fence=i32, state=i64,
+                             src_deltas=i64, sources=W, flags_local=i64, state=i64,
                              n_chunks=cdiv(R, chunk_rows), chunk_rows=chunk_rows, num_programs=cfg.reduce_sms,
                              wait_own=False, epoch=2, num_warps=4, **common)  # fmt: skip
         launches.append(reduce)

@@ -7,10 +7,15 @@ Two faults that only a GPU showed, as wrong sums now and then, are visible in wh
 - a read-then-zero of an fp32 buffer with no barrier between: Triton may lay the zeroing store out
   over other threads than the read, so one thread zeroes what another has not read yet.
 
+And the rule that makes one thread's release or acquire speak for its whole program (`_signals`' doc): a
+scalar release (or acq_rel count) must come after a barrier that follows the program's tensor stores and
+atomics, and the tensor loads after a scalar acquire must come after a barrier that follows it.
+
     python tests/kernels/ordering_probe.py '[{"family": "gemm_rs", "mode": "atomic", ...}, ...]'
 
 prints one JSON line per compiled kernel: its spins (volatile polling loads), acquiring reads of an int64
-flag, and the zeroing stores not preceded by a barrier. Configs are given as for `aot_compile.py`.
+flag, the zeroing stores not preceded by a barrier, and the handoffs without their barrier. Configs are given as
+for `aot_compile.py`.
 """
 
 from __future__ import annotations
@@ -26,31 +31,9 @@ from aot_compile import SHARED_OPTIONS, config_launches, lower, shared_kernels  
 # isort: split
 
 import triton
+from ttgir_checks import unbarriered_handoffs, unfenced_zeroing
 
-_ZERO_CONST = re.compile(r"^\s*(%[\w.]+) = arith\.constant dense<0\.000000e\+00> : tensor<[\dx]+xf32")
-_STORE = re.compile(r"^\s*tt\.store (%[\w.]+), (%[\w.]+)")
 _FLAG_ACQUIRE = re.compile(r"\b(ld|atom)\.global\.\S*acquire\S*\.[bsu]64\b")  # flags and epochs are int64
-_BARRIER = re.compile(r"\b(gpu\.barrier|ttg\.barrier)\b")  # `tl.debug_barrier()` in Triton 3.6 / 3.9
-_F32_READ = re.compile(r"tt\.(load|atomic_rmw)\b.*tensor<[\dx]+x!tt\.ptr<f32>")
-
-
-def unfenced_zeroing(ttgir: str) -> list[str]:
-    """Stores of an fp32 zeros constant whose nearest earlier fp32 tensor read (in program text) comes
-    after the nearest barrier, i.e. a zeroing that may overtake another thread's read."""
-    lines = ttgir.splitlines()
-    zeros = {m.group(1) for line in lines if (m := _ZERO_CONST.match(line))}
-    bad = []
-    for i, line in enumerate(lines):
-        store = _STORE.match(line)
-        if not store or store.group(2) not in zeros:
-            continue
-        for earlier in reversed(lines[:i]):
-            if _BARRIER.search(earlier):
-                break
-            if _F32_READ.search(earlier):
-                bad.append(line.strip()[:160])
-                break
-    return bad
 
 
 def facts(name: str, compiled) -> dict:
@@ -61,6 +44,7 @@ def facts(name: str, compiled) -> dict:
         "spins": sum("ld.volatile.global" in ln for ln in instructions),
         "flag_acquires": sum(bool(_FLAG_ACQUIRE.search(ln)) for ln in instructions),
         "unfenced_zeroing": unfenced_zeroing(compiled.asm["ttgir"]),
+        "unbarriered_handoffs": unbarriered_handoffs(compiled.asm["ttgir"]),
     }
 
 

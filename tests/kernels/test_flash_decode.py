@@ -293,21 +293,6 @@ def test_one_rank_plans_check_what_they_bake_in():
         flash_decode(q, k, v[:, :, :50], world=world, config=cfg)  # same strides, fewer keys
 
 
-def test_the_fence_scratch_stays_small_however_many_programs():
-    from jointtune.kernels._flash_decode_args import DecodeShape, FlashDecodeConfig
-    from jointtune.kernels._flash_decode_kernel import FENCE_SLOT_COUNT
-    from jointtune.kernels._flash_decode_plans import DecodePlan
-
-    world = LocalWorld(world_size=2)
-    S_r, D = 64 * 3000, 64
-    s = DecodeShape(2, 1, 8, 8, S_r, D, torch.bfloat16, (8 * D, D, 1), (8 * S_r * D, S_r * D, D, 1),
-                    (8 * S_r * D, S_r * D, D, 1), 0.125)  # fmt: skip
-    cfg = FlashDecodeConfig(mode="pull", kv_split=64, BLOCK_N=64, heads_per_program=1, num_warps=8, items_per_flag=1)
-    plan = DecodePlan(world, s, cfg)
-    assert plan.work.n_decode == 8 * 3000  # far more programs than fence slots
-    assert all(t.numel() == FENCE_SLOT_COUNT * 32 * 8 for t in plan.fence)
-
-
 def test_family_contract_key_buckets_and_torch_op():
     fam = get_family("flash_decode")
     world = LocalWorld(world_size=2)

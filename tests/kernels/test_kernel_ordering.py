@@ -1,5 +1,6 @@
-"""Every flag wait acquires, and every read-then-zero of an fp32 buffer has a barrier between, in the PTX/TTGIR
-that this Triton and the GPU image's (3.6) emit for Hopper.
+"""Every flag wait acquires, every read-then-zero of an fp32 buffer has a barrier between, and every one-thread
+release or acquire has the barrier that makes it speak for the whole program, in the PTX/TTGIR that this Triton and
+the GPU image's (3.6) emit for Hopper.
 
 Both faults made GEMM+RS atomic mode sum wrong on a GPU (whole warps' rows read as zero) while every CPU test
 passed: the interpreter neither drops atomics nor runs threads out of step. `ordering_probe.py` compiles
@@ -12,6 +13,7 @@ import json
 from pathlib import Path
 
 from sm90 import gpu_image_triton, run_sm90
+from ttgir_checks import unbarriered_handoffs
 
 GEMM = dict(M=1024, N=2048, K=1024)
 TILE = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)
@@ -51,6 +53,7 @@ def _check(facts: list[dict]) -> None:
         where = f"{f['kernel']} of {f['config']}"
         assert f["flag_acquires"] >= f["spins"], f"{where}: {f['spins']} polling loops, {f['flag_acquires']} acquires"
         assert f["unfenced_zeroing"] == [], f"{where}: zeroing with no barrier after the read: {f['unfenced_zeroing']}"
+        assert f["unbarriered_handoffs"] == [], f"{where}: one thread's handoff alone: {f['unbarriered_handoffs']}"
 
 
 def test_waits_acquire_and_zeroing_waits_for_every_read_with_this_triton():
@@ -62,3 +65,26 @@ def test_waits_acquire_and_zeroing_waits_for_every_read_with_the_gpu_images_trit
     version, facts = _facts(gpu_image_triton())
     assert version.startswith("3.6")
     _check(facts)
+
+
+# TTGIR as Triton prints it (abridged): a tile's stores, then one thread's release of its flag; a wait's acquire,
+# then the tile's loads
+_STORE = "tt.store %d_ptrs, %acc, %mask : tensor<128x64x!tt.ptr<bf16>, #blocked> loc(#loc1)"
+_RELEASE = "%5 = tt.atomic_rmw exch, release, sys, %flag, %epoch, %true : (!tt.ptr<i64>, i64, i1) -> i64 loc(#loc2)"
+_COUNT = "%6 = tt.atomic_rmw add, acq_rel, gpu, %count, %c1_i32, %true : (!tt.ptr<i32>, i32, i1) -> i32 loc(#loc3)"
+_ACQUIRE = "%7 = tt.atomic_rmw add, acquire, sys, %flag, %c0_i64, %true : (!tt.ptr<i64>, i64, i1) -> i64 loc(#loc4)"
+_LOAD = "%8 = tt.load %src, %mask, %cst : tensor<128x64x!tt.ptr<bf16>, #blocked> loc(#loc5)"
+_TENSOR_ADDS = "%9 = tt.atomic_rmw fadd, relaxed, gpu, %slot, %acc, %m : (tensor<128x64x!tt.ptr<f32>, #b>, ...) loc(#l)"
+_TICKET = "%w = tt.atomic_rmw add, relaxed, gpu, %tickets, %c1_i32, %true : (!tt.ptr<i32>, i32, i1) -> i32 loc(#loc6)"
+
+
+def test_the_handoff_check_flags_a_release_or_acquire_without_its_barrier():
+    for barrier in ("gpu.barrier loc(#loc9)", "ttg.barrier local loc(#loc9)"):  # Triton 3.6, 3.9
+        assert unbarriered_handoffs("\n".join([_STORE, barrier, _RELEASE])) == []
+        assert unbarriered_handoffs("\n".join([_TENSOR_ADDS, barrier, _COUNT, barrier, _LOAD])) == []
+        assert unbarriered_handoffs("\n".join([_ACQUIRE, barrier, _LOAD])) == []
+    assert len(unbarriered_handoffs("\n".join([_STORE, _RELEASE]))) == 1
+    assert len(unbarriered_handoffs("\n".join([_TENSOR_ADDS, "gpu.barrier", _COUNT, _LOAD]))) == 1
+    assert len(unbarriered_handoffs("\n".join([_ACQUIRE, _LOAD]))) == 1
+    # a relaxed work counter hands nothing over
+    assert unbarriered_handoffs("\n".join([_STORE, _TICKET, _LOAD])) == []

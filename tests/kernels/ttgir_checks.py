@@ -1,0 +1,63 @@
+"""Text checks of compiled kernels (TTGIR) for the ordering rules of `ordering_probe.py`: plain functions of the
+text, importable without touching the interpreter setting, so the checks themselves are tested on the CPU."""
+
+from __future__ import annotations
+
+import re
+
+_ZERO_CONST = re.compile(r"^\s*(%[\w.]+) = arith\.constant dense<0\.000000e\+00> : tensor<[\dx]+xf32")
+_STORE = re.compile(r"^\s*tt\.store (%[\w.]+), (%[\w.]+)")
+_BARRIER = re.compile(r"\b(gpu\.barrier|ttg\.barrier)\b")  # `tl.debug_barrier()` in Triton 3.6 / 3.9
+_F32_READ = re.compile(r"tt\.(load|atomic_rmw)\b.*tensor<[\dx]+x!tt\.ptr<f32>")
+_SCALAR_RMW = re.compile(r"tt\.atomic_(rmw|cas)\b[^:]*\b(release|acq_rel|acquire)\b.*: \(!tt\.ptr<")
+_TENSOR_WRITE = re.compile(r"(tt\.store\b.*: tensor<|tt\.atomic_(rmw|cas)\b.*: \(tensor<)")
+_TENSOR_READ = re.compile(r"tt\.load\b.*: tensor<")
+
+
+def unfenced_zeroing(ttgir: str) -> list[str]:
+    """Stores of an fp32 zeros constant whose nearest earlier fp32 tensor read (in program text) comes
+    after the nearest barrier, i.e. a zeroing that may overtake another thread's read."""
+    lines = ttgir.splitlines()
+    zeros = {m.group(1) for line in lines if (m := _ZERO_CONST.match(line))}
+    bad = []
+    for i, line in enumerate(lines):
+        store = _STORE.match(line)
+        if not store or store.group(2) not in zeros:
+            continue
+        for earlier in reversed(lines[:i]):
+            if _BARRIER.search(earlier):
+                break
+            if _F32_READ.search(earlier):
+                bad.append(line.strip()[:160])
+                break
+    return bad
+
+
+def unbarriered_handoffs(ttgir: str) -> list[str]:
+    """Scalar releases whose nearest earlier tensor write (in program text) comes after the nearest barrier, and
+    scalar acquires whose nearest later tensor load comes before the next barrier: a handoff that speaks for one
+    thread only."""
+    lines = ttgir.splitlines()
+    bad = []
+    for i, line in enumerate(lines):
+        rmw = _SCALAR_RMW.search(line)
+        if not rmw:
+            continue
+        if rmw.group(2) in ("release", "acq_rel"):
+            for earlier in reversed(lines[:i]):
+                if _BARRIER.search(earlier):
+                    break
+                if _TENSOR_WRITE.search(earlier):
+                    bad.append("release after " + earlier.strip()[:140])
+                    break
+        if rmw.group(2) in ("acquire", "acq_rel"):
+            for later in lines[i + 1 :]:
+                if _BARRIER.search(later):
+                    break
+                if _TENSOR_READ.search(later):
+                    bad.append("load after acquire: " + later.strip()[:140])
+                    break
+    return bad
+
+
+__all__ = ["unbarriered_handoffs", "unfenced_zeroing"]
