@@ -128,9 +128,9 @@ def push_rows(
     # goes to program g % PROGRAMS), so the copy runs on all of them whatever the chunk size. `dest_ptr`
     # is this call's inbox (half) base as this rank maps it; rank p's is at `dest_deltas[p]` elements
     # from it. OWN: this rank's rows also go to `own_ptr`. After its last piece of a chunk a program adds its
-    # piece count to the chunk's counter (after a barrier, with acq_rel: the counter carries every program's
-    # stores); the one completing the count (and leaving it at zero for the next call) releases the chunk's
-    # flag to every peer.
+    # piece count to the chunk's counter (after a barrier, with acq_rel: the counter carries every thread's
+    # stores of every program); the one completing the count (and leaving it at zero for the next call)
+    # releases the chunk's flag to every peer.
     k_pieces = tl.cdiv(K, CP_K)
     pieces = tl.cdiv(CHUNK_M, CP_M) * k_pieces
     for c in range(0, n_chunks):

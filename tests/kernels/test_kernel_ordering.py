@@ -75,6 +75,7 @@ _COUNT = "%6 = tt.atomic_rmw add, acq_rel, gpu, %count, %c1_i32, %true : (!tt.pt
 _ACQUIRE = "%7 = tt.atomic_rmw add, acquire, sys, %flag, %c0_i64, %true : (!tt.ptr<i64>, i64, i1) -> i64 loc(#loc4)"
 _LOAD = "%8 = tt.load %src, %mask, %cst : tensor<128x64x!tt.ptr<bf16>, #blocked> loc(#loc5)"
 _TENSOR_ADDS = "%9 = tt.atomic_rmw fadd, relaxed, gpu, %slot, %acc, %m : (tensor<128x64x!tt.ptr<f32>, #b>, ...) loc(#l)"
+_ASYNC_LOAD = "%a = ttg.async_copy_global_to_local %p, %buf mask %m : tensor<128x64x!tt.ptr<bf16>, #b> -> <128x64xbf16>"
 _TICKET = "%w = tt.atomic_rmw add, relaxed, gpu, %tickets, %c1_i32, %true : (!tt.ptr<i32>, i32, i1) -> i32 loc(#loc6)"
 
 
@@ -86,5 +87,7 @@ def test_the_handoff_check_flags_a_release_or_acquire_without_its_barrier():
     assert len(unbarriered_handoffs("\n".join([_STORE, _RELEASE]))) == 1
     assert len(unbarriered_handoffs("\n".join([_TENSOR_ADDS, "gpu.barrier", _COUNT, _LOAD]))) == 1
     assert len(unbarriered_handoffs("\n".join([_ACQUIRE, _LOAD]))) == 1
+    assert len(unbarriered_handoffs("\n".join([_ACQUIRE, _ASYNC_LOAD]))) == 1  # a K loop's pipelined loads
+    assert unbarriered_handoffs("\n".join([_ACQUIRE, "gpu.barrier", _ASYNC_LOAD])) == []
     # a relaxed work counter hands nothing over
     assert unbarriered_handoffs("\n".join([_STORE, _TICKET, _LOAD])) == []

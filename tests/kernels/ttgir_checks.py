@@ -10,8 +10,12 @@ _STORE = re.compile(r"^\s*tt\.store (%[\w.]+), (%[\w.]+)")
 _BARRIER = re.compile(r"\b(gpu\.barrier|ttg\.barrier)\b")  # `tl.debug_barrier()` in Triton 3.6 / 3.9
 _F32_READ = re.compile(r"tt\.(load|atomic_rmw)\b.*tensor<[\dx]+x!tt\.ptr<f32>")
 _SCALAR_RMW = re.compile(r"tt\.atomic_(rmw|cas)\b[^:]*\b(release|acq_rel|acquire)\b.*: \(!tt\.ptr<")
-_TENSOR_WRITE = re.compile(r"(tt\.store\b.*: tensor<|tt\.atomic_(rmw|cas)\b.*: \(tensor<)")
-_TENSOR_READ = re.compile(r"tt\.load\b.*: tensor<")
+_TENSOR_WRITE = re.compile(r"(tt\.store\b.*: tensor<|tt\.atomic_(rmw|cas)\b.*: \(tensor<|tt\.descriptor_store\b)")
+#: a tile's loads: plain, pipelined into shared memory (the GEMM K loops' cp.async), or by TMA descriptor
+_TENSOR_READ = re.compile(
+    r"(tt\.load\b.*: tensor<|ttg\.async_copy_global_to_local\b|tt\.descriptor_load\b"
+    r"|ttng\.async_tma_copy_global_to_local\b)"
+)
 
 
 def unfenced_zeroing(ttgir: str) -> list[str]:
@@ -36,7 +40,7 @@ def unfenced_zeroing(ttgir: str) -> list[str]:
 def unbarriered_handoffs(ttgir: str) -> list[str]:
     """Scalar releases whose nearest earlier tensor write (in program text) comes after the nearest barrier, and
     scalar acquires whose nearest later tensor load comes before the next barrier: a handoff that speaks for one
-    thread only."""
+    thread only. Program text, not control flow: a loop's back edge is not followed."""
     lines = ttgir.splitlines()
     bad = []
     for i, line in enumerate(lines):
