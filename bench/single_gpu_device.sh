@@ -32,7 +32,8 @@
 #              (the kernels' pattern, the old per-thread atomics, and two controls that drop the acquire or barrier).
 # handoff-ab:  what dropping the per-thread atomics gains: the tile anatomy and the GEMM+RS, AG+GEMM and Flash-Decode
 #              modes benchmarks at decode sizes (no stress) on the kernels before (.variants/base) and on this tree,
-#              one round each; name it twice to alternate twice.
+#              one round each; name it twice to alternate twice. handoff-large: the same at large shapes (GEMM+RS,
+#              AG+GEMM), before/after/before/after in one call.
 # Needs .whl (../shared/tools/device-wheels.sh) and, for tune19 and kernel-ab, .old19/.new19, for atomic-fix,
 # fix-ab and handoff-ab .variants; carry them all.
 set -uo pipefail
@@ -202,6 +203,22 @@ handoff_ab() {  # one round (base, then this tree) per call: `handoff-ab handoff
   done
 }
 
+handoff_large() {  # the same before/after at large shapes (world size 1): the change must cost nothing there
+  local tree t n=0
+  for tree in base this base this; do
+    n=$((n + 1))
+    t=()
+    [ "$tree" = base ] && t=(--tree "$ROOT/.variants/base")
+    echo "== handoff-large: $tree"
+    run 150 bench/gemm_rs_modes.py "${t[@]}" --stress 0 --modes push,push_epilogue,pull_epilogue,atomic,ce_triton,baseline \
+      --shapes 8192x4096x6144,1024x8192x4096 --out "$OUT/handoff_large_rs_${tree}_$n.json" > "$OUT/handoff_large_rs_${tree}_$n.log" 2>&1
+    grep -E "^\[|^exit" "$OUT/handoff_large_rs_${tree}_$n.log" | cut -c1-500
+    run 150 bench/ag_gemm_modes.py "${t[@]}" --stress 0 --modes push,ce_triton,baseline \
+      --shapes 8192x4096x12288,1024x8192x8192 --out "$OUT/handoff_large_ag_${tree}_$n.json" > "$OUT/handoff_large_ag_${tree}_$n.log" 2>&1
+    grep -E "^\[|^exit" "$OUT/handoff_large_ag_${tree}_$n.log" | cut -c1-500
+  done
+}
+
 for step in "$@"; do
   case $step in
     tune19) tune19 ;;
@@ -224,8 +241,9 @@ for step in "$@"; do
     rs-tile) rs_tile ;;
     handoff) handoff ;;
     handoff-ab) handoff_ab ;;
+    handoff-large) handoff_large ;;
     *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge, atomic-fix,"\
          "stress-w1, fix-ab, kernel-floors, rs-epilogue, tile-small-m, rs-tile, tile-anatomy, ag-small-m, handoff,"\
-         "handoff-ab)"; exit 2 ;;
+         "handoff-ab, handoff-large)"; exit 2 ;;
   esac
 done
