@@ -4,6 +4,8 @@
 #   bash bench/gemm_rs_device.sh large    # the three large shapes
 #   bash bench/gemm_rs_device.sh all      # stress and the issue's six shapes in one run (bench/results)
 #   bash bench/gemm_rs_device.sh sweep    # one jointtune sweep of gemm_rs on the GPUs, then a decorator lookup
+#   bash bench/gemm_rs_device.sh handoff  # the handoff litmus over NVLink (bench/handoff_litmus.py, every family's
+#                                         # pattern: rank 0's programs write into rank 1, with its two controls)
 # Carry .whl (../shared/tools/device-wheels.sh); results go to $OUT (or ./out).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -19,6 +21,13 @@ case "$phase" in
     ;;
   all)  # the issue's six shapes and the stress run in one process: the committed run
     run "${ALL_S:-560}" bench/gemm_rs_modes.py --stress "${STRESS:-600}" --out "$OUT/gemm_rs_modes.json"
+    ;;
+  handoff)
+    for shape in "4 2048" "8 8192"; do
+      read -r warps block <<< "$shape"
+      run 200 bench/handoff_litmus.py --warps "$warps" --block "$block" --rounds 20000 --launches 5 \
+        --out "$OUT/handoff_litmus_2gpu_w${warps}_b$block.json"
+    done
     ;;
   sweep)
     export JOINTTUNE_DB_URL="sqlite:///$OUT/gemm_rs_sweep.db"

@@ -166,13 +166,14 @@ ag_small_m() {
 }
 
 handoff() {
+  local shape warps block
   for shape in "4 2048" "8 8192"; do
-    set -- $shape
-    echo "== handoff: $1 warps, $2 ints per message"
-    timeout 240 python3 bench/handoff_litmus.py --warps "$1" --block "$2" --rounds 50000 --launches 5 \
-      --out "$OUT/handoff_litmus_w$1_b$2.json" > "$OUT/handoff_litmus_w$1_b$2.log" 2>&1
+    read -r warps block <<< "$shape"
+    echo "== handoff: $warps warps, $block ints per message"
+    timeout 240 python3 bench/handoff_litmus.py --warps "$warps" --block "$block" --rounds 50000 --launches 5 \
+      --out "$OUT/handoff_litmus_w${warps}_b$block.json" > "$OUT/handoff_litmus_w${warps}_b$block.log" 2>&1
     echo "exit $?"
-    grep -E "^\[|Error" "$OUT/handoff_litmus_w$1_b$2.log" | cut -c1-300
+    grep -E "^\[|Error" "$OUT/handoff_litmus_w${warps}_b$block.log" | cut -c1-300
   done
 }
 
