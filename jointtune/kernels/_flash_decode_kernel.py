@@ -22,8 +22,8 @@ whose ranks launch one after another), each launch holds one kind of unit and ev
 before any rank's combine launch.
 
 Cross-call state is device memory only: the epoch comes from the call counter (EPOCH 1: this launch opens the call
-and its last program publishes it; 2: an earlier launch did); flags carry epochs; halves alternate by epoch parity.
-The split counters and the ticket are handed back at zero by the units that finish with them.
+and its last program to start publishes it; 2: an earlier launch did); flags carry epochs; halves alternate by epoch
+parity. The split counters are handed back at zero by the units that finish with them, the ticket by its last draw.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import call_epoch_and_half, wait_flag
+from jointtune.kernels._signals import call_epoch_and_half, open_call, wait_flag
 
 #: LSE of a partial with no keys: finite, so merges need no special case (exp2(EMPTY - x) == 0 for real x)
 EMPTY = tl.constexpr(-1.0e30)
@@ -219,9 +219,19 @@ def flash_decode_kernel(
     pid = tl.program_id(0)
     epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
     if TICKET:
-        unit = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
+        # the ticket is also the launch's arrival (`open_call`): once all its threads hold the epoch, the program
+        # draws; the last to draw hands the ticket back at zero and publishes the epoch it opened
+        tl.debug_barrier()
+        unit = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+        if unit == num_programs - 1:
+            tl.store(ticket_ptr, 0)
+            if EPOCH == 1:
+                tl.atomic_xchg(state_ptr, epoch, sem="release", scope="gpu")
+        tl.debug_barrier()  # as in `open_call`
     else:
         unit = pid
+        if EPOCH == 1:
+            open_call(state_ptr, epoch, num_programs)
     n_decode = 0
     if DECODE:
         n_decode = n_items * n_splits
@@ -256,16 +266,6 @@ def flash_decode_kernel(
                         wait_flag(flags_ptr + p * n_chunks + chunk, epoch)
             _combine_chunk(src_ptr, src_deltas_ptr, out_ptr, chunk, n_items, rank, half, H, stride_ob, stride_oh, D,
                            PW, HPP, BLOCK_H, IPF, WORLD, HALF_OWN)  # fmt: skip
-    if TICKET or EPOCH == 1:
-        # the last program to finish hands the ticket back at zero and publishes the epoch it opened
-        tl.debug_barrier()
-        done = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
-        if done == num_programs - 1:
-            tl.store(state_ptr + 1, 0)
-            if TICKET:
-                tl.store(ticket_ptr, 0)
-            if EPOCH == 1:
-                tl.atomic_xchg(state_ptr, epoch, sem="release", scope="gpu")
 
 
 __all__ = ["EMPTY", "flash_decode_kernel", "triton"]

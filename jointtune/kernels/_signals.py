@@ -4,8 +4,9 @@ flags, and the call's epoch, which lives on the device.
 Cross-call state never comes from the host. Each world keeps a per-rank counter in device memory
 (`CallState`): the number of fused calls this rank has opened. A call's epoch is that counter + 1.
 Either one small kernel opens the call (`open_call_kernel`: counter += 1, then every kernel of the call
-reads the counter), or the call's first kernel reads counter + 1 and its last program to finish
-publishes it (`close_call`). Flags carry epochs, so a flag written at call e means "ready for call e"
+reads the counter), or the call's first kernel reads counter + 1 and publishes it once every one of its
+programs has read it (`open_call`: each program arrives on a counter as it starts, the last to arrive
+publishes). Flags carry epochs, so a flag written at call e means "ready for call e"
 and nothing is ever reset; inbox halves are picked by epoch parity in the kernel. A CUDA graph that
 captured a call therefore replays it correctly forever: every replay advances the counter on the
 device, exactly as an eager call does.
@@ -32,8 +33,8 @@ import triton
 import triton.language as tl
 
 # ---- the call's epoch ---------------------------------------------------------------------------
-# EPOCH (constexpr) of a kernel: 1 = this launch opens the call (reads counter + 1; `close_call` at the
-# end publishes it), 2 = the call is already open (the counter is the epoch).
+# EPOCH (constexpr) of a kernel: 1 = this launch opens the call (reads counter + 1, and `open_call` publishes it
+# when every program has read it), 2 = the call is already open (the counter is the epoch).
 
 
 @triton.jit
@@ -55,14 +56,18 @@ def call_epoch_and_half(state_ptr, half_stride, EPOCH: tl.constexpr):
 
 
 @triton.jit
-def close_call(state_ptr, epoch, num_programs):
-    # The last of the launch's programs to arrive publishes the epoch. Every program read the counter
-    # before arriving, so none of this launch reads the new value; later kernels on the stream do.
+def open_call(state_ptr, epoch, num_programs):
+    # Right after `call_epoch`: once all its threads hold the epoch (the barrier), the program arrives on the
+    # launch's counter, and the last of the launch's programs to arrive publishes the epoch (and hands the counter
+    # back at zero). Every program read the counter before arriving, so none of this launch reads the new value;
+    # later kernels on the stream do. Arriving at the start keeps the round trip off the launch's tail, where a
+    # release would first wait for the program's stores to drain.
     tl.debug_barrier()
     arrived = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
     if arrived == num_programs - 1:
         tl.store(state_ptr + 1, 0)
         tl.atomic_xchg(state_ptr, epoch, sem="release", scope="gpu")
+    tl.debug_barrier()  # only the publish needs the acquire; the barrier keeps the rule: every acquire, then one
 
 
 @triton.jit
@@ -220,6 +225,8 @@ def allgather_push_kernel(
     # another opens its calls with `open_call_kernel` and waits with `wait_chunks_kernel` instead.
     pid = tl.program_id(0)
     epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
+    if EPOCH == 1:
+        open_call(state_ptr, epoch, num_programs)
     if ENTER:
         if pid == 0:
             for j in range(1, WORLD):
@@ -235,8 +242,6 @@ def allgather_push_kernel(
     if WAIT_ALL:  # noqa: SIM102 (constexpr: without it no wait code at all)
         if pid == 0:
             wait_chunks(flags_ptr, epoch, rank, n_chunks, 0, WORLD - 1, 0, n_chunks - 1)
-    if EPOCH == 1:
-        close_call(state_ptr, epoch, num_programs)
 
 
 @triton.jit(do_not_specialize=["rank", "n_chunks", "chunk"])
@@ -260,7 +265,8 @@ def wait_chunks_kernel(flags_ptr, state_ptr, rank, n_chunks, p_lo, p_hi, c_lo, c
 __all__ = [
     "allgather_push_kernel",
     "call_epoch",
-    "close_call",
+    "call_epoch_and_half",
+    "open_call",
     "open_call_kernel",
     "push_rows",
     "release_chunk_kernel",
