@@ -23,7 +23,7 @@
 #              2-rank shapes, with cuBLAS (baseline) and the tile GEMM alone (ce_triton); then the stress run.
 # tile-small-m: bench/tile_gemm_small_m.py: the fused kernels' tile GEMM alone at 32-128 rows, over a grid of
 #              tiles, against cuBLAS and the bound of reading A and B once. tile-anatomy: its --anatomy (the
-#              reduce_by=tile launch against the tile GEMM alone, fences and call epoch on and off).
+#              reduce_by=tile launch against the tile GEMM alone: opening the call, reading its epoch only, no epoch).
 # rs-tile:     GEMM+RS `reduce_by=tile` (tiles over every rank's rows) against the other fused launches and cuBLAS at
 #              decode rows, world size 1; then the stress run.
 # ag-small-m:  AG+GEMM's Triton modes at decode rows (their candidates, one row tile over M among them) against

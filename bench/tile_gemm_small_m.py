@@ -63,12 +63,13 @@ def grid(M: int, N: int, K: int) -> list[dict]:
 
 class TileGemm:
     """One config's launch over fixed A, B, C (and its split-K workspace). `span` makes it the launch of
-    `reduce_by=tile` at world size 1 (every row its own: no sends, no waits); `epoch` switches that launch's call
-    epoch off, to tell what it costs (only right at world size 1). With `--tree` on a checkout whose kernels still
+    `reduce_by=tile` at world size 1 (every row its own: no sends, no waits); `epoch` is the launch's EPOCH: 1 opens
+    the call (reads the counter, arrives, the last publishes), 2 only reads the counter, 0 has no call epoch, to tell
+    what each part costs (2 and 0 are right only at world size 1). With `--tree` on a checkout whose kernels still
     fenced per thread, the span launch gets its fence scratch."""
 
     def __init__(self, cfg: dict, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, span: bool = False,
-                 epoch: bool = True) -> None:  # fmt: skip
+                 epoch: int = 1) -> None:  # fmt: skip
         M, K = a.shape
         N = b.shape[1]
         self.cfg = GemmRsConfig.of(cfg)
@@ -90,7 +91,7 @@ class TileGemm:
                                gemm=False, reduce=False, dest=c, dest_deltas=dummy, src=c, src_deltas=dummy,
                                flags_local=dummy, flag_ptrs=dummy, state=state, ws=ws, counts=counts,
                                n_chunks=tiles, gemm_programs=self.work, num_programs=self.work, stride_dm=N,
-                               epoch=1 if epoch else 0, span=True, **(extra if fenced else {}))  # fmt: skip
+                               epoch=epoch, span=True, **(extra if fenced else {}))  # fmt: skip
         else:
             args = kernel_args(self.cfg, s, a=a, b=b, out=c, dummy=dummy, rank=0, rows=M, seg_rows=M, epi=EPI_STORE,
                                gemm=True, reduce=False, dest=c, dest_deltas=dummy, ws=ws, counts=counts,
@@ -165,7 +166,7 @@ def bench_shape(M: int, N: int, K: int, bandwidth: float) -> dict:
 
 def anatomy(M: int, N: int, K: int) -> dict:
     """The tile GEMM alone against the `reduce_by=tile` launch at world size 1 on the same tile (one row tile over
-    M, 64 columns, 128-deep steps, no split-K), with its call epoch on and off."""
+    M, 64 columns, 128-deep steps, no split-K): opening the call, only reading its epoch, no epoch."""
     gen = torch.Generator(device="cuda").manual_seed(M + N + K)
     a = torch.randn(M, K, device="cuda", generator=gen).div_(K**0.25).bfloat16()
     b = torch.randn(K, N, device="cuda", generator=gen).div_(K**0.25).bfloat16()
@@ -177,7 +178,8 @@ def anatomy(M: int, N: int, K: int) -> dict:
     variants = {
         "tile_gemm": TileGemm(cfg, a, b, c),
         "span": TileGemm(cfg, a, b, c, span=True),
-        "span_no_epoch": TileGemm(cfg, a, b, c, span=True, epoch=False),
+        "span_epoch_read_only": TileGemm(cfg, a, b, c, span=True, epoch=2),
+        "span_no_epoch": TileGemm(cfg, a, b, c, span=True, epoch=0),
     }
     entry = {"M": M, "N": N, "K": K, "config": cfg, "cublas_us": graph_us(lambda: torch.mm(a, b, out=c))}
     for name, launch in variants.items():
