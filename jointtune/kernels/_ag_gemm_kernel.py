@@ -14,8 +14,8 @@ Producers wait on nothing before they finish pushing, and the grid is no larger 
 so every producer is resident and every wait ends: deadlock-free by construction.
 
 Under push the call's epoch comes from the device (`call_epoch`), the inbox half from its parity, and
-the last program to start publishes it (`open_call`); the last program to take a ticket hands the
-counter back at zero. Nothing a later call needs is set by the host.
+the launch's last program publishes it once every program read it (`open_call`, `publish_call`); the last
+program to take a ticket hands the counter back at zero. Nothing a later call needs is set by the host.
 
 With SPLIT_K > 1 a tile's K loop is split over SPLIT_K work items that meet in the tile's workspace slot
 (`_tiles.merge_split_k`); the last to arrive writes C. Small M needs that parallelism: without it a few
@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import call_epoch_and_half, open_call, push_rows, wait_chunks
+from jointtune.kernels._signals import call_epoch_and_half, open_call, publish_call, push_rows, wait_chunks
 from jointtune.kernels._tiles import grouped_tile, split_product
 
 
@@ -96,7 +96,7 @@ def ag_gemm_kernel(
     pid = tl.program_id(0) + pid_base
     epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
     if EPOCH == 1:
-        open_call(state_ptr, epoch, num_programs)
+        open_call(state_ptr)
     if COMM_SMS > 0:  # noqa: SIM102 (constexpr: without push no producer code at all, not even dead)
         if pid < COMM_SMS:
             push_rows(
@@ -150,6 +150,8 @@ def ag_gemm_kernel(
             # back at zero for the next call (nobody takes a ticket after it).
             if work == num_work + ticket_takers - 1:
                 tl.store(tickets_ptr, 0)
+    if EPOCH == 1:
+        publish_call(state_ptr, epoch, num_programs)
 
 
 __all__ = ["ag_gemm_kernel", "triton"]

@@ -22,8 +22,9 @@ whose ranks launch one after another), each launch holds one kind of unit and ev
 before any rank's combine launch.
 
 Cross-call state is device memory only: the epoch comes from the call counter (EPOCH 1: this launch opens the call
-and its last program to start publishes it; 2: an earlier launch did); flags carry epochs; halves alternate by epoch
-parity. The split counters are handed back at zero by the units that finish with them, the ticket by its last draw.
+and publishes it once all its programs have read it; 2: an earlier launch did); flags carry epochs; halves alternate
+by epoch parity. The split counters are handed back at zero by the units that finish with them, the ticket by its
+last draw.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import call_epoch_and_half, open_call, wait_flag
+from jointtune.kernels._signals import call_epoch_and_half, open_call, publish_call, wait_flag
 
 #: LSE of a partial with no keys: finite, so merges need no special case (exp2(EMPTY - x) == 0 for real x)
 EMPTY = tl.constexpr(-1.0e30)
@@ -227,11 +228,11 @@ def flash_decode_kernel(
             tl.store(ticket_ptr, 0)
             if EPOCH == 1:
                 tl.atomic_xchg(state_ptr, epoch, sem="release", scope="gpu")
-        tl.debug_barrier()  # as in `open_call`
+        tl.debug_barrier()  # only the publish needs the acquire; the barrier keeps the rule: every acquire, then one
     else:
         unit = pid
         if EPOCH == 1:
-            open_call(state_ptr, epoch, num_programs)
+            open_call(state_ptr)
     n_decode = 0
     if DECODE:
         n_decode = n_items * n_splits
@@ -266,6 +267,9 @@ def flash_decode_kernel(
                         wait_flag(flags_ptr + p * n_chunks + chunk, epoch)
             _combine_chunk(src_ptr, src_deltas_ptr, out_ptr, chunk, n_items, rank, half, H, stride_ob, stride_oh, D,
                            PW, HPP, BLOCK_H, IPF, WORLD, HALF_OWN)  # fmt: skip
+    if EPOCH == 1:  # noqa: SIM102 (constexpr)
+        if not TICKET:  # with the ticket, its last draw published the epoch
+            publish_call(state_ptr, epoch, num_programs)
 
 
 __all__ = ["EMPTY", "flash_decode_kernel", "triton"]

@@ -55,7 +55,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import call_epoch_and_half, open_call, release_flag, wait_chunks, wait_flag
+from jointtune.kernels._signals import (
+    call_epoch_and_half,
+    open_call,
+    publish_call,
+    release_flag,
+    wait_chunks,
+    wait_flag,
+)
 from jointtune.kernels._tiles import grouped_tile, split_product
 
 
@@ -164,7 +171,7 @@ def gemm_rs_kernel(
     epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
     if EPOCH == 1:  # noqa: SIM102 (constexpr)
         if not EXIT:  # the exit handshake publishes the epoch at the end (below)
-            open_call(state_ptr, epoch, num_programs)
+            open_call(state_ptr)
     if SPAN:  # noqa: SIM102 (constexpr)
         if pid < gemm_programs:
             # tiles over all `rows` (every rank's), in the same order on every rank; n_chunks counts the tiles
@@ -298,7 +305,7 @@ def gemm_rs_kernel(
                     delta = tl.load(src_deltas_ptr)
                     zeros = tl.zeros((RED_M, RED_N), dtype=tl.float32)
                     tl.store(src_ptr + half + delta + in_slot, zeros, mask=mask)
-    if EPOCH == 1:  # noqa: SIM102 (constexpr)
+    if EPOCH == 1:
         if EXIT:
             # pull_cublas: the last program to finish tells every peer "done reading your partial of call
             # e" and waits until each peer said the same, so the next call's GEMM may overwrite this rank's
@@ -311,6 +318,8 @@ def gemm_rs_kernel(
                 for j in range(1, WORLD):
                     wait_flag(exit_ptr + (rank + j) % WORLD, epoch)
                 tl.atomic_xchg(state_ptr, epoch, sem="release", scope="gpu")
+        else:
+            publish_call(state_ptr, epoch, num_programs)
 
 
 @triton.jit(do_not_specialize=["owner", "index"])

@@ -5,11 +5,11 @@ Cross-call state never comes from the host. Each world keeps a per-rank counter 
 (`CallState`): the number of fused calls this rank has opened. A call's epoch is that counter + 1.
 Either one small kernel opens the call (`open_call_kernel`: counter += 1, then every kernel of the call
 reads the counter), or the call's first kernel reads counter + 1 and publishes it once every one of its
-programs has read it (`open_call`: each program arrives on a counter as it starts, the last to arrive
-publishes). Flags carry epochs, so a flag written at call e means "ready for call e"
-and nothing is ever reset; inbox halves are picked by epoch parity in the kernel. A CUDA graph that
-captured a call therefore replays it correctly forever: every replay advances the counter on the
-device, exactly as an eager call does.
+programs has read it (`open_call`: each program arrives on a counter as it starts, without waiting;
+`publish_call`: the launch's last program collects the arrivals at its end and publishes). Flags carry
+epochs, so a flag written at call e means "ready for call e" and nothing is ever reset; inbox halves are
+picked by epoch parity in the kernel. A CUDA graph that captured a call therefore replays it correctly
+forever: every replay advances the counter on the device, exactly as an eager call does.
 
 Epochs and flags are int64: at one call per microsecond they would take 290,000 years to wrap.
 
@@ -33,8 +33,8 @@ import triton
 import triton.language as tl
 
 # ---- the call's epoch ---------------------------------------------------------------------------
-# EPOCH (constexpr) of a kernel: 1 = this launch opens the call (reads counter + 1, and `open_call` publishes it
-# when every program has read it), 2 = the call is already open (the counter is the epoch).
+# EPOCH (constexpr) of a kernel: 1 = this launch opens the call (reads counter + 1, `open_call` at the start of
+# every program, `publish_call` at the end), 2 = the call is already open (the counter is the epoch).
 
 
 @triton.jit
@@ -56,18 +56,24 @@ def call_epoch_and_half(state_ptr, half_stride, EPOCH: tl.constexpr):
 
 
 @triton.jit
-def open_call(state_ptr, epoch, num_programs):
-    # Right after `call_epoch`: once all its threads hold the epoch (the barrier), the program arrives on the
-    # launch's counter, and the last of the launch's programs to arrive publishes the epoch (and hands the counter
-    # back at zero). Every program read the counter before arriving, so none of this launch reads the new value;
-    # later kernels on the stream do. Arriving at the start keeps the round trip off the launch's tail, where a
-    # release would first wait for the program's stores to drain.
+def open_call(state_ptr):
+    # At the start of every program of a launch that opens the call, right after `call_epoch`: once all its threads
+    # hold the epoch (the barrier), the program arrives on the launch's counter. The result is not used, so nothing
+    # waits for the round trip; `publish_call` collects the arrivals.
     tl.debug_barrier()
-    arrived = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
-    if arrived == num_programs - 1:
+    tl.atomic_add(state_ptr + 1, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def publish_call(state_ptr, epoch, num_programs):
+    # At the end of the launch's last program (by id: the last to start, and where programs run one after another
+    # the last to run): once every program has arrived, hence read the epoch, publish it and hand the counter back at
+    # zero. None of this launch reads the new value; later kernels on the stream do. Nothing waits on this program,
+    # so its wait ends whatever the grid and residency.
+    if tl.program_id(0) == num_programs - 1:
+        wait_flag(state_ptr + 1, num_programs)
         tl.store(state_ptr + 1, 0)
         tl.atomic_xchg(state_ptr, epoch, sem="release", scope="gpu")
-    tl.debug_barrier()  # only the publish needs the acquire; the barrier keeps the rule: every acquire, then one
 
 
 @triton.jit
@@ -226,7 +232,7 @@ def allgather_push_kernel(
     pid = tl.program_id(0)
     epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
     if EPOCH == 1:
-        open_call(state_ptr, epoch, num_programs)
+        open_call(state_ptr)
     if ENTER:
         if pid == 0:
             for j in range(1, WORLD):
@@ -242,6 +248,8 @@ def allgather_push_kernel(
     if WAIT_ALL:  # noqa: SIM102 (constexpr: without it no wait code at all)
         if pid == 0:
             wait_chunks(flags_ptr, epoch, rank, n_chunks, 0, WORLD - 1, 0, n_chunks - 1)
+    if EPOCH == 1:
+        publish_call(state_ptr, epoch, num_programs)
 
 
 @triton.jit(do_not_specialize=["rank", "n_chunks", "chunk"])
@@ -268,6 +276,7 @@ __all__ = [
     "call_epoch_and_half",
     "open_call",
     "open_call_kernel",
+    "publish_call",
     "push_rows",
     "release_chunk_kernel",
     "release_flag",
