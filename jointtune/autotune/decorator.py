@@ -89,6 +89,11 @@ def joint_autotune(
 
         if allow_nondeterministic:
             raise TuningError("allow_nondeterministic: only allowed with space=...; a config list has no modes")
+        if not hasattr(fn, "arg_names"):  # a plain function: what it needs is a space, not a config list
+            raise TuningError(
+                f"fn: {getattr(fn, '__name__', fn)!r} is not a @triton.jit kernel; decorate a kernel (configs=[...]) "
+                "or give space=... to tune a launcher"
+            )
         return JointAutotuner(
             fn, fn.arg_names, configs, key if key is not None else [], on_miss=on_miss or "benchmark",
             kernel=kernel, db_url=db_url, server=server, store_timeout_s=store_timeout_s, timing=timing,

@@ -22,6 +22,11 @@ from jointtune.timings import TIMINGS
 
 #: "tpe": multivariate grouped TPE; "random": the control; "exhaustive": every valid config once.
 STRATEGIES = ("tpe", "random", "exhaustive")
+#: the longest watchdog or budget any setting may ask for (11.6 days): a timer that can be armed on every
+#: platform (faulthandler's overflows near 1e10 s), and still "no limit" for any real trial
+MAX_SECONDS = 1e6
+#: the largest count any setting may ask for: what a 32-bit column of either database holds
+MAX_COUNT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -71,25 +76,29 @@ class TuneSettings:
         positive = ("trials", "iters", "max_invalid_streak", "max_duplicate_streak")
         for name in positive:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise TuningError(f"{name}: {value!r} is not allowed; it must be an integer >= 1")
-        for name in ("warmup", "warm_start", "lookahead", "seed"):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_COUNT:
+                raise TuningError(f"{name}: {value!r} is not allowed; it must be an integer in 1..{MAX_COUNT}")
+        for name in ("warmup", "warm_start", "lookahead"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise TuningError(f"{name}: {value!r} is not allowed; it must be an integer >= 0")
-        if self.seed >= 2**32:  # the samplers' generators take 32 bits
-            raise TuningError(f"seed: {self.seed!r} is not allowed; it must be an integer in 0..{2**32 - 1}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
+                raise TuningError(f"{name}: {value!r} is not allowed; it must be an integer in 0..{MAX_COUNT}")
+        seed = self.seed  # the samplers' generators take 32 bits
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+            raise TuningError(f"seed: {seed!r} is not allowed; it must be an integer in 0..{2**32 - 1}")
         for name in ("patience", "n_startup"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise TuningError(f"{name}: {value!r} is not allowed; it must be an integer >= 1 or null")
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_COUNT:
+                raise TuningError(f"{name}: {value!r} is not allowed; it must be an integer in 1..{MAX_COUNT} or null")
         seconds = ("watchdog_compile_s", "watchdog_slack_s", "first_trial_timeout_s", "watchdog_factor")
         for name in (*seconds, "time_budget_s"):
             value = getattr(self, name)
             if value is None and name == "time_budget_s":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise TuningError(f"{name}: {value!r} is not allowed; it must be a number > 0")
+            # `not 0 < value <= MAX` also refuses NaN and infinity
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
+                raise TuningError(f"{name}: {value!r} is not allowed; it must be a number in (0, {MAX_SECONDS:.0f}]")
 
     @property
     def startup_trials(self) -> int:

@@ -63,9 +63,9 @@ def prepare_report_dir(text: str | None) -> Path | None:
     return path
 
 
-def existing_store_url(db: str | None) -> str:
-    """The store a read-only command opens. A SQLite file that isn't there is refused: opening it would leave a
-    new empty store at a mistyped path and show nothing."""
+def existing_store_url(db: str | None, *, option: str = "--db") -> str:
+    """The store a read-only command (or a worker joining a sweep) opens. A SQLite file that isn't there is
+    refused: opening it would leave a new empty store at a mistyped path and show or find nothing."""
     from sqlalchemy.engine import make_url
 
     from jointtune.db import ENV_DB_URL, is_memory_sqlite, resolve_db_url
@@ -74,7 +74,7 @@ def existing_store_url(db: str | None) -> str:
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or is_memory_sqlite(url) or Path(parsed.database or "").exists():
         return url
-    source = "--db" if db is not None else f"${ENV_DB_URL}" if os.environ.get(ENV_DB_URL) else "store"
+    source = option if db is not None else f"${ENV_DB_URL}" if os.environ.get(ENV_DB_URL) else "store"
     raise DatabaseURLError(
         f"{source}: {parsed.database!r} does not exist; give an existing store (`db upgrade`, `tune` and `serve` "
         "make one)"

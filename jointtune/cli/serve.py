@@ -47,8 +47,12 @@ def serve_command(
     os.environ["JOINTTUNE_DB_URL"] = url  # workers build their app from the environment
     settings = _settings()  # bad JOINTTUNE_* settings fail here, once, not in every worker
     TokenSet.load(settings.tokens, settings.tokens_file)
-    open_store(url).close()
-    sock = _listen(host, port)
+    sock = _listen(host, port)  # a host or port we can't have fails before the store is created or migrated
+    try:
+        open_store(url).close()
+    except BaseException:
+        sock.close()
+        raise
     config = uvicorn.Config(
         "jointtune.server.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info"
     )

@@ -84,9 +84,8 @@ def _count_row(space: Space, problem: Problem, limits: DeviceLimits) -> dict[str
 
 def _problem(space: Space, shape: str | None, dtype: str, world_size: int) -> Problem:
     if shape is None:
-        example = "x".join(str(2 ** (12 + i)) for i in range(len(space.dims)))
         raise SpaceError(
-            f"--shape: missing for space {space.name!r}; write {'x'.join(space.dims)} (e.g. {example}) "
+            f"--shape: missing for space {space.name!r}; write {'x'.join(space.dims)} (e.g. {space.example}) "
             f"or name=value pairs"
         )
     return space.make_problem(shape, dtype=dtype, world_size=world_size)

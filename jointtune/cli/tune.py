@@ -46,14 +46,16 @@ def _env_int(name: str, default: int) -> int:
 
 def _options(heartbeat: int | None, grace: int | None) -> GroupOptions:
     """Heartbeat and grace from the options, else $JOINTTUNE_HEARTBEAT_S / $JOINTTUNE_GRACE_S."""
+    from jointtune.autotune.settings import MAX_SECONDS
     from jointtune.autotune.workers.coordinator import GroupOptions
 
     defaults = GroupOptions()
-    beat = heartbeat or _env_int("JOINTTUNE_HEARTBEAT_S", defaults.heartbeat_s)
-    grace_s = grace or _env_int("JOINTTUNE_GRACE_S", defaults.grace_s)
-    if beat < 1 or grace_s <= beat:
+    beat = heartbeat if heartbeat is not None else _env_int("JOINTTUNE_HEARTBEAT_S", defaults.heartbeat_s)
+    grace_s = grace if grace is not None else _env_int("JOINTTUNE_GRACE_S", defaults.grace_s)
+    if not 1 <= beat < grace_s <= MAX_SECONDS:
         raise TuningError(
-            f"heartbeat/grace: {beat}/{grace_s} s is not allowed; need heartbeat >= 1 and grace > heartbeat"
+            f"heartbeat/grace: {beat}/{grace_s} s is not allowed; need heartbeat >= 1, grace > heartbeat and "
+            f"grace <= {MAX_SECONDS:.0f}"
         )
     return GroupOptions(heartbeat_s=beat, grace_s=grace_s)
 
@@ -270,11 +272,11 @@ def worker(
     from jointtune.autotune.sweeps.registry import load_sweep
     from jointtune.autotune.tuner.studies import open_storage
     from jointtune.autotune.workers.runner import prepare_interpreter
-    from jointtune.cli._checks import check_profile
-    from jointtune.db import open_store, resolve_db_url
+    from jointtune.cli._checks import check_profile, existing_store_url
+    from jointtune.db import open_store
 
-    url = resolve_db_url(storage)
     options = _options(heartbeat, grace)
+    url = existing_store_url(storage, option="--storage")  # a sweep is registered in a store that exists
     on_gpu = prepare_interpreter()
     chosen = check_profile(profile, on_gpu=on_gpu)
     open_store(url)

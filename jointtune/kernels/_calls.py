@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from jointtune.errors import ShapeError
+from jointtune.errors import ShapeError, SpaceError
 
 #: the input dtypes of the GEMM families, by their names in keys and records
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -23,6 +23,19 @@ C = TypeVar("C")
 def as_list(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """One tensor (a CUDA rank's) or one per simulated rank, as a list."""
     return [x] if isinstance(x, torch.Tensor) else list(x)
+
+
+def forward_only(kernel: str, **inputs: list[torch.Tensor]) -> None:
+    """ShapeError naming the first input that requires grad while grad mode is on: the kernels have no backward,
+    so their output would silently carry no gradient back to it (a weight that never learns)."""
+    if not torch.is_grad_enabled():
+        return
+    for name, tensors in inputs.items():
+        if any(getattr(t, "requires_grad", False) for t in tensors):
+            raise ShapeError(
+                f"{name}: requires grad, and {kernel} is forward-only (no backward); call it under torch.no_grad() "
+                "or torch.inference_mode(), or pass detached tensors"
+            )
 
 
 def first_of(name: str, x: Any, ndim: int) -> torch.Tensor:
@@ -48,14 +61,22 @@ def config_json(config: Mapping[str, Any]) -> str:
     return json.dumps(dict(config), sort_keys=True, separators=(",", ":"))
 
 
-@functools.lru_cache(maxsize=1024)
 def parse_config(text: str) -> dict[str, Any]:
+    """The torch op's config text as a new dict (the parse is cached; the caller may change what it gets)."""
+    return dict(_parse_config(text))
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_config(text: str) -> dict[str, Any]:
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ShapeError(f"config: {text[:80]!r} is not JSON ({exc.msg}); pass config_json(config)") from None
+        raise SpaceError(f"config: {text[:80]!r} is not JSON ({exc.msg}); pass config_json(config)") from None
+    except (ValueError, RecursionError) as exc:  # a number past Python's digit limit; nesting past the stack
+        what = type(exc).__name__
+        raise SpaceError(f"config: {text[:80]!r} is not a config ({what}); pass config_json(config)") from None
     if not isinstance(config, dict):
-        raise ShapeError(f"config: {text[:80]!r} is not a JSON object of field -> value")
+        raise SpaceError(f"config: {text[:80]!r} is not a JSON object of field -> value")
     return config
 
 

@@ -23,10 +23,13 @@ if TYPE_CHECKING:
     from jointtune.kernels.world import World
 
 
-def config_key(config: Mapping[str, Any]) -> frozenset[tuple[str, Any]]:
-    """A hashable form of a config (the plan cache's key part); refuses values that don't hash."""
+def config_key(config: Mapping[str, Any]) -> frozenset[tuple[str, type, Any]]:
+    """A hashable form of a config (the plan cache's key part); refuses values that don't hash.
+
+    Each value goes with its type: `True == 1 == 1.0` in Python, and the space refuses `True` where it wants
+    a number, so a cached `1` must not let a later `True` skip that check."""
     try:
-        return frozenset(config.items())
+        return frozenset((name, type(value), value) for name, value in config.items())
     except (AttributeError, TypeError) as exc:
         raise SpaceError(f"config: {config!r} is not allowed; it must be a mapping of field -> number or text") from exc
 
@@ -45,5 +48,5 @@ def _resolve(space: str, items: frozenset, shape: tuple, dtype: str, world_size:
     from jointtune.search_spaces import Problem, get_space
 
     problem = Problem.of(dict(shape), dtype=dtype, world_size=world_size)
-    canonical = get_space(space).validate(dict(items), problem, device_limits(device))
+    canonical = get_space(space).validate({name: value for name, _, value in items}, problem, device_limits(device))
     return tuple(canonical.items())

@@ -36,7 +36,7 @@ import triton
 from jointtune.errors import ShapeError
 from jointtune.kernels._ag_gemm_args import AgGemmConfig, Shape, gemm_args, push_args
 from jointtune.kernels._ag_gemm_plans import build_plan
-from jointtune.kernels._calls import DTYPES, as_list, first_of, parse_config, usable
+from jointtune.kernels._calls import DTYPES, as_list, first_of, forward_only, parse_config, usable
 from jointtune.kernels._calls import config_json as config_json  # the op's config text, as users import it from here
 from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels._launch import split_options
@@ -99,6 +99,7 @@ def ag_gemm(
     be valid in the `ag_gemm` space for this shape (SpaceError names the fields otherwise).
     """
     a_l, b_l = as_list(a), as_list(b)
+    forward_only("ag_gemm", a=a_l, b=b_l)
     if len(a_l) != 1 or len(b_l) != 1 or len(world.local_ranks) != 1:
         _check(a_l, b_l, world)  # simulated ranks: every rank's tensors, every call (the CPU's path)
     a0, b0 = a_l[0], b_l[0]

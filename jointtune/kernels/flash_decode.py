@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from jointtune.errors import ShapeError
-from jointtune.kernels._calls import DTYPES, as_list, config_json, first_of, parse_config
+from jointtune.kernels._calls import DTYPES, as_list, config_json, first_of, forward_only, parse_config
 from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels._flash_decode_args import DecodeShape, FlashDecodeConfig, Work, default_scale, kernel_args
 from jointtune.kernels._flash_decode_plans import DecodePlan
@@ -129,6 +129,7 @@ def flash_decode(
     for this shape (SpaceError names the fields otherwise).
     """
     q_l, k_l, v_l = as_list(q), as_list(k), as_list(v)
+    forward_only("flash_decode", q=q_l, k=k_l, v=v_l)
     l_l = _lens_list(kv_lens, len(q_l))
     scale = _scale(scale)
     if len(q_l) != 1 or len(world.local_ranks) != 1:

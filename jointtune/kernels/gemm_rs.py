@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from jointtune.errors import ShapeError
-from jointtune.kernels._calls import DTYPES, as_list, config_json, first_of, parse_config, usable
+from jointtune.kernels._calls import DTYPES, as_list, config_json, first_of, forward_only, parse_config, usable
 from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels._gemm_rs_args import EPI_ATOMIC, EPI_SIGNAL, EPI_STORE, GemmRsConfig, RsShape, kernel_args
 from jointtune.kernels._gemm_rs_args import tile_work as _work
@@ -100,6 +100,7 @@ def gemm_rs(
     `gemm_rs` space for this shape (SpaceError names the fields otherwise).
     """
     a_l, b_l = as_list(a), as_list(b)
+    forward_only("gemm_rs", a=a_l, b=b_l)
     if len(a_l) != 1 or len(b_l) != 1 or len(world.local_ranks) != 1:
         _check(a_l, b_l, world)  # simulated ranks: every rank's tensors, every call (the CPU's path)
     a0, b0 = a_l[0], b_l[0]

@@ -26,11 +26,16 @@ def _positive(name: str, text: str, shape: str) -> int:
     return int(text)
 
 
-def parse_shape(text: str, dims: Sequence[str]) -> dict[str, int]:
-    """Dims from `text`, keyed and ordered as `dims`; SpaceError says which part is wrong."""
+def example_shape(ndims: int) -> str:
+    """A shape of `ndims` dims to show in messages when a space names no real one of its own."""
+    return "x".join(str(2 ** (12 + i)) for i in range(ndims))
+
+
+def parse_shape(text: str, dims: Sequence[str], *, example: str | None = None) -> dict[str, int]:
+    """Dims from `text`, keyed and ordered as `dims`; SpaceError says which part is wrong (showing `example`)."""
     dims = tuple(dims)
     order = "x".join(dims)
-    example = "x".join(str(2 ** (12 + i)) for i in range(len(dims)))
+    example = example or example_shape(len(dims))
     if not isinstance(text, str) or not text.strip():
         raise SpaceError(f"shape: {text!r} is not allowed; write {order} (e.g. {example}) or name=value pairs")
     text = text.strip()

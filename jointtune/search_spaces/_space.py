@@ -33,7 +33,7 @@ from jointtune.search_spaces._params import (
     format_value,
 )
 from jointtune.search_spaces._problem import DTYPE_BYTES, DeviceLimits, Problem
-from jointtune.search_spaces._shape import parse_shape
+from jointtune.search_spaces._shape import example_shape, parse_shape
 
 if TYPE_CHECKING:
     import optuna
@@ -71,8 +71,12 @@ class Space:
         nondeterministic: Sequence[str] = (),
         dtypes: Sequence[str] = tuple(DTYPE_BYTES),
         seeds: Callable[[Context], Sequence[Mapping[str, Value]]] | None = None,
+        example: Sequence[int] | None = None,
     ) -> None:
         self.name = name
+        self._example = tuple(example) if example else None
+        #: a real shape in `dims` order, as messages show how to write one (default: 4096x8192x...)
+        self.example = "x".join(map(str, self._example)) if self._example else example_shape(len(dims))
         self._seeds = seeds
         #: element types the family's kernels run (a problem of another dtype is refused before any trial)
         self.dtypes = tuple(dtypes)
@@ -211,6 +215,7 @@ class Space:
             nondeterministic=[m for m in self.nondeterministic if m in kept.get("mode", ())],
             dtypes=self.dtypes,
             seeds=self._seeds,
+            example=self._example,
         )
         sub.restricted_from = self
         sub.restriction = {**self.restriction, **{name: list(values) for name, values in allowed.items()}}
@@ -239,7 +244,7 @@ class Space:
 
     def make_problem(self, shape: Mapping[str, int] | str, *, dtype: Any = "bfloat16", world_size: int = 1) -> Problem:
         """A checked Problem from a dict or text ("8192x4096x12288" or "M=8192,N=4096,K=12288")."""
-        dims = parse_shape(shape, self.dims) if isinstance(shape, str) else dict(shape)
+        dims = parse_shape(shape, self.dims, example=self.example) if isinstance(shape, str) else dict(shape)
         problem = Problem.of(dims, dtype=dtype, world_size=world_size)
         self.validate_problem(problem)
         return problem

@@ -180,6 +180,7 @@ _COMM = when(mode=("fused", "pull", "wait"))
 FLASH_DECODE = Space(
     "flash_decode",
     dims=("B", "H", "H_KV", "S", "D"),
+    example=(1, 64, 8, 32768, 128),  # batch 1, 64 query heads over 8 KV heads, a 32K cache, head dim 128
     revision=3,  # 2: the kernel's modes (fused, pull, wait, baseline), items_per_flag, push_programs; 3: any divisor
     # of G as heads_per_program, the default's tiles (one program per SM, 128-key steps, 3 stages)
     doc=__doc__.split("\n\n")[0] if __doc__ else "",

@@ -29,7 +29,7 @@ from jointtune.autotune.tuner.handles import study_space
 from jointtune.autotune.tuner.results import study_name_for
 from jointtune.cli import main
 from jointtune.db import NewRecord, open_store
-from jointtune.errors import TuningError
+from jointtune.errors import TuningError, UnknownNameError
 from jointtune.hardware import current_limits, detect
 from jointtune.kernels import get_family
 from jointtune.kernels._family import register_family
@@ -290,6 +290,16 @@ def test_decorator_options_are_checked() -> None:
         _launcher("sqlite://", tune_settings=TuneSettings(allow_nondeterministic=True))
     with pytest.raises(TuningError, match="allow_nondeterministic: only allowed with space="):
         joint_autotune(configs=[], key=[], allow_nondeterministic=True)(lambda: None)
+    # the unknown space is what is wrong, not the key it has no family for
+    for space in ("nope", "", "GEMM_RS"):
+        with pytest.raises(UnknownNameError, match=f"space: {space!r} is not a known search space; known: "):
+            joint_autotune(space=space)(lambda: None)
+    with pytest.raises(TuningError, match=r"fn: 'plain' is not a @triton\.jit kernel; .* or give space="):
+
+        def plain(x):
+            return x
+
+        joint_autotune(key=["M"])(plain)
 
 
 # ---- online tuning: a cheap family whose fastest mode is non-deterministic ----------------------

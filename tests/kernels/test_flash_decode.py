@@ -244,6 +244,8 @@ def test_bad_calls_name_the_argument():
         flash_decode(q, k, k, world=world, config=dict(ok, push_programs=2))
     with pytest.raises(SpaceError, match="mode"):
         flash_decode(q, k, k, world=world, config=dict(ok, mode="broadcast"))
+    with pytest.raises(ShapeError, match="q: requires grad, and flash_decode is forward-only"):
+        flash_decode([x.clone().requires_grad_() for x in q], k, k, world=world, config=ok)
 
 
 def test_lengths_and_scale_the_kernel_cannot_read_as_given_are_refused():

@@ -202,6 +202,20 @@ def test_bad_calls_name_the_argument():
         gemm_rs(a, b, world=world, config=dict(CONFIGS["push"], comm_sms=2))
     with pytest.raises(SpaceError, match="tile_order"):
         gemm_rs(a, b, world=world, config=dict(CONFIGS["push"], tile_order="sideways"))
+    # no backward: a weight that requires grad would silently never learn, so grad mode refuses it by name
+    weights = [x.clone().requires_grad_() for x in b]
+    with pytest.raises(ShapeError, match=r"b: requires grad, and gemm_rs is forward-only .* torch\.no_grad\(\)"):
+        gemm_rs(a, weights, world=world, config=CONFIGS["baseline"])
+    with torch.no_grad():
+        assert gemm_rs(a, weights, world=world, config=CONFIGS["baseline"])[0].shape == (5, 16)
+    # True == 1 and hashes alike: a cached plan of reduce_sms=1 must not let reduce_sms=True skip the check
+    for reduce_sms in (True, 1, True):
+        config = dict(CONFIGS["pull_cublas"], reduce_sms=reduce_sms)
+        if reduce_sms is True:
+            with pytest.raises(SpaceError, match="reduce_sms: True is not allowed"):
+                gemm_rs(a, b, world=world, config=config)
+        else:
+            assert gemm_rs(a, b, world=world, config=config)[0].shape == (5, 16)
 
 
 def test_family_contract_and_torch_op():

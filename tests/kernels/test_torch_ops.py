@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jointtune.errors import KernelError, ShapeError
+from jointtune.errors import KernelError, SpaceError
+from jointtune.kernels._calls import parse_config
 from jointtune.kernels.ag_gemm import config_json, reference
 from jointtune.kernels.world import create_world, world_named
 
@@ -69,8 +70,16 @@ def test_bad_world_or_config_text_names_the_field():
     a, b = _inputs(2)
     with pytest.raises(KernelError, match="world: 'nowhere' is not a live world"):
         torch.ops.jointtune.ag_gemm(a, b, "nowhere", config_json(CONFIG))
-    with pytest.raises(ShapeError, match=r"config: .* is not JSON"):
+    with pytest.raises(SpaceError, match=r"config: .* is not JSON"):
         torch.ops.jointtune.ag_gemm(a, b, world.name, "{mode: push}")
+    # past Python's digit limit, and nested past the parser's stack: the same kind of error, not a raw one
+    for text in ('{"mode":"push","BLOCK_M":1' + "0" * 5000 + "}", '{"mode":' + "[" * 100_000 + "]" * 100_000 + "}"):
+        with pytest.raises(SpaceError, match=r"config: .* is not a config \((ValueError|RecursionError)\)"):
+            torch.ops.jointtune.ag_gemm(a, b, world.name, text)
+    # the parse is cached, the dict handed out is the caller's: changing it changes no later call
+    text = config_json(CONFIG)
+    parse_config(text)["mode"] = "no such mode"
+    assert parse_config(text) == CONFIG
     assert world_named(world.name) is world
     world.close()
     with pytest.raises(KernelError, match="is not a live world"):

@@ -119,6 +119,14 @@ def test_parse_shape_errors_name_the_part(text: str, message: str) -> None:
         parse_shape(text, ("M", "N", "K"))
 
 
+def test_shape_messages_show_a_real_shape_of_the_space() -> None:
+    with pytest.raises(SpaceError, match=r"allowed: 5 dims BxHxH_KVxSxD \(e\.g\. 1x64x8x32768x128\)"):
+        get_space("flash_decode").make_problem("1x4x1x256", world_size=2)
+    restricted = get_space("flash_decode").restrict({"mode": ["pull"]})
+    with pytest.raises(SpaceError, match=r"\(e\.g\. 1x64x8x32768x128\)"):
+        restricted.make_problem("1x64", world_size=2)
+
+
 def test_registry_knows_the_three_families() -> None:
     # other test packages register their own "jt_*" spaces in this process; the builtins are these three
     assert [n for n in space_names() if not n.startswith("jt_")] == ["ag_gemm", "flash_decode", "gemm_rs"]

@@ -109,13 +109,14 @@ class JointAutotuned:
             )
         if on_miss not in ON_MISS:
             raise TuningError(f"on_miss: {on_miss!r} is not allowed; allowed: {', '.join(ON_MISS)}")
+        space_of_calls = get_space(space)  # an unknown space is the first thing to say, before what key it lacks
         if key is None:
             key = _family_key(kernel or space)
         if not callable(key):
             raise TuningError(f"key: {key!r} is not allowed; pass a function of the call's arguments -> shape dict")
         functools.update_wrapper(self, fn)
         self.fn = fn
-        self.space: Space = get_space(space)
+        self.space: Space = space_of_calls
         self.kernel = kernel or space
         self.on_miss = on_miss
         self.key = key

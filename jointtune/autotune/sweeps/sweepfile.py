@@ -48,7 +48,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from jointtune.autotune.settings import Job, TuneSettings
+from jointtune.autotune.settings import MAX_COUNT, MAX_SECONDS, Job, TuneSettings
 from jointtune.db.schema import NAME_CHARS, NAME_RE
 from jointtune.errors import JointtuneError, TuningError
 from jointtune.timings import TIMINGS
@@ -66,29 +66,36 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+#: seconds (and the watchdog's factor): finite, > 0 and within what a timer can be armed for
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
+#: counts: what a 32-bit column holds
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+Count0 = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+
+
 class WatchdogModel(_Strict):
-    compile_s: float | None = Field(None, gt=0)
-    factor: float | None = Field(None, gt=0)
-    slack_s: float | None = Field(None, gt=0)
-    first_trial_s: float | None = Field(None, gt=0)
+    compile_s: Seconds | None = None
+    factor: Seconds | None = None
+    slack_s: Seconds | None = None
+    first_trial_s: Seconds | None = None
 
 
 Timing = Literal[TIMINGS]
 
 
 class TuningModel(_Strict):
-    trials: int | None = Field(None, ge=1)
-    time_budget: float | None = Field(None, gt=0)
-    patience: int | None = Field(None, ge=1)
+    trials: Count | None = None
+    time_budget: Seconds | None = None
+    patience: Count | None = None
     strategy: Literal["tpe", "random", "exhaustive"] | None = None
     seed: int | None = Field(None, ge=0, lt=2**32)  # the samplers' generators take 32 bits
-    warmup: int | None = Field(None, ge=0)
-    iters: int | None = Field(None, ge=1)
-    warm_start: int | None = Field(None, ge=0)
-    n_startup: int | None = Field(None, ge=1)
-    lookahead: int | None = Field(None, ge=0)
-    max_invalid_streak: int | None = Field(None, ge=1)
-    max_duplicate_streak: int | None = Field(None, ge=1)
+    warmup: Count0 | None = None
+    iters: Count | None = None
+    warm_start: Count0 | None = None
+    n_startup: Count | None = None
+    lookahead: Count0 | None = None
+    max_invalid_streak: Count | None = None
+    max_duplicate_streak: Count | None = None
     restrict: dict[str, list[int | str | bool] | int | str | bool] | None = None
     timing: Timing | Annotated[list[Timing], Field(min_length=1)] | None = None
     allow_nondeterministic: StrictBool | None = None
@@ -325,4 +332,31 @@ def _load_sweep_file(path: Path) -> SweepFile:
         raise SweepFileError(f"{where}: not valid YAML: {what}") from None
     except yaml.YAMLError as exc:
         raise SweepFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    duplicate = _duplicate_key(root)
+    if duplicate is not None:
+        key, first, again = duplicate
+        raise SweepFileError(
+            f"{path}:{again.start_mark.line + 1}:{again.start_mark.column + 1}: key {key!r} is given twice in one "
+            f"mapping (first on line {first.start_mark.line + 1}); YAML would keep only the last, so give it once"
+        )
     return parse_sweep(data, source=str(path), default_name=path.stem, line_of=_line_finder(root))
+
+
+def _duplicate_key(root: yaml.Node | None) -> tuple[str, yaml.Node, yaml.Node] | None:
+    """The first key given twice in one mapping (its text, first node, second node), or None: PyYAML keeps
+    the last silently, so `{M: 64, M: 32}` would tune a shape the file does not show."""
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, yaml.Node] = {}
+            for key, value in node.value:
+                text = str(key.value) if isinstance(key, yaml.ScalarNode) else None
+                if text is not None and text in seen:
+                    return text, seen[text], key
+                if text is not None:
+                    seen[text] = key
+                stack.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return None

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
-from jointtune.autotune.settings import Job
+from jointtune.autotune.settings import MAX_SECONDS, Job
 from jointtune.autotune.tuner.handles import StudyHandle
 from jointtune.autotune.tuner.locks import study_lock
 from jointtune.autotune.tuner.search import Proposal
@@ -221,7 +221,8 @@ class Coordinator:
         if h.baseline_us is None:
             return s.first_trial_timeout_s
         runs = s.warmup + s.iters + 1
-        return s.watchdog_compile_s + s.watchdog_factor * runs * h.baseline_us / 1e6 + s.watchdog_slack_s
+        deadline = s.watchdog_compile_s + s.watchdog_factor * runs * h.baseline_us / 1e6 + s.watchdog_slack_s
+        return min(deadline, MAX_SECONDS)  # each term is bounded, their sum times a count need not be
 
     def run(self) -> None:
         if not any(self.group.accepts(job) for job in self.jobs()):

@@ -73,6 +73,12 @@ def test_bad_options_are_refused_before_any_work(families, capsys, tmp_path):
     assert "is an existing file" in err
     err = _refused(capsys, [*tune, "--world-size", "0"])
     assert "Invalid value for '--world-size'" in err
+    # a worker joins a sweep registered in a store: a mistyped path is refused, not made into a new store
+    worker = ["worker", "--storage", f"sqlite:///{db}", "--sweep", "first-run", "--profile", "cpu"]
+    err = _refused(capsys, worker)
+    assert f"--storage: {str(db)!r} does not exist; give an existing store" in err
+    err = _refused(capsys, [*worker, "--heartbeat", "0"])  # 0 is refused, not read as "the default"
+    assert "heartbeat/grace: 0/" in err and "need heartbeat >= 1" in err
     assert readme.read_text() == "# not a directory\n"  # nothing overwritten
     assert not db.exists()  # refused before the store was even created
 
@@ -90,6 +96,19 @@ def test_broken_sweep_files_name_the_line(families, capsys, tmp_path):
     )
     err = _refused(capsys, args)
     assert f"{path}: line 6: profiles.cpu.jobs[0].trials: Input should be greater than or equal to 1" in err
+    # PyYAML keeps the last of two equal keys: the file would tune a shape it does not show
+    path.write_text("profiles:\n  cpu:\n    jobs:\n      - kernel: jt_sleep\n        shapes: [{M: 64, M: 32}]\n")
+    err = _refused(capsys, args)
+    assert f"{path}:5:26: key 'M' is given twice in one mapping (first on line 5)" in err
+    path.write_text(
+        "tuning: {watchdog: {factor: .inf, first_trial_s: 1.0e+300}}\n"
+        "profiles: {cpu: {jobs: [{kernel: jt_sleep, shapes: ['64'], trials: 99999999999999999999}]}}\n"
+    )
+    err = _refused(capsys, args)
+    assert "line 1: tuning.watchdog.factor: Input should be a finite number (got inf)" in err
+    assert "line 1: tuning.watchdog.first_trial_s: Input should be less than or equal to 1000000 (got 1e+300)" in err
+    assert "line 2: profiles.cpu.jobs[0].trials: Input should be less than or equal to 2147483647" in err
+    assert not (tmp_path / "jt.db").exists()
 
 
 def _sweep(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -47,6 +47,13 @@ def test_settings_reject_bad_values_by_name():
     with pytest.raises(TuningError, match=r"seed: 4294967296 is not allowed; it must be an integer in 0\.\.4294967295"):
         TuneSettings(seed=2**32)
     assert TuneSettings(seed=2**32 - 1).seed == 2**32 - 1
+    # a watchdog "turned off" with a huge or infinite value would crash every trial arming its timer
+    for name in ("watchdog_factor", "first_trial_timeout_s", "watchdog_compile_s", "time_budget_s"):
+        for value in (float("inf"), float("nan"), 1e300):
+            with pytest.raises(TuningError, match=rf"{name}: .* is not allowed; it must be a number in \(0, 1000000\]"):
+                TuneSettings(**{name: value})
+    with pytest.raises(TuningError, match=r"trials: 2147483648 is not allowed; it must be an integer in 1\.\.2147"):
+        TuneSettings(trials=2**31)
     with pytest.raises(TuningError, match="settings: 'trails' is not a setting"):
         TuneSettings.from_json({"trails": 3})
     job = Job.of("jt_sleep", PROBLEM, TuneSettings(trials=5, patience=2))
