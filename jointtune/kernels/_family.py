@@ -79,8 +79,10 @@ class Family(ABC):
 
     def stored_problem(self, problem: Problem) -> Problem:
         """The problem a tuned record of `problem` is stored under: the shape `key` gives a call of that problem,
-        so a tuned record is found at run time (identity unless the key buckets a dim)."""
-        return problem
+        so a tuned record is found at run time (the space's rule: identity unless it buckets a dim)."""
+        from jointtune.search_spaces import get_space
+
+        return get_space(self.space).stored_problem(problem)
 
     def max_error(self, outputs: Sequence[Any], reference: Sequence[Any]) -> float:
         """Largest relative error ‖out − ref‖ / ‖ref‖ over ranks; NaN counts as infinite."""

@@ -38,6 +38,7 @@ from jointtune.kernels._flash_decode_args import DecodeShape, FlashDecodeConfig,
 from jointtune.kernels._flash_decode_plans import DecodePlan
 from jointtune.kernels._plan import config_key, resolve_config
 from jointtune.kernels.world import World, world_named
+from jointtune.search_spaces.flash_decode import bucketed_kv_len
 
 __all__ = ["FlashDecodeFamily", "PreparedFlashDecode", "config_json", "flash_decode", "prepare", "reference"]
 
@@ -208,12 +209,6 @@ def _shape(q0: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, W: int, scale: 
                        tuple(v0.stride()), default_scale(D) if scale is None else scale)  # fmt: skip
 
 
-def bucketed_kv_len(s_r: int, world_size: int) -> int:
-    """The global kv_len a record of per-rank capacity `s_r` is keyed by: s_r rounded up to a power of two, times
-    the world size (one record serves every capacity in (bucket / 2, bucket] per rank)."""
-    return (1 << max(s_r - 1, 0).bit_length()) * world_size
-
-
 def problem_shape(s: DecodeShape) -> dict[str, int]:
     """The space's dims of a call: S is the global KV capacity, S_r per rank times the world size."""
     return {"B": s.B, "H": s.H, "H_KV": s.H_KV, "S": s.S_r * s.W, "D": s.D}
@@ -377,11 +372,6 @@ class FlashDecodeFamily(Family):
         except (AttributeError, IndexError, TypeError, ValueError):
             first_of("q", q, 3), first_of("k", k, 4)  # names the argument, or the original error stands
             raise
-
-    def stored_problem(self, problem: Any) -> Any:
-        W = problem.world_size
-        dims = {**problem.dims, "S": bucketed_kv_len(-(-problem.dim("S") // W), W)}
-        return type(problem).of(dims, dtype=problem.dtype, world_size=W)
 
     def flops(self, problem: Any) -> float:
         B, H, _, S, D = (problem.dim(d) for d in self.dims)

@@ -72,8 +72,10 @@ class Space:
         dtypes: Sequence[str] = tuple(DTYPE_BYTES),
         seeds: Callable[[Context], Sequence[Mapping[str, Value]]] | None = None,
         example: Sequence[int] | None = None,
+        stored: Callable[[Problem], Problem] | None = None,
     ) -> None:
         self.name = name
+        self._stored = stored
         self._example = tuple(example) if example else None
         #: a real shape in `dims` order, as messages show how to write one (default: 4096x8192x...)
         self.example = "x".join(map(str, self._example)) if self._example else example_shape(len(dims))
@@ -216,6 +218,7 @@ class Space:
             dtypes=self.dtypes,
             seeds=self._seeds,
             example=self._example,
+            stored=self._stored,
         )
         sub.restricted_from = self
         sub.restriction = {**self.restriction, **{name: list(values) for name, values in allowed.items()}}
@@ -340,11 +343,30 @@ class Space:
             raise SpaceError(f"{self.name} config: " + "; ".join(errors))
         return canonical
 
+    @property
+    def buckets(self) -> bool:
+        """Whether records are keyed by buckets of some dim (`stored_problem` is not the identity)."""
+        return self._stored is not None
+
+    def stored_problem(self, problem: Problem) -> Problem:
+        """The problem records of `problem` are keyed by: itself, unless the family buckets a dim (flash_decode's S),
+        in which case one record serves every problem of its bucket and lookups bucket their shape first."""
+        return self._stored(problem) if self._stored is not None else problem
+
     def check_record(self, config: Mapping[str, Any], problem: Problem) -> None:
         """SpaceError unless some device could run `config` for `problem`: every field, choice and rule but the
-        device's limits (a store knows a record's device only by its id). The store checks what it is given, so a
-        record this space refuses can't shadow a valid one."""
+        device's limits (a store knows a record's device only by its id), and `problem` is a key records are stored
+        under (a bucket, where the family buckets a dim). The store checks what it is given, so a record this space
+        refuses can't shadow a valid one, nor sit where no lookup finds it exactly."""
         self.validate(config, problem, DeviceLimits.unbounded())  # validates the problem too (`context`)
+        stored = self.stored_problem(problem)
+        for dim in self.dims:
+            if stored.dim(dim) != problem.dim(dim):
+                raise SpaceError(
+                    f"shape.{dim}: {problem.dim(dim)} is not a key {self.name} records are stored under at "
+                    f"world_size={problem.world_size}; allowed: its bucket, {stored.dim(dim)} (one record serves "
+                    "every shape in it)"
+                )
 
     def default(self, problem: Problem, limits: DeviceLimits) -> dict[str, Value]:
         """A config valid for every problem the family accepts (the fallback before tuning).

@@ -55,6 +55,20 @@ def _check_problem(problem: Problem) -> None:
         raise SpaceError(f"shape.S: {s} is not allowed for world_size={problem.world_size}; every rank needs >= 1 key")
 
 
+def bucketed_kv_len(s_r: int, world_size: int) -> int:
+    """The global kv_len a record of per-rank capacity `s_r` is keyed by: s_r rounded up to a power of two, times
+    the world size (one record serves every capacity in (bucket / 2, bucket] per rank)."""
+    return (1 << max(s_r - 1, 0).bit_length()) * world_size
+
+
+def _stored(problem: Problem) -> Problem:
+    """Records are keyed by S's bucket (`bucketed_kv_len`), as the family's key reads a call: a config valid for
+    one capacity is valid for every capacity of its bucket, and a lookup of any length in it finds the record."""
+    W = problem.world_size
+    dims = {**problem.dims, "S": bucketed_kv_len(cdiv(problem.dim("S"), W), W)}
+    return Problem.of(dims, dtype=problem.dtype, world_size=W)
+
+
 def _derive(problem: Problem) -> dict[str, int]:
     return {
         "S_r": cdiv(problem.dim("S"), problem.world_size),
@@ -180,7 +194,8 @@ _COMM = when(mode=("fused", "pull", "wait"))
 FLASH_DECODE = Space(
     "flash_decode",
     dims=("B", "H", "H_KV", "S", "D"),
-    example=(1, 64, 8, 32768, 128),  # batch 1, 64 query heads over 8 KV heads, a 32K cache, head dim 128
+    example=(1, 64, 8, 32768, 128),
+    stored=_stored,  # batch 1, 64 query heads over 8 KV heads, a 32K cache, head dim 128
     revision=3,  # 2: the kernel's modes (fused, pull, wait, baseline), items_per_flag, push_programs; 3: any divisor
     # of G as heads_per_program, the default's tiles (one program per SM, 128-key steps, 3 stages)
     doc=__doc__.split("\n\n")[0] if __doc__ else "",

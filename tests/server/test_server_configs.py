@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from jt_server import ADMIN, LOOKUP, WRITE, LiveServer, record
 
+from jointtune.search_spaces import get_space
+
 
 def _publish(server: LiveServer, **overrides: object) -> dict:
     with server.client(WRITE) as http:
@@ -109,3 +111,19 @@ def test_flash_decode_records_by_their_five_dims_and_timing(server: LiveServer) 
         longer = http.get("/v1/configs/flash_decode", params={**LOOKUP, **shape, "S": 65536, "timing": "graph"}).json()
         assert longer["match"] == "nearest" and longer["distance"] == 1.0 and longer["config"] == config
         assert http.get("/v1/configs/flash_decode", params={**LOOKUP, **shape}).status_code == 404  # gpu timing
+        # any cache length in the bucket (24,690 keys: 12,345 per rank, in (8K, 16K]) finds the record exactly, as the
+        # decorator's key does; a length past the bucket only as the nearest
+        within = http.get("/v1/configs/flash_decode", params={**LOOKUP, **shape, "S": 24690, "timing": "graph"}).json()
+        assert within["match"] == "exact" and within["shape"]["S"] == 32768 and within["config"] == config
+        past = http.get("/v1/configs/flash_decode", params={**LOOKUP, **shape, "S": 32770, "timing": "graph"}).json()
+        assert past["match"] == "nearest" and past["distance"] == 1.0
+    # a record where no lookup finds it exactly: refused, naming the dim and its bucket
+    with server.client(WRITE) as http:
+        body = record(kernel="flash_decode", shape={**shape, "S": 24690}, config=config, timing="graph",
+                      space_version=get_space("flash_decode").version)  # fmt: skip
+        refused = http.post("/v1/configs", json=body)
+    assert refused.status_code == 422, refused.text
+    assert (
+        "shape.S: 24690 is not a key flash_decode records are stored under at world_size=2; allowed: its "
+        "bucket, 32768" in refused.text
+    )

@@ -50,6 +50,24 @@ def parse_dims(params: Iterable[tuple[str, str]], known: set[str]) -> dict[str, 
     return shape
 
 
+def keyed_shape(kernel: str, shape: dict[str, int], dtype: str, world_size: int) -> dict[str, int]:
+    """The shape records of it are stored under: a registered family's space may bucket a dim (flash_decode's S),
+    as its decorator's key does, so any length in a bucket finds the bucket's record exactly. Shapes the space
+    would not take (other dims, or dims it refuses) are looked up as given."""
+    from jointtune.errors import SpaceError
+    from jointtune.search_spaces import Problem, get_space, space_names
+
+    if kernel not in space_names():
+        return shape
+    space = get_space(kernel)
+    if not space.buckets or set(shape) != set(space.dims):
+        return shape
+    try:
+        return space.stored_problem(Problem.of(shape, dtype=dtype, world_size=world_size)).dims
+    except SpaceError:
+        return shape
+
+
 def _log_distance(a: dict[str, int], b: dict[str, int]) -> float:
     return math.sqrt(sum((math.log2(a[k]) - math.log2(b[k])) ** 2 for k in a))
 
