@@ -238,9 +238,12 @@ class JointAutotuned:
         from jointtune.search_spaces import normalize_dtype
 
         shape_items, dtype, ws, timing = key
-        problem = self.space.make_problem(
+        asked = self.space.make_problem(
             dict(shape_items), dtype=normalize_dtype(dtype), world_size=ws or agreement.world_size()
         )
+        # where the space buckets a dim (flash_decode's S), a key= of the caller's own that returns the raw
+        # length finds, and tunes, the bucket's record, as the family's key would
+        problem = self.space.stored_problem(asked)
         limits = current_limits()
         mode = env_mode()
         if mode == "off":
