@@ -23,6 +23,7 @@ from jointtune.errors import JointtuneError
 if TYPE_CHECKING:
     from jointtune.autotune.decorator import joint_autotune
     from jointtune.autotune.runtime.launcher import JointAutotuned
+    from jointtune.autotune.runtime.policies import CaptureMissError
     from jointtune.autotune.runtime.rules import NoConfigError
     from jointtune.autotune.settings import TuneSettings
     from jointtune.kernels.ag_gemm import ag_gemm
@@ -37,6 +38,7 @@ _EXPORTS: dict[str, tuple[str, bool]] = {
     "joint_autotune": ("jointtune.autotune.decorator", False),
     "JointAutotuned": ("jointtune.autotune.runtime.launcher", False),
     "NoConfigError": ("jointtune.autotune.runtime.rules", False),
+    "CaptureMissError": ("jointtune.autotune.runtime.policies", False),
     "TuneSettings": ("jointtune.autotune.settings", False),
     # the kernel families' ops, and the world they run in
     "ag_gemm": ("jointtune.kernels.ag_gemm", True),
@@ -47,6 +49,7 @@ _EXPORTS: dict[str, tuple[str, bool]] = {
 }
 
 __all__ = [
+    "CaptureMissError",
     "JointAutotuned",
     "JointtuneError",
     "NoConfigError",

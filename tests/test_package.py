@@ -88,3 +88,24 @@ def test_kernels_imported_directly_or_after_triton_run_or_say_what_to_do() -> No
     message = _python(late).strip()
     assert message.startswith("ag_gemm_kernel: Triton kernels can't run on cpu: there is no GPU, and Triton was")
     assert "set TRITON_INTERPRET=1 in the environment" in message
+
+
+def _modules() -> list[str]:
+    import pkgutil
+
+    return [m.name for m in pkgutil.walk_packages(jointtune.__path__, "jointtune.")
+            if ".migrations." not in m.name and not m.name.endswith("__main__")]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", _modules())
+def test_docstring_examples_run_as_written(name: str) -> None:
+    """Every example a docstring shows runs and prints what it says (sketches that need a GPU, a server, a store
+    of the user's own, or act on the process, like the watchdog's timer, are marked `# doctest: +SKIP`)."""
+    import doctest
+    import importlib
+
+    import torch
+
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, extraglobs={"torch": torch}, report=False, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} examples fail (python -m doctest -v)"

@@ -68,15 +68,20 @@ def list_command(
     limit: Annotated[int, typer.Option(help="rows to show")] = 50,
     offset: Annotated[int, typer.Option(help="rows to skip", min=0, max=2**31 - 1)] = 0,
 ) -> None:
-    """Show stored records as a table (best config per key, with its study's trial count)."""
+    """Show stored records as a table: the best config per key, with its latency, speed-up and study's trial
+    count."""
     from rich.console import Console
     from rich.table import Table
 
     from jointtune.cli._checks import existing_store_url
     from jointtune.db import Store
+    from jointtune.errors import UnknownNameError
 
     filters = {"kernel": kernel, "hardware_id": hardware, "dtype": dtype, "world_size": world_size, "timing": timing}
     with Store(existing_store_url(db)) as store:
+        if kernel is not None and not store.list_kernels(name=kernel):  # a typo shows no empty table
+            stored = sorted({k.name for k in store.list_kernels()})
+            raise UnknownNameError(f"--kernel: {kernel!r} has no records in this store; stored kernels: {stored}")
         records = store.list_records(**filters, limit=limit, offset=offset)
         total = store.count_records(**filters)
         url = store.url
@@ -87,9 +92,11 @@ def list_command(
 
         trials = counted_trials(url, studies)
     table = Table(title=f"{store.display_url}: {len(records)} of {total} records", title_justify="left")
-    columns = ("id", "kernel", "version", "shape", "dtype", "ws", "timing", "hardware", "p50 µs", "speedup", "trials")
+    columns = ("id", "kernel", "version", "shape", "dtype", "ws", "timing", "hardware", "p50 µs", "speedup", "trials",
+               "config")  # fmt: skip
     for name in columns:
-        table.add_column(name, justify="right" if name in {"id", "ws", "p50 µs", "speedup", "trials"} else "left")
+        table.add_column(name, justify="right" if name in {"id", "ws", "p50 µs", "speedup", "trials"} else "left",
+                         min_width=24 if name == "config" else None)  # fmt: skip
     for rec in records:
         table.add_row(
             str(rec.id),
@@ -103,6 +110,7 @@ def list_command(
             f"{rec.latency_p50_us:.1f}",
             "-" if rec.speedup is None else f"{rec.speedup:.2f}x",
             str(trials.get(rec.study_name or "", rec.trials)),
+            config_text(rec.kernel, rec.config),  # wraps between fields
         )
     console = Console()
     if not console.is_terminal:  # piped: don't squeeze the table into 80 columns
@@ -122,6 +130,20 @@ def shape_text(kernel: str, shape: dict[str, int]) -> str:
         order = [d for d in ("M", "N", "K") if d in shape]
     order += sorted(d for d in shape if d not in order)
     return ",".join(f"{d}={shape[d]}" for d in order)
+
+
+def config_text(kernel: str, config: dict[str, object]) -> str:
+    """Fields in the order of the kernel's space (mode first), the rest by name: the same text on every backend
+    (PostgreSQL's JSON reorders keys)."""
+    from jointtune.errors import UnknownNameError
+    from jointtune.search_spaces import get_space
+
+    try:
+        order = [p.name for p in get_space(kernel).params if p.name in config]
+    except UnknownNameError:
+        order = []
+    order += sorted(name for name in config if name not in order)
+    return " ".join(f"{name}={config[name]}" for name in order)
 
 
 def register(app: typer.Typer) -> None:

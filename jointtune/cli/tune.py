@@ -166,7 +166,10 @@ def tune(
     report: ReportOption = None,
     restrict: Annotated[
         list[str] | None,
-        typer.Option("--restrict", help="search a sub-space: NAME=V1,V2 (repeatable), e.g. BLOCK_K=64 mode=ce,push"),
+        typer.Option(
+            "--restrict",
+            help="search a sub-space: NAME=V1,V2, once per param, e.g. --restrict BLOCK_K=64 --restrict mode=ce,push",
+        ),
     ] = None,
     imports: Annotated[
         list[str] | None, typer.Option("--import", help="module to import first (plug-in family)")

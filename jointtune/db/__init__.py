@@ -9,9 +9,9 @@ A record's format is defined once, by `schema.RecordIn`; `jointtune.db.record` b
 
 Example:
     >>> from jointtune.db import NewRecord, open_store                    # doctest: +SKIP
-    >>> store = open_store()            # $JOINTTUNE_DB_URL or ~/.local/share/jointtune/jointtune.db
-    >>> record, stored = store.upsert_record(NewRecord(...))
-    >>> store.best(kernel="ag_gemm", kernel_version=v, shape={"M": 8192, "N": 4096, "K": 12288},
+    >>> store = open_store()            # $JOINTTUNE_DB_URL or ~/.local/share/jointtune/jointtune.db  # doctest: +SKIP
+    >>> record, stored = store.upsert_record(NewRecord(...))              # doctest: +SKIP
+    >>> store.best(kernel="ag_gemm", kernel_version=v, shape={"M": 8192, "N": 4096, "K": 12288},  # doctest: +SKIP
     ...            dtype="bfloat16", world_size=2, hardware_id=hw)
 """
 

@@ -13,7 +13,8 @@ such a call takes Triton's own path (which compiles it), so alignment never sile
 In the interpreter every call takes Triton's path (it has no compiled kernel).
 
 Example:
-    >>> launch = Launch(copy_kernel, (4,), {"src": x, "dst": y, "n": 1024, "BLOCK": 256}, slots=("src", "dst"))
+    >>> args = {"src": x, "dst": y, "n": 1024, "BLOCK": 256}                          # doctest: +SKIP
+    >>> launch = Launch(copy_kernel, (4,), args, slots=("src", "dst"))                 # doctest: +SKIP
     >>> launch(x2, y2)                                                               # doctest: +SKIP
 """
 

@@ -7,7 +7,10 @@ launch; a repeat call only binds the caller's tensors and issues them. Everythin
 same on every call, which is what lets a CUDA graph capture a call and replay it.
 
 Example:
-    >>> cfg = resolve_config("ag_gemm", {"mode": "baseline"}, {"M": 64, "N": 64, "K": 32}, "bfloat16", world)
+    >>> from jointtune.kernels.world import create_world
+    >>> world = create_world("local", world_size=2)
+    >>> resolve_config("ag_gemm", {"mode": "baseline"}, {"M": 64, "N": 64, "K": 32}, "bfloat16", world)
+    {'mode': 'baseline'}
 """
 
 from __future__ import annotations

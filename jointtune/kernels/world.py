@@ -15,9 +15,9 @@ Every world has a `name`, by which torch ops (which take no Python objects) find
 
 Example:
     >>> world = create_world("local", world_size=2)
-    >>> buf = world.symmetric("inbox", (4, 8), torch.float32)
+    >>> buf = world.symmetric("inbox", (4, 8), torch.float32)  # flat, at least 4 * 8 elements, one per rank
     >>> [t.shape for t in buf.tensors]
-    [torch.Size([4, 8]), torch.Size([4, 8])]
+    [torch.Size([32]), torch.Size([32])]
 """
 
 from __future__ import annotations

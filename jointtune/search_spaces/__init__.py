@@ -5,7 +5,7 @@ Example:
     >>> space = get_space("ag_gemm")
     >>> problem = space.make_problem("M=8192,N=4096,K=12288", dtype="bf16", world_size=2)
     >>> space.default(problem, DeviceLimits.nominal_hopper())
-    {'mode': 'ce', 'ce_consumer': 'cublas', 'ce_chunks': 1}
+    {'mode': 'push_cublas', 'push_by': 'ce', 'gemm_order': 'local_first', 'chunk_m': 2048}
 """
 
 from jointtune.search_spaces._anchors import ANCHOR_DTYPE, ANCHOR_WORLD_SIZE, ANCHORS, anchor_problems

@@ -31,7 +31,7 @@ class TokenSet:
     """The configured tokens, as (digest, role) pairs.
 
     Example:
-        >>> TokenSet.parse("admin:abc, write:def").role_of("def")
+        >>> TokenSet.parse("admin:admin-token-1, write:writer-token-2").role_of("writer-token-2")
         'write'
     """
 
@@ -66,7 +66,9 @@ class TokenSet:
             try:
                 text = Path(tokens_file).read_text()
             except OSError as exc:
-                raise TokenConfigError(f"tokens_file: {str(tokens_file)!r} can't be read ({exc.strerror})") from exc
+                raise TokenConfigError(
+                    f"JOINTTUNE_TOKENS_FILE: {str(tokens_file)!r} can't be read ({exc.strerror})"
+                ) from exc
             entries = entries + cls.parse(text, source=str(tokens_file), separator="\n")._entries
         return cls(entries)
 

@@ -49,7 +49,12 @@ def test_upgrade_info_and_list(
     code, out, _ = _run(capsys, "db", "list", "--db", db_url, "--kernel", "gemm_rs")
     assert code == 0 and "1 of 1 records" in out and "ag_gemm" not in out
     assert "M=128,N=8192,K=8192" in out  # the family's dim order, as everywhere else
-    assert out.rstrip().splitlines()[-2].rstrip(" │").endswith(" 64")  # no study on this URL: the record's count
+    row = out.rstrip().splitlines()[-2].rstrip(" │")
+    assert row.endswith("mode=pull BLOCK_M=128 BLOCK_N=128")  # the config in its space's order: what `list` is for
+    assert " 64 │ mode=pull" in row  # no study on this URL: the record's trial count
+    code, _, err = _run(capsys, "db", "list", "--db", db_url, "--kernel", "gemm_r")  # a typo: no empty table
+    assert code == 2 and err == "error: --kernel: 'gemm_r' has no records in this store; stored kernels: " \
+        "['ag_gemm', 'gemm_rs']\n"  # fmt: skip
     code, _, err = _run(capsys, "export", "--hardware", "h200x2-nvl", "--kernel", "nosuch", "-o", "never.json",
                         "--db", db_url)  # fmt: skip
     assert code == 2 and err == "error: --kernel: 'h200x2-nvl' has no records of 'nosuch'; stored kernels: " \

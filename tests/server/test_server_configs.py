@@ -37,8 +37,15 @@ def test_lookup_exact_nearest_and_miss(server: LiveServer) -> None:
         assert other_dtype.status_code == 404
         assert "dtype=bfloat16 world_size=2" in other_dtype.json()["detail"]
 
+        # a registered kernel's dims are known: other names are refused as parameters (a typo), not looked up
         other_dims = http.get("/v1/configs/ag_gemm", params={**LOOKUP, "B": 4, "S": 1024})
-        assert other_dims.status_code == 404 and "dims K,M,N, the query has B,S" in other_dims.json()["detail"]
+        assert other_dims.status_code == 422
+        assert [e["loc"] for e in other_dims.json()["detail"]] == [["query", "B"], ["query", "S"]]
+        assert "not a dim of this kernel (its dims: M, N, K)" in other_dims.text
+        # where the store's kernel is not one of ours, the dims are the caller's: a miss says what is stored
+        _publish(server, kernel="their_gemm")
+        their = http.get("/v1/configs/their_gemm", params={**LOOKUP, "B": 4, "S": 1024})
+        assert their.status_code == 404 and "dims K,M,N, the query has B,S" in their.json()["detail"]
 
         unknown = http.get("/v1/configs/no_such_kernel", params={**LOOKUP, "M": 1})
         assert unknown.status_code == 404 and "'ag_gemm'" in unknown.json()["detail"]

@@ -254,6 +254,24 @@ def test_rest_takes_the_cli_dtype_names(server: LiveServer) -> None:
         ]
 
 
+def test_a_misspelt_parameter_of_a_known_kernel_is_named(server: LiveServer) -> None:
+    """`timng=gpu` was read as a dim ("'gpu' is not allowed; dims must be integers"): for a family registered here
+    the dims are known, so the parameter is named as what it is. Unknown kernels still take any dim names."""
+    with server.client() as http:
+        typo = http.get("/v1/configs/ag_gemm", params={**LOOKUP, **SHAPE, "timng": "gpu"})
+        other = http.get("/v1/configs/somebody_elses", params={**LOOKUP, "rows": 64})
+    assert typo.status_code == 422 and _locs(typo) == [["query", "timng"]]
+    assert "not a known parameter and not a dim of this kernel (its dims: M, N, K)" in typo.text
+    assert other.status_code == 404  # a kernel nobody stored: looked up with its own dims, then a miss
+
+
+def test_an_unreadable_tokens_file_names_its_variable(sqlite_url: str, tmp_path: Path) -> None:
+    from jointtune.server import Settings, TokenConfigError, create_app
+
+    with pytest.raises(TokenConfigError, match=r"^JOINTTUNE_TOKENS_FILE: '.*nope' can't be read"):
+        create_app(Settings(db_url=sqlite_url, tokens_file=tmp_path / "nope"))
+
+
 @pytest.mark.parametrize("tokens", ["write:secret1", "write:change-me-writer,admin:short"])
 def test_short_tokens_are_refused_naming_the_rule(tokens: str, sqlite_url: str) -> None:
     """Item 10 (the rule stays: tokens of >= 8 characters; the README's example now follows it)."""

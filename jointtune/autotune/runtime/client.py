@@ -14,7 +14,7 @@ request). Only the name lookup of the host (DNS) is outside it. A body is read a
 
 Example:
     >>> client = ConfigClient("http://tuning.internal:8000", token="...")      # doctest: +SKIP
-    >>> client.lookup("ag_gemm", {"M": 8192, "N": 4096, "K": 12288}, "bfloat16", 2, "h200x2-nvl")
+    >>> client.lookup("ag_gemm", {"M": 8192, "N": 4096, "K": 12288}, "bfloat16", 2, "h200x2-nvl")  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -178,6 +178,7 @@ class JointAutotuner(Autotuner):
         #: the policy of the call `run` is serving (capture can't begin or end within one call)
         self._run_policy: str | None = None
         self._to_save: list[tuple[Any, Identity, dict[str, int]]] = []
+        self._backend_checked = False
 
     @property
     def do_bench(self) -> Any:
@@ -203,6 +204,8 @@ class JointAutotuner(Autotuner):
         return self._run_policy or policies.call_timing(self.timing)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._backend_checked:
+            self._check_backend()
         self._call = (args, kwargs)
         self._run_policy = policies.call_timing(self.timing)
         try:
@@ -211,6 +214,22 @@ class JointAutotuner(Autotuner):
             self._call = self._run_policy = None
             if self._to_save:
                 self._save_pending()
+
+    def _check_backend(self) -> None:
+        """One line instead of Triton's "0 active drivers" traceback when a compiled kernel is called where no GPU
+        is: Triton picks interpreted or compiled as `@triton.jit` runs, before this decorator sees the kernel."""
+        import torch
+        from triton.runtime.interpreter import InterpretedFunction
+
+        fn = self.fn  # the kernel under any heuristics (`base_fn` is the plain Python function beneath)
+        while not isinstance(fn, InterpretedFunction) and hasattr(fn, "fn"):
+            fn = fn.fn
+        if not isinstance(fn, InterpretedFunction) and not torch.cuda.is_available():
+            raise TuningError(
+                f"{self.kernel}: no GPU here, and the kernel was compiled for one; to run it in Triton's CPU "
+                "interpreter, set TRITON_INTERPRET=1 before the module that defines it is imported"
+            )
+        self._backend_checked = True
 
     # ---- the hooks ----------------------------------------------------------------------------
     def _active(self) -> bool:

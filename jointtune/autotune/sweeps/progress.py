@@ -67,10 +67,12 @@ def _bar_counts(result: JobResult) -> tuple[int, int]:
 _SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
-def _row_label(result: JobResult, *, with_kernel: bool) -> str:
+def _row_label(result: JobResult, *, with_kernel: bool, with_timing: bool = False) -> str:
     job = result.job
     parts = [job.kernel] if with_kernel else []
     parts += [shape_label(job), _SHORT_DTYPES.get(job.dtype, job.dtype), f"w{job.world_size}"]
+    if with_timing:  # a sweep of several policies has a job per policy: the rows would read alike
+        parts.append(job.settings.timing)
     return " ".join(parts)
 
 
@@ -83,6 +85,7 @@ def progress_table(
 ) -> Table:
     """One row per job: a bar of its trials, best and baseline latency, speed-up, ETA, status."""
     kernels = sorted({r.job.kernel for r in results})
+    several_timings = len({r.job.settings.timing for r in results}) > 1
     if len(kernels) == 1:
         title = f"{title} · {kernels[0]}"
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
@@ -100,7 +103,7 @@ def progress_table(
         done, total = _bar_counts(r)
         eta = etas[i] if etas is not None else None
         row: list[Any] = [
-            Text(_row_label(r, with_kernel=len(kernels) > 1)),
+            Text(_row_label(r, with_kernel=len(kernels) > 1, with_timing=several_timings)),
             ProgressBar(total=total, completed=done, width=12),
             f"{r.counted}/{r.budget}",
             _us(r.best_us),
@@ -124,7 +127,8 @@ def _config_text(config: dict[str, Any] | None) -> str:
 def summary_table(results: Sequence[JobResult], *, title: str = "tuned configs") -> Table:
     """The tuned table: best config per shape with its latency and the speedup over baseline."""
     table = Table(title=title, title_justify="left")
-    for column in ("kernel", "shape", "dtype", "W", "trials", "best µs", "baseline µs", "speedup", "config"):
+    columns = ("kernel", "shape", "dtype", "W", "timing", "trials", "best µs", "baseline µs", "speedup", "config")
+    for column in columns:
         table.add_column(column, overflow="fold")
     for r in results:
         table.add_row(
@@ -132,6 +136,7 @@ def summary_table(results: Sequence[JobResult], *, title: str = "tuned configs")
             shape_label(r.job),
             r.job.dtype,
             str(r.job.world_size),
+            r.job.settings.timing,
             str(r.counted),
             _us(r.best_us),
             _us(r.baseline_us),

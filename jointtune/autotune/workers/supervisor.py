@@ -13,8 +13,8 @@ the OOM killer), its ranks and whatever they started die with it.
 
 Example:
     >>> sup = Supervisor(spec)                                                  # doctest: +SKIP
-    >>> sup.start()
-    >>> while not sup.poll(): time.sleep(0.2)
+    >>> sup.start()                                                             # doctest: +SKIP
+    >>> while not sup.poll(): time.sleep(0.2)                                   # doctest: +SKIP
 """
 
 from __future__ import annotations

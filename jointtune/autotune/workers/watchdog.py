@@ -9,9 +9,9 @@ backstop (`faulthandler`) exits the process `backstop_s` later whatever Python i
 restarted group then sees the trial's deadline has passed and records the timeout itself.
 
 Example:
-    >>> dog = Watchdog()
-    >>> dog.arm(30.0, on_expire=lambda: None)
-    >>> dog.disarm()
+    >>> dog = Watchdog()                          # doctest: +SKIP
+    >>> dog.arm(30.0, on_expire=lambda: None)     # doctest: +SKIP
+    >>> dog.disarm()                              # doctest: +SKIP
 """
 
 from __future__ import annotations

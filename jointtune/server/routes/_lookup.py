@@ -25,14 +25,20 @@ def _error(name: str, msg: str) -> dict[str, Any]:
     return {"loc": ["query", name], "msg": msg, "type": "value_error"}
 
 
-def parse_dims(params: Iterable[tuple[str, str]], known: set[str]) -> dict[str, int]:
-    """The shape from the query; 422 naming every bad parameter."""
+def parse_dims(
+    params: Iterable[tuple[str, str]], known: set[str], dims: tuple[str, ...] | None = None
+) -> dict[str, int]:
+    """The shape from the query; 422 naming every bad parameter. `dims`: the kernel's dims where its family is
+    registered here, so a misspelt parameter (`timng=gpu`) is named as such, not read as a dim."""
     shape: dict[str, int] = {}
     errors: list[dict[str, Any]] = []
     for name, raw in params:
         if name in known:
             continue
-        if not _DIM_NAME.match(name):
+        if dims is not None and name not in dims:
+            errors.append(_error(printable(name, 64), f"not a known parameter and not a dim of this kernel (its "
+                                 f"dims: {', '.join(dims)})"))  # fmt: skip
+        elif not _DIM_NAME.match(name):
             errors.append(_error(printable(name, 64), "not a known parameter and not a dim name (use an identifier "
                                  "of <= 32 characters like M)"))  # fmt: skip
         elif name in shape:
@@ -48,6 +54,13 @@ def parse_dims(params: Iterable[tuple[str, str]], known: set[str]) -> dict[str, 
     if errors:
         raise HTTPException(422, errors)
     return shape
+
+
+def kernel_dims(kernel: str) -> tuple[str, ...] | None:
+    """The dims of `kernel`'s space where it is registered in this process (None: any dim names go)."""
+    from jointtune.search_spaces import get_space, space_names
+
+    return get_space(kernel).dims if kernel in space_names() else None
 
 
 def keyed_shape(kernel: str, shape: dict[str, int], dtype: str, world_size: int) -> dict[str, int]:

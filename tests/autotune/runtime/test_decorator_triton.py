@@ -201,3 +201,42 @@ def test_the_drop_in_benchmarks_by_policy() -> None:
     assert kernel.do_bench is wall_clock_bench  # the interpreter has no CUDA events whatever the policy
     calls = []
     assert eager_bench(lambda: calls.append(1)) > 0 and len(calls) == 1 + 10 * 8  # warm-up, 10 samples of 8
+
+
+COMPILED_ON_A_CPU = """
+import torch, triton, triton.language as tl
+from jointtune import joint_autotune
+
+@joint_autotune(configs=[triton.Config({"BLOCK": 16})], key=["n"], db_url="sqlite://")
+@triton.jit
+def add_one(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+x = torch.arange(10.0)
+out = torch.empty(10)
+add_one[(1,)](x, out, 10)
+print(out.tolist())
+"""
+
+
+def test_a_compiled_kernel_on_a_cpu_says_how_to_interpret_it(tmp_path: Path) -> None:
+    """Triton picks interpreted or compiled as @triton.jit runs: without TRITON_INTERPRET a CPU-only call gets one
+    line saying what to set, not Triton's "0 active drivers"; with it, the same script runs."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "example.py"
+    script.write_text(COMPILED_ON_A_CPU)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    compiled = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert compiled.returncode != 0
+    assert compiled.stderr.strip().splitlines()[-1] == (
+        "jointtune.errors.TuningError: triton:__main__.add_one: no GPU here, and the kernel was compiled for one; "
+        "to run it in Triton's CPU interpreter, set TRITON_INTERPRET=1 before the module that defines it is imported"
+    )
+    env["TRITON_INTERPRET"] = "1"
+    interpreted = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert interpreted.returncode == 0, interpreted.stderr
+    assert interpreted.stdout.strip() == str([float(i + 1) for i in range(10)])

@@ -166,8 +166,10 @@ def test_a_sweep_log_shows_progress_and_says_what_next_and_a_rerun_knows_what_is
     assert set(records) == {320, 640}
     listed = subprocess.run([*JOINTTUNE, "db", "list", "--db", url], env=subprocess_env, capture_output=True, text=True)
     assert listed.returncode == 0, listed.stderr
-    rows = [line for line in listed.stdout.splitlines() if "jt_sleep" in line]
-    assert len(rows) == 2 and all(line.rstrip(" │").endswith(" 6") for line in rows), listed.stdout
+    lines = listed.stdout.splitlines()
+    header = next([c.strip() for c in line.strip(" │┃").split("┃")] for line in lines if "trials" in line)
+    rows = [[c.strip() for c in line.strip(" │").split("│")] for line in lines if "jt_sleep" in line]
+    assert len(rows) == 2 and all(row[header.index("trials")] == "6" for row in rows), listed.stdout
     assert any(r.trials < 6 for r in records.values()), "no record was found before its study's last trial"
 
 

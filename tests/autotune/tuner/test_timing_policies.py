@@ -36,6 +36,22 @@ def test_each_policy_is_a_study_of_its_own_and_gpu_studies_keep_their_names():
     assert Job.of("ag_gemm", PROBLEM, TuneSettings(timing="eager")).label.endswith("(eager)")
 
 
+def test_tables_tell_the_policies_of_one_shape_apart():
+    """A sweep of two policies has a job per policy for one shape: the live rows and the tuned table say which."""
+    from rich.console import Console
+
+    from jointtune.autotune.sweeps.progress import progress_table, summary_table
+    from jointtune.autotune.tuner.results import JobResult
+
+    results = [JobResult(Job.of("ag_gemm", PROBLEM, TuneSettings(timing=t)), f"study-{t}") for t in ("gpu", "eager")]
+    console = Console(width=200, record=True)
+    console.print(progress_table(results))
+    console.print(summary_table(results))
+    text = console.export_text()
+    assert "M=64,N=64,K=128 bf16 w2 gpu" in text and "M=64,N=64,K=128 bf16 w2 eager" in text
+    assert " timing " in text  # the tuned table's column
+
+
 def test_eager_timing_in_the_interpreter_times_whole_calls():
     world = create_world("local", world_size=2)
     a = [torch.randn(32, 128).bfloat16() for _ in range(2)]
