@@ -44,6 +44,7 @@ from ag_gemm_modes import (
 )
 from ag_gemm_modes import stress as modes_stress
 
+from jointtune.kernels._plan import config_key
 from jointtune.kernels._runtime import num_sms
 from jointtune.kernels.flash_decode import config_json, flash_decode
 
@@ -149,7 +150,7 @@ def two_per_sm_split(items: int, S_r: int, sms: int) -> int:
 def decode_launch(world, rig: FdRig, config: dict):
     """The decode launch of `config`'s plan for the rig's shapes (built by one earlier call), bound to its tensors:
     the per-rank kernel alone (split-KV and the merge of the splits; no exchange)."""
-    plan = next(p for k, p in world.plans.items() if k[0] == "flash_decode" and dict(k[1]) == config
+    plan = next(p for k, p in world.plans.items() if k[0] == "flash_decode" and k[1] == config_key(config)
                 and k[2] == rig.q.shape and k[3] == rig.k.shape)  # fmt: skip
     decode = plan.steps[0][0]
     return lambda: decode(rig.q, rig.k, rig.v, rig.lens, rig.out)

@@ -14,6 +14,9 @@
 #              with only its acquire (.variants/acquire), with only its barriers (.variants/barrier), then this tree
 #              with more calls and push beside it. .variants/* hold a `jointtune` each (made with git archive).
 # stress-w1:   every family's modes benchmark with its graph-replay stress run at world size 1.
+# smoke:       bench/gpu_smoke.py at world size 1: every family through the decorator (eager, cached, in a graph),
+#              a raw-length flash_decode key finding its bucket's record, the triton.autotune drop-in on a compiled
+#              kernel, and inputs that require grad refused.
 # fix-ab:      what the ordering fix costs: the Flash-Decode and GEMM+RS modes benchmarks (no stress) on the kernels
 #              before it (.variants/base) and on this tree, alternating, twice.
 # kernel-floors: --grid floors: the space default against what any kernel needs to read the same KV bytes once
@@ -104,6 +107,11 @@ atomic_fix() {
   run 280 bench/gemm_rs_atomic.py --any-tile --calls 24 --replays 24 --out "$OUT/atomic_fix_both.json" \
     > "$OUT/atomic_fix_both.log" 2>&1
   grep -E "^[0-9]+x|^exit" "$OUT/atomic_fix_both.log"
+}
+
+smoke() {  # bench/gpu_smoke.py: the user's paths (decorator, drop-in, bucketed keys, forward-only refusal) on CUDA
+  run 300 bench/gpu_smoke.py --out "$OUT/gpu_smoke_w1.json" > "$OUT/gpu_smoke_w1.log" 2>&1
+  grep -E "^\[rank|^exit|Error" "$OUT/gpu_smoke_w1.log" | cut -c1-300
 }
 
 stress_w1() {
@@ -234,6 +242,7 @@ for step in "$@"; do
       done ;;
     atomic-fix) atomic_fix ;;
     stress-w1) stress_w1 ;;
+    smoke) smoke ;;
     fix-ab) fix_ab ;;
     rs-epilogue) rs_epilogue ;;
     tile-small-m) tile_small_m ;;
@@ -245,6 +254,6 @@ for step in "$@"; do
     handoff-large) handoff_large ;;
     *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge, atomic-fix,"\
          "stress-w1, fix-ab, kernel-floors, rs-epilogue, tile-small-m, rs-tile, tile-anatomy, ag-small-m, handoff,"\
-         "handoff-ab, handoff-large)"; exit 2 ;;
+         "handoff-ab, handoff-large, smoke)"; exit 2 ;;
   esac
 done
