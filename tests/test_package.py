@@ -93,7 +93,10 @@ def test_kernels_imported_directly_or_after_triton_run_or_say_what_to_do() -> No
 def _modules() -> list[str]:
     import pkgutil
 
-    return [m.name for m in pkgutil.walk_packages(jointtune.__path__, "jointtune.")
+    def fail(name: str) -> None:  # a package that can't be imported must not drop out of the list unseen
+        raise ImportError(f"{name} can't be imported")
+
+    return [m.name for m in pkgutil.walk_packages(jointtune.__path__, "jointtune.", onerror=fail)
             if ".migrations." not in m.name and not m.name.endswith("__main__")]  # fmt: skip
 
 

@@ -195,16 +195,23 @@ def tune(
     from jointtune.kernels import get_family
 
     changes = {"warmup": warmup, "iters": iters}
-    settings = TuneSettings(
-        trials=trials,
-        time_budget_s=time_budget,
-        patience=patience,
-        strategy=strategy,
-        seed=seed,
-        restrict=parse_restrictions(restrict or []),
-        timing=timing,
-        allow_nondeterministic=allow_nondeterministic,
-    ).replace(**{k: v for k, v in changes.items() if v is not None})
+    try:
+        settings = TuneSettings(
+            trials=trials,
+            time_budget_s=time_budget,
+            patience=patience,
+            strategy=strategy,
+            seed=seed,
+            restrict=parse_restrictions(restrict or []),
+            timing=timing,
+            allow_nondeterministic=allow_nondeterministic,
+        ).replace(**{k: v for k, v in changes.items() if v is not None})
+    except TuningError as exc:  # name the option the user typed, not the setting behind it
+        text = str(exc)
+        field = text.split(":", 1)[0]
+        if field.isidentifier() and not field.startswith("restrict"):
+            text = "--" + field.removesuffix("_s").replace("_", "-") + text[len(field) :]
+        raise TuningError(text) from None
     options = _options(None, None)
     url = resolve_db_url(db)
     if not prepare_interpreter() and timing == "graph":

@@ -46,6 +46,19 @@ def _setting(p: Param, config: Mapping[str, Value]) -> str:
     return ", ".join(parts) or "none of " + ", ".join(p.when.fields)
 
 
+def _kind_mismatch(value: Any, choices: Sequence[Value]) -> str:
+    """ " (of type bool, not int)" where `value` equals a choice of another type (True and 1, numpy's 32 and 32),
+    so the message says why a value that reads like a choice is refused; else ""."""
+    for choice in choices:
+        try:
+            equal = bool(choice == value)
+        except Exception:  # a value whose == fails or is ambiguous is no choice either
+            return ""
+        if equal and type(choice) is not type(value):
+            return f" (of type {type(value).__name__}, not {type(choice).__name__})"
+    return ""
+
+
 class Space:
     """Params, conditions and constraints of one family; see the module docstring for an example.
 
@@ -314,7 +327,8 @@ class Space:
             elif active:
                 value = p.canonical(config[p.name])
                 if value is None:
-                    errors.append(f"{p.name}: {config[p.name]!r} is not allowed; allowed: {format_choices(p.choices)}")
+                    given, kind = config[p.name], _kind_mismatch(config[p.name], p.choices)
+                    errors.append(f"{p.name}: {given!r} is not allowed{kind}; allowed: {format_choices(p.choices)}")
                     broken.add(p.name)
                 else:
                     canonical[p.name] = value
@@ -355,18 +369,11 @@ class Space:
 
     def check_record(self, config: Mapping[str, Any], problem: Problem) -> None:
         """SpaceError unless some device could run `config` for `problem`: every field, choice and rule but the
-        device's limits (a store knows a record's device only by its id), and `problem` is a key records are stored
-        under (a bucket, where the family buckets a dim). The store checks what it is given, so a record this space
-        refuses can't shadow a valid one, nor sit where no lookup finds it exactly."""
+        device's limits (a store knows a record's device only by its id). The store checks what it is given, so a
+        record this space refuses can't shadow a valid one. A record at a shape that is not a bucket (`stored_problem`;
+        published before lookups bucketed, or by a client of its own) is kept as given: lookups find it as the
+        nearest, and bundles holding one still import."""
         self.validate(config, problem, DeviceLimits.unbounded())  # validates the problem too (`context`)
-        stored = self.stored_problem(problem)
-        for dim in self.dims:
-            if stored.dim(dim) != problem.dim(dim):
-                raise SpaceError(
-                    f"shape.{dim}: {problem.dim(dim)} is not a key {self.name} records are stored under at "
-                    f"world_size={problem.world_size}; allowed: its bucket, {stored.dim(dim)} (one record serves "
-                    "every shape in it)"
-                )
 
     def default(self, problem: Problem, limits: DeviceLimits) -> dict[str, Value]:
         """A config valid for every problem the family accepts (the fallback before tuning).

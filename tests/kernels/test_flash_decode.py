@@ -404,3 +404,8 @@ def test_a_key_of_the_callers_own_finds_the_bucket_record(tmp_path, monkeypatch)
     ((key, config),) = attend.cache.items()
     assert dict(key[0])["S"] == 80 and attend.sources[key] == "store"
     assert {name: config[name] for name in stored} == stored
+    # another length of the same bucket (36 keys per rank: S = 72) takes the bucket's config without a lookup
+    monkeypatch.setattr(attend, "_find", lambda *a, **k: pytest.fail("a second lookup for a resolved bucket"))
+    shorter = Call(world, 2, 4, 2, 36, 64, seed=4)
+    attend(shorter.q, shorter.k, shorter.v, shorter.lens, world=world)
+    assert {dict(k[0])["S"]: attend.sources[k] for k in attend.cache} == {80: "store", 72: "store"}

@@ -73,6 +73,6 @@ def testserve_refuses_bad_settings_and_a_busy_port_in_one_line(tmp_path: Path) -
         for workers in ("1", "2"):
             (line,) = _serve_error(tmp_path, "--port", port, "--workers", workers)
             assert line.startswith(f"error: --host/--port: can't listen on 127.0.0.1:{port}"), line
-    (line,) = _serve_error(tmp_path, "--host", "999.1.1.1")
-    assert line.startswith("error: --host/--port: can't listen on 999.1.1.1:8000"), line
+    (line,) = _serve_error(tmp_path, "--host", "192.0.2.1")  # TEST-NET-1: an address no machine of ours has
+    assert line.startswith("error: --host/--port: can't listen on 192.0.2.1:8000"), line
     assert not (tmp_path / "x.db").exists()  # refused before the store was created or migrated

@@ -135,6 +135,8 @@ class JointAutotuned:
         self.sources: dict[tuple[Any, ...], str] = {}
         #: graph keys whose lookup found nothing at warm-up (on_miss="error") -> the error a capture raises
         self._graph_misses: dict[tuple[Any, ...], str] = {}
+        #: the bucket's key (a dim the space buckets, from a caller's key= of raw lengths) -> (config, source)
+        self._buckets: dict[tuple[Any, ...], tuple[Mapping[str, Any], str]] = {}
         self._sources: Sources | None = None
 
     # ---- hot path -----------------------------------------------------------------------------
@@ -191,6 +193,7 @@ class JointAutotuned:
         self.cache.clear()
         self.sources.clear()
         self._graph_misses.clear()
+        self._buckets.clear()
 
     def sources_for(self) -> Sources:
         if self._sources is None:
@@ -244,6 +247,12 @@ class JointAutotuned:
         # where the space buckets a dim (flash_decode's S), a key= of the caller's own that returns the raw
         # length finds, and tunes, the bucket's record, as the family's key would
         problem = self.space.stored_problem(asked)
+        bucket = None
+        if problem != asked:  # another length of this bucket resolved it already: no second lookup or study
+            bucket = (tuple((name, problem.dim(name)) for name, _ in shape_items), dtype, ws, timing)
+            if bucket in self._buckets:
+                self.cache[key], self.sources[key] = self._buckets[bucket]
+                return self.cache[key]
         limits = current_limits()
         mode = env_mode()
         if mode == "off":
@@ -276,6 +285,8 @@ class JointAutotuned:
         source = found.source_for(timing)
         self.cache[key] = config
         self.sources[key] = source
+        if bucket is not None:
+            self._buckets[bucket] = (config, source)
         if print_enabled():
             dims = ",".join(f"{k}={v}" for k, v in shape_items)
             detail = f" ({found.detail})" if found.detail else ""

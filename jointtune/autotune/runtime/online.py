@@ -50,6 +50,13 @@ def tune_online(kernel: str, problem: Problem, *, db_url: str, settings: TuneSet
     # the group id names who owns the study's trials; it need not survive this process
     group_id = control.broadcast(f"decorator-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     executor = RankExecutor(control, world_kind=kind)
+    # In the interpreter, one intra-op thread while this call tunes, as tuning groups run: on busy cores a second
+    # thread turned 1 baseline call in 100 into a scheduler slice (39 us -> 4 ms), which eager timing then read as
+    # the baseline. The caller's setting comes back when the study ends.
+    threads = torch.get_num_threads()
+    single = kind == "local" and not torch.cuda.is_available() and threads > 1
+    if single:
+        torch.set_num_threads(1)
     try:
         if control.rank == 0:
             try:
@@ -69,3 +76,5 @@ def tune_online(kernel: str, problem: Problem, *, db_url: str, settings: TuneSet
             follow(control, executor)
     finally:
         executor.close()
+        if single:
+            torch.set_num_threads(threads)

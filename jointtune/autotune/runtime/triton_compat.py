@@ -61,6 +61,17 @@ def store_name(text: str) -> str:
 _MAX_DTYPE = 32
 
 
+def _triton_backend() -> bool:
+    """Whether Triton found a backend of its own (one torch does not call CUDA, e.g. Intel's XPU)."""
+    try:
+        from triton.runtime import driver
+
+        driver.active.get_current_device()
+    except Exception:  # no backend: "0 active drivers"
+        return False
+    return True
+
+
 def interpreting() -> bool:
     import os
 
@@ -224,7 +235,7 @@ class JointAutotuner(Autotuner):
         fn = self.fn  # the kernel under any heuristics (`base_fn` is the plain Python function beneath)
         while not isinstance(fn, InterpretedFunction) and hasattr(fn, "fn"):
             fn = fn.fn
-        if not isinstance(fn, InterpretedFunction) and not torch.cuda.is_available():
+        if not isinstance(fn, InterpretedFunction) and not torch.cuda.is_available() and not _triton_backend():
             raise TuningError(
                 f"{self.kernel}: no GPU here, and the kernel was compiled for one; to run it in Triton's CPU "
                 "interpreter, set TRITON_INTERPRET=1 before the module that defines it is imported"

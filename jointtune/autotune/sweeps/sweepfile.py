@@ -346,8 +346,12 @@ def _duplicate_key(root: yaml.Node | None) -> tuple[str, yaml.Node, yaml.Node] |
     """The first key given twice in one mapping (its text, first node, second node), or None: PyYAML keeps
     the last silently, so `{M: 64, M: 32}` would tune a shape the file does not show."""
     stack = [root] if root is not None else []
+    seen_nodes: set[int] = set()  # an alias is the node it names: visit each once (`&a [*a]` refers to itself)
     while stack:
         node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
         if isinstance(node, yaml.MappingNode):
             seen: dict[str, yaml.Node] = {}
             for key, value in node.value:

@@ -220,6 +220,7 @@ print(out.tolist())
 """
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU is what this checks")
 def test_a_compiled_kernel_on_a_cpu_says_how_to_interpret_it(tmp_path: Path) -> None:
     """Triton picks interpreted or compiled as @triton.jit runs: without TRITON_INTERPRET a CPU-only call gets one
     line saying what to set, not Triton's "0 active drivers"; with it, the same script runs."""

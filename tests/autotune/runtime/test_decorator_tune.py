@@ -29,6 +29,24 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     reset_warnings()
 
 
+def test_tuning_in_the_interpreter_runs_one_thread_and_gives_the_callers_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On busy cores torch's second thread made 1 baseline call in 100 a scheduler slice long, which eager timing
+    read as the baseline: the study runs one thread, and the caller's setting is back once it ends."""
+    settings: list[int] = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (settings.append(n), real(n)))
+    before = torch.get_num_threads()
+    real(2)
+    try:
+        launch = make_launcher(f"sqlite:///{tmp_path / 'local.db'}", on_miss="tune", tune_settings=TINY)
+        launch(torch.ones(16), world=World(2))
+        assert source_of(launch, 16) == "tune" and settings == [1, 2] and torch.get_num_threads() == 2
+    finally:
+        real(before)
+
+
 def test_tune_on_a_miss_saves_publishes_and_is_found_next_time(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'local.db'}"
     service_db = f"sqlite:///{tmp_path / 'service.db'}"

@@ -73,6 +73,8 @@ def test_bad_options_are_refused_before_any_work(families, capsys, tmp_path):
     assert "is an existing file" in err
     err = _refused(capsys, [*tune, "--world-size", "0"])
     assert "Invalid value for '--world-size'" in err
+    err = _refused(capsys, [*tune, "--time-budget", "1e7"])  # the option's name, not the setting's
+    assert "error: --time-budget: 10000000.0 is not allowed; it must be a number in (0, 1000000]" in err
     # a worker joins a sweep registered in a store: a mistyped path is refused, not made into a new store
     worker = ["worker", "--storage", f"sqlite:///{db}", "--sweep", "first-run", "--profile", "cpu"]
     err = _refused(capsys, worker)
@@ -96,6 +98,10 @@ def test_broken_sweep_files_name_the_line(families, capsys, tmp_path):
     )
     err = _refused(capsys, args)
     assert f"{path}: line 6: profiles.cpu.jobs[0].trials: Input should be greater than or equal to 1" in err
+    # an alias of itself (the duplicate-key scan visits each node once) and aliases of aliases are refused at once
+    path.write_text("name: x\nprofiles: &a [*a]\n" + "".join(f"k{i}: &k{i} [{', '.join([f'*k{i - 1}'] * 10)}]\n"
+                                                           for i in range(1, 9)).replace("*k0", "1"))  # fmt: skip
+    assert "profiles: Input should be a valid dictionary" in _refused(capsys, args)
     # PyYAML keeps the last of two equal keys: the file would tune a shape it does not show
     path.write_text("profiles:\n  cpu:\n    jobs:\n      - kernel: jt_sleep\n        shapes: [{M: 64, M: 32}]\n")
     err = _refused(capsys, args)
