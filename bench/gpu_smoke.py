@@ -76,6 +76,20 @@ def _graph_replay(fn: Any, refresh: Any, check: Any) -> float:
     return worst
 
 
+def _through_decorator(launcher: Any, call: Any, refresh: Any, check: Any) -> dict[str, Any]:
+    """`call()` twice eagerly (the second from the launcher's cache), then in a graph replayed with new data: the
+    errors, and the key, config and source the eager calls resolved."""
+    errors = []
+    for _ in range(2):
+        refresh()
+        call()
+        torch.cuda.synchronize()
+        errors.append(check())
+    errors.append(_graph_replay(call, refresh, check))
+    (key,) = [k for k in launcher.cache if k[3] == "eager"]
+    return {"errors": errors, "key": dict(key[0]), "config": dict(launcher.cache[key]), "source": launcher.sources[key]}
+
+
 def check_gemm_rs(world: Any, db: str) -> dict[str, Any]:
     W, M, N, K_r = world.world_size, 128 * world.world_size, 4096, 2048
     launcher = joint_autotune(space="gemm_rs", on_miss="default", db_url=db)(gemm_rs_op)
@@ -94,15 +108,7 @@ def check_gemm_rs(world: Any, db: str) -> dict[str, Any]:
         dist.all_gather(all_b, b)
         return _rel(out, rs.reference(all_a, all_b)[world.rank])
 
-    errors = []
-    for _ in range(2):
-        refresh()
-        launcher(a, b, world=world, out=out)
-        torch.cuda.synchronize()
-        errors.append(check())
-    errors.append(_graph_replay(lambda: launcher(a, b, world=world, out=out), refresh, check))
-    (key,) = [k for k in launcher.cache if k[3] == "eager"]
-    return {"errors": errors, "config": dict(launcher.cache[key]), "source": launcher.sources[key]}
+    return _through_decorator(launcher, lambda: launcher(a, b, world=world, out=out), refresh, check)
 
 
 def check_ag_gemm(world: Any, db: str) -> dict[str, Any]:
@@ -122,15 +128,7 @@ def check_ag_gemm(world: Any, db: str) -> dict[str, Any]:
         dist.all_gather(all_a, a)
         return _rel(out, torch.cat(all_a).float() @ b.float())
 
-    errors = []
-    for _ in range(2):
-        refresh()
-        launcher(a, b, world=world, out=out)
-        torch.cuda.synchronize()
-        errors.append(check())
-    errors.append(_graph_replay(lambda: launcher(a, b, world=world, out=out), refresh, check))
-    (key,) = [k for k in launcher.cache if k[3] == "eager"]
-    return {"errors": errors, "config": dict(launcher.cache[key]), "source": launcher.sources[key]}
+    return _through_decorator(launcher, lambda: launcher(a, b, world=world, out=out), refresh, check)
 
 
 def _decode_inputs(world: Any, B: int, H: int, H_KV: int, S_r: int, D: int) -> tuple[Any, ...]:
@@ -163,15 +161,7 @@ def _decode_inputs(world: Any, B: int, H: int, H_KV: int, S_r: int, D: int) -> t
 def check_flash_decode(world: Any, db: str) -> dict[str, Any]:
     q, k, v, lens, out, refresh, check = _decode_inputs(world, 1, 64, 8, 3000, 128)
     launcher = joint_autotune(space="flash_decode", on_miss="default", db_url=db)(decode_op)
-    errors = []
-    for _ in range(2):
-        refresh()
-        launcher(q, k, v, lens, world=world, out=out)
-        torch.cuda.synchronize()
-        errors.append(check())
-    errors.append(_graph_replay(lambda: launcher(q, k, v, lens, world=world, out=out), refresh, check))
-    (key,) = [k for k in launcher.cache if k[3] == "eager"]
-    return {"errors": errors, "key": dict(key[0]), "config": dict(launcher.cache[key]), "source": launcher.sources[key]}
+    return _through_decorator(launcher, lambda: launcher(q, k, v, lens, world=world, out=out), refresh, check)
 
 
 def check_raw_length_key(world: Any, db: str) -> dict[str, Any]:

@@ -6,9 +6,13 @@ or unreachable URL is a StoreError, which `jointtune.cli.main` prints as one lin
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from jointtune.search_spaces import Space
 
 DbOption = Annotated[
     str | None,
@@ -118,32 +122,33 @@ def list_command(
     console.print(table)
 
 
+def _in_space_order(
+    kernel: str, values: dict[str, Any], names_of: Callable[[Space], Sequence[str]], fallback: Sequence[str]
+) -> list[str]:
+    """`values`' names in the order `names_of` the kernel's space gives, then the rest by name; `fallback` first
+    where the space is not registered in this process."""
+    from jointtune.errors import UnknownNameError
+    from jointtune.search_spaces import get_space
+
+    try:
+        known = names_of(get_space(kernel))
+    except UnknownNameError:
+        known = fallback
+    order = [name for name in known if name in values]
+    return order + sorted(name for name in values if name not in order)
+
+
 def shape_text(kernel: str, shape: dict[str, int]) -> str:
-    """Dims in the order of the kernel's space (M, N, K for the GEMM families), as everywhere else;
-    known dims first, then the rest by name, when the space is not registered in this process."""
-    from jointtune.errors import UnknownNameError
-    from jointtune.search_spaces import get_space
-
-    try:
-        order = [d for d in get_space(kernel).dims if d in shape]
-    except UnknownNameError:
-        order = [d for d in ("M", "N", "K") if d in shape]
-    order += sorted(d for d in shape if d not in order)
-    return ",".join(f"{d}={shape[d]}" for d in order)
+    """Dims in the order of the kernel's space (M, N, K for the GEMM families), as everywhere else."""
+    return ",".join(f"{d}={shape[d]}" for d in _in_space_order(kernel, shape, lambda s: s.dims, ("M", "N", "K")))
 
 
-def config_text(kernel: str, config: dict[str, object]) -> str:
-    """Fields in the order of the kernel's space (mode first), the rest by name: the same text on every backend
-    (PostgreSQL's JSON reorders keys)."""
-    from jointtune.errors import UnknownNameError
-    from jointtune.search_spaces import get_space
-
-    try:
-        order = [p.name for p in get_space(kernel).params if p.name in config]
-    except UnknownNameError:
-        order = []
-    order += sorted(name for name in config if name not in order)
-    return " ".join(f"{name}={config[name]}" for name in order)
+def config_text(kernel: str, config: dict[str, Any]) -> str:
+    """Fields in the order of the kernel's space (mode first): the same text on every backend (PostgreSQL's JSON
+    reorders keys)."""
+    return " ".join(
+        f"{name}={config[name]}" for name in _in_space_order(kernel, config, lambda s: [p.name for p in s.params], ())
+    )
 
 
 def register(app: typer.Typer) -> None:

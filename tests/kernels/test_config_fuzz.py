@@ -51,58 +51,50 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm()).nan_to_num(float("inf")).item()
 
 
-def _gemm_rs_case(rng: random.Random, gen: torch.Generator, W: int, dtype: torch.dtype) -> None:
-    M, N, K_r = W * rng.randint(1, 24), rng.randint(8, 72), rng.randint(8, 160)
-    problem = Problem.of({"M": M, "N": N, "K": K_r * W}, dtype=str(dtype).removeprefix("torch."), world_size=W)
-    config = _sample(get_space("gemm_rs"), problem, rng)
+def _first_call_and_replay(prepare: Any, fresh: Any, errors: Any, dtype: torch.dtype, what: tuple) -> None:
+    """Fresh inputs, the prepared call, its errors; then fresh inputs again, the call re-issued, its errors."""
+    fresh()
+    call = prepare()
+    for replay in (False, True):
+        if replay:
+            fresh()
+            call.run()
+        found = errors()
+        assert max(found) < TOL[dtype], (*what, "replay" if replay else "first call", found)
+
+
+def _gemm_case(family: str, module: Any, dims: dict[str, int], a_shape: tuple[int, int], b_shape: tuple[int, int],
+               out_shape: tuple[int, int], rng: random.Random, gen: torch.Generator, W: int,
+               dtype: torch.dtype) -> None:  # fmt: skip
+    """One GEMM family's case: its op module's prepared call on per-rank A, B and out of these shapes."""
+    problem = Problem.of(dims, dtype=str(dtype).removeprefix("torch."), world_size=W)
+    config = _sample(get_space(family), problem, rng)
     world = LocalWorld(world_size=W)
-    a = [torch.empty(M, K_r, dtype=dtype) for _ in range(W)]
-    b = [torch.empty(K_r, N, dtype=dtype) for _ in range(W)]
-    out = [torch.empty(M // W, N, dtype=dtype) for _ in range(W)]
+    a = [torch.empty(a_shape, dtype=dtype) for _ in range(W)]
+    b = [torch.empty(b_shape, dtype=dtype) for _ in range(W)]
+    out = [torch.empty(out_shape, dtype=dtype) for _ in range(W)]
 
     def fresh() -> None:
         for x in a:
             x.copy_(torch.randn(x.shape, generator=gen))
         for x in b:
-            x.copy_(torch.randn(x.shape, generator=gen) / K_r**0.5)
+            x.copy_(torch.randn(x.shape, generator=gen) / b_shape[0] ** 0.5)
         for o in out:
             o.fill_(float("nan"))
 
-    fresh()
-    call = rs.prepare(a, b, world=world, config=config, out=out)
-    for replay in (False, True):
-        if replay:
-            fresh()
-            call.run()
-        errors = [_rel(o, r) for o, r in zip(out, rs.reference(a, b))]
-        assert max(errors) < TOL[dtype], (problem, config, "replay" if replay else "first call", errors)
+    _first_call_and_replay(lambda: module.prepare(a, b, world=world, config=config, out=out), fresh,
+                           lambda: [_rel(o, r) for o, r in zip(out, module.reference(a, b))], dtype,
+                           (problem, config))  # fmt: skip
+
+
+def _gemm_rs_case(rng: random.Random, gen: torch.Generator, W: int, dtype: torch.dtype) -> None:
+    M, N, K_r = W * rng.randint(1, 24), rng.randint(8, 72), rng.randint(8, 160)
+    _gemm_case("gemm_rs", rs, {"M": M, "N": N, "K": K_r * W}, (M, K_r), (K_r, N), (M // W, N), rng, gen, W, dtype)
 
 
 def _ag_gemm_case(rng: random.Random, gen: torch.Generator, W: int, dtype: torch.dtype) -> None:
     R, K, N_r = rng.randint(1, 24), rng.randint(8, 96), rng.randint(8, 64)
-    problem = Problem.of({"M": R * W, "N": N_r * W, "K": K}, dtype=str(dtype).removeprefix("torch."), world_size=W)
-    config = _sample(get_space("ag_gemm"), problem, rng)
-    world = LocalWorld(world_size=W)
-    a = [torch.empty(R, K, dtype=dtype) for _ in range(W)]
-    b = [torch.empty(K, N_r, dtype=dtype) for _ in range(W)]
-    out = [torch.empty(R * W, N_r, dtype=dtype) for _ in range(W)]
-
-    def fresh() -> None:
-        for x in a:
-            x.copy_(torch.randn(x.shape, generator=gen))
-        for x in b:
-            x.copy_(torch.randn(x.shape, generator=gen) / K**0.5)
-        for o in out:
-            o.fill_(float("nan"))
-
-    fresh()
-    call = ag.prepare(a, b, world=world, config=config, out=out)
-    for replay in (False, True):
-        if replay:
-            fresh()
-            call.run()
-        errors = [_rel(o, r) for o, r in zip(out, ag.reference(a, b))]
-        assert max(errors) < TOL[dtype], (problem, config, "replay" if replay else "first call", errors)
+    _gemm_case("ag_gemm", ag, {"M": R * W, "N": N_r * W, "K": K}, (R, K), (K, N_r), (R * W, N_r), rng, gen, W, dtype)
 
 
 def _flash_decode_case(rng: random.Random, gen: torch.Generator, W: int, dtype: torch.dtype) -> None:
@@ -127,15 +119,13 @@ def _flash_decode_case(rng: random.Random, gen: torch.Generator, W: int, dtype: 
             lens[r].copy_(torch.randint(0, S_r + 1, (B,), generator=gen))
             out[r].fill_(float("nan"))
 
-    fresh()
-    call = fd.prepare(q, k, v, lens, world=world, config=config, out=out)
-    for replay in (False, True):
-        if replay:
-            fresh()  # new lengths too: a captured graph serves any
-            call.run()
+    def errors() -> list[float]:
         ref = fd.reference(q, k, v, lens)
-        errors = [_rel(o, ref) for o in out]
-        assert max(errors) < TOL[dtype], (problem, config, "replay" if replay else "first call", errors)
+        return [_rel(o, ref) for o in out]
+
+    # fresh() draws new lengths too: a captured graph serves any
+    _first_call_and_replay(lambda: fd.prepare(q, k, v, lens, world=world, config=config, out=out), fresh, errors,
+                           dtype, (problem, config))  # fmt: skip
 
 
 CASES = {"gemm_rs": _gemm_rs_case, "ag_gemm": _ag_gemm_case, "flash_decode": _flash_decode_case}

@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException
 
 from jointtune.db import Store, shape_key
 from jointtune.db.schema import DIM_NAME_RE, MAX_DIM, MAX_DIMS, printable
+
+if TYPE_CHECKING:
+    from jointtune.search_spaces import Space
 
 _DIM_NAME = re.compile(DIM_NAME_RE)
 _SCAN = 1000
@@ -56,24 +59,21 @@ def parse_dims(
     return shape
 
 
-def kernel_dims(kernel: str) -> tuple[str, ...] | None:
-    """The dims of `kernel`'s space where it is registered in this process (None: any dim names go)."""
+def registered_space(kernel: str) -> Space | None:
+    """`kernel`'s space where its family is registered in this process (None: any dim names go, as given)."""
     from jointtune.search_spaces import get_space, space_names
 
-    return get_space(kernel).dims if kernel in space_names() else None
+    return get_space(kernel) if kernel in space_names() else None
 
 
-def keyed_shape(kernel: str, shape: dict[str, int], dtype: str, world_size: int) -> dict[str, int]:
+def keyed_shape(space: Space | None, shape: dict[str, int], dtype: str, world_size: int) -> dict[str, int]:
     """The shape records of it are stored under: a registered family's space may bucket a dim (flash_decode's S),
     as its decorator's key does, so any length in a bucket finds the bucket's record exactly. Shapes the space
     would not take (other dims, or dims it refuses) are looked up as given."""
     from jointtune.errors import SpaceError
-    from jointtune.search_spaces import Problem, get_space, space_names
+    from jointtune.search_spaces import Problem
 
-    if kernel not in space_names():
-        return shape
-    space = get_space(kernel)
-    if not space.buckets or set(shape) != set(space.dims):
+    if space is None or not space.buckets or set(shape) != set(space.dims):
         return shape
     try:
         return space.stored_problem(Problem.of(shape, dtype=dtype, world_size=world_size)).dims

@@ -19,7 +19,7 @@ from jointtune.db.schema import (
 )
 from jointtune.server.auth import AuthDep, ReadAuthDep
 from jointtune.server.deps import StoreDep, declared_query_only
-from jointtune.server.routes._lookup import explain_miss, kernel_dims, keyed_shape, parse_dims
+from jointtune.server.routes._lookup import explain_miss, keyed_shape, parse_dims, registered_space
 from jointtune.server.routing import ServiceRoute
 from jointtune.server.schemas import PublishOut, RecordPage, responses
 
@@ -64,8 +64,9 @@ def lookup(
     (flash_decode's S: any cache length finds its bucket's record exactly). Falls back to the nearest stored shape
     of the same timing policy unless `nearest=false`; 404 when nothing comparable is stored, saying what the store
     has for this kernel."""
-    dims = parse_dims(request.query_params.multi_items(), set(RESERVED_DIM_NAMES), kernel_dims(kernel))
-    shape = keyed_shape(kernel, dims, dtype, world_size)
+    space = registered_space(kernel)
+    dims = parse_dims(request.query_params.multi_items(), set(RESERVED_DIM_NAMES), space.dims if space else None)
+    shape = keyed_shape(space, dims, dtype, world_size)
     lookups = request.app.state.metrics.lookups
     nearest_first = store.nearest(
         kernel=kernel,
