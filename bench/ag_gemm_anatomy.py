@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ag_gemm_bench import Bench, init_cuda_world, spin_up
+from ag_gemm_bench import Bench, device_label, init_cuda_world, spin_up
 
 from jointtune.kernels._signals import release_chunk_kernel, wait_chunks_kernel
 
@@ -77,7 +77,7 @@ def main() -> None:
         "signal_wait_handshake": handshake,
     }
     result = {
-        "device": f"{W}x {torch.cuda.get_device_name()}",
+        "device": device_label(W),
         "versions": {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version()))},
         "command": "torchrun --nproc-per-node=2 bench/ag_gemm_anatomy.py " + " ".join(sys.argv[1:]),
         "shape": [M, N, K],

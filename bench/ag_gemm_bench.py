@@ -279,11 +279,29 @@ def spin_up(seconds: float) -> None:
     dist.barrier()
 
 
+def device_label(ranks: int) -> str:
+    """What a result file's "device" says: "2x NVIDIA H200", or "2 ranks sharing 1x NVIDIA H100 (gloo, CUDA IPC)"
+    when `ranks` outnumber the GPUs (`init_cuda_world`), so no one reads those timings as a 2-GPU run's."""
+    name, gpus = torch.cuda.get_device_name(), torch.cuda.device_count()
+    return f"{ranks}x {name}" if ranks <= gpus else f"{ranks} ranks sharing {gpus}x {name} (gloo, CUDA IPC)"
+
+
 def init_cuda_world():
-    """This torchrun rank's GPU, NCCL and the CUDA world over it (every bench script starts here)."""
+    """This torchrun rank's GPU, NCCL and the CUDA world over it (every bench script starts here).
+
+    More ranks than GPUs (`torchrun --nproc-per-node=2` on one GPU): ranks share GPUs over a gloo group, and the
+    world maps peers through CUDA IPC. That runs every multi-rank path for checking; its timings mean nothing."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    gpus = torch.cuda.device_count()
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > gpus:
+        torch.cuda.set_device(local_rank % gpus)
+        dist.init_process_group("gloo")
+        if local_rank == 0:
+            print(f"init_cuda_world: {os.environ['LOCAL_WORLD_SIZE']} ranks on {gpus} GPU(s), over gloo and CUDA IPC: "
+                  "a correctness check; timings mean nothing", flush=True)  # fmt: skip
+    else:
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     return create_world("cuda")
 
 
@@ -310,7 +328,7 @@ def main() -> None:
     import triton
 
     result = {
-        "device": f"{W}x {torch.cuda.get_device_name()}",
+        "device": device_label(W),
         "versions": {
             "torch": torch.__version__,
             "triton": triton.__version__,

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ag_gemm_bench import init_cuda_world
+from ag_gemm_bench import device_label, init_cuda_world
 
 from jointtune.kernels._launch import Launch
 from jointtune.kernels._signals import wait_chunks_kernel
@@ -105,7 +105,7 @@ def main() -> None:
     import triton
 
     result = {
-        "device": f"{W}x {torch.cuda.get_device_name()}",
+        "device": device_label(W),
         "versions": {
             "torch": torch.__version__,
             "triton": triton.__version__,

@@ -36,7 +36,7 @@ from checkout import add_tree_argument  # first: `--tree` picks the jointtune ev
 
 # isort: split
 
-from ag_gemm_bench import Bench, init_cuda_world, spin_up
+from ag_gemm_bench import Bench, device_label, init_cuda_world, spin_up
 
 from jointtune.kernels.ag_gemm import ag_gemm, config_json
 from jointtune.search_spaces._gemm import row_tile
@@ -331,13 +331,24 @@ def stress(world, iterations: int, cases=None, make_rig=None) -> dict:
     `make_rig(k, *shape, seed)`: the tensors of case k, with `refill`, `error_on_device` and `call(config)`
     (AG+GEMM's Rig by default)."""
     cases = STRESS if cases is None else cases
+    if getattr(world, "shared_gpu", False):  # gloo collectives can't be captured: the baseline is timed, not stressed
+        cases = [(shape, cfg) for shape, cfg in cases if cfg["mode"] != "baseline"]
     make_rig = make_rig or (lambda k, M, N, K, seed: Rig(world, M, N, K, seed=seed))
     rigs, graphs, eager_rigs = [], [], []
+    trace = bool(os.environ.get("STRESS_TRACE"))  # name each case as it is set up (the last named one broke)
     for k, (shape, cfg) in enumerate(cases):
+        if trace and world.rank == 0:
+            print(f"stress case {k}: {shape} {json.dumps(cfg, sort_keys=True)}", flush=True)
         rig, spare = make_rig(k, *shape, k * 1000), make_rig(k, *shape, k * 1000 + 500)
         rig.call(cfg)()
         torch.cuda.synchronize()
         graphs.append(capture(rig.call(cfg), calls=1))
+        if trace:
+            rig.refill()
+            graphs[-1].replay()
+            torch.cuda.synchronize()
+            print(f"[rank {world.rank}] case {k}: eager and one replay ran, error {rig.error_on_device().item():.2e}",
+                  flush=True)  # fmt: skip
         rigs.append(rig)
         eager_rigs.append(spare)
     gen = torch.Generator().manual_seed(7)
@@ -349,11 +360,17 @@ def stress(world, iterations: int, cases=None, make_rig=None) -> dict:
         rigs[k].refill()
         graphs[k].replay()
         errors.append(rigs[k].error_on_device())
+        if trace:
+            torch.cuda.synchronize()
+            print(f"[rank {world.rank}] step {step}: replay of case {k} ran, error {errors[-1].item():.2e}", flush=True)
         if step % 4 == 3:
             spare = eager_rigs[k]
             spare.refill()
             spare.call(cases[k][1])()
             eager_errors.append(spare.error_on_device())
+            if trace:
+                torch.cuda.synchronize()
+                print(f"[rank {world.rank}] step {step}: eager call of case {k} ran", flush=True)
     torch.cuda.synchronize()
     dog.cancel()
     errs = torch.cat(errors)
@@ -415,7 +432,7 @@ def run_header(world, script: str) -> dict:
     import triton
 
     return {
-        "device": f"{world.world_size}x {torch.cuda.get_device_name()}",
+        "device": device_label(world.world_size),
         "versions": {"torch": torch.__version__, "triton": triton.__version__,
                      "nccl": ".".join(map(str, torch.cuda.nccl.version())), "python": platform.python_version()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -451,8 +468,16 @@ def modes_arguments(out: str, shapes_help: str) -> argparse.ArgumentParser:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--modes", default="", help="comma-separated modes of ours to time (default: all)")
+    ap.add_argument("--no-timing", action="store_true", help="only the stress and compile checks (ranks sharing a GPU)")
     add_tree_argument(ap)
     return ap
+
+
+def shapes_to_time(args: argparse.Namespace, default: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """--shapes (dims joined by x, comma-separated), else `default`; none with --no-timing."""
+    if args.no_timing:
+        return []
+    return [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or default
 
 
 def main() -> None:
@@ -461,9 +486,7 @@ def main() -> None:
     args = ap.parse_args()
     world = init_cuda_world()
     bench = Bench(args.iters, args.warmup, world)
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or (
-        DECODE_SHAPES + ANCHOR_SHAPES
-    )
+    shapes = shapes_to_time(args, DECODE_SHAPES + ANCHOR_SHAPES)
     group_name = dist.group.WORLD.group_name
     try:
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group

@@ -40,6 +40,7 @@ from ag_gemm_modes import (
     run_header,
     run_shapes,
     save_result,
+    shapes_to_time,
     time_candidates,
 )
 from ag_gemm_modes import stress as modes_stress
@@ -95,8 +96,9 @@ class FdRig:
             p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
             packed[b, :, :D] = torch.matmul(p, self.v[b].float()).view(H, D)
             packed[b, :, D] = lse.view(H)
-        every = torch.empty(W, B, H, D + 1, device="cuda")
+        every = torch.empty(W * B, H, D + 1, device="cuda")  # gloo (ranks sharing a GPU) wants dim 0 gathered
         dist.all_gather_into_tensor(every, packed)
+        every = every.view(W, B, H, D + 1)
         lse = every[..., D]
         m = lse.max(0).values.nan_to_num(neginf=0.0)
         w = torch.exp(lse - m)
@@ -304,7 +306,7 @@ def main() -> None:
     args = ap.parse_args()
     world = init_cuda_world()
     bench = Bench(args.iters, args.warmup, world)
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
+    shapes = shapes_to_time(args, SHAPES)
     result = run_header(world, "bench/flash_decode_modes.py")
 
     def save() -> None:

@@ -33,6 +33,7 @@ from ag_gemm_modes import (
     run_header,
     run_shapes,
     save_result,
+    shapes_to_time,
     time_candidates,
 )
 from ag_gemm_modes import stress as modes_stress
@@ -269,7 +270,7 @@ def main() -> None:
     args = ap.parse_args()
     world = init_cuda_world()
     bench = Bench(args.iters, args.warmup, world)
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
+    shapes = shapes_to_time(args, SHAPES)
     group_name = dist.group.WORLD.group_name
     try:
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -29,13 +28,15 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ag_gemm_bench import device_label, init_cuda_world
 
 from jointtune.autotune.decorator import joint_autotune
 from jointtune.errors import ShapeError
 from jointtune.kernels import ag_gemm as ag
 from jointtune.kernels import flash_decode as fd
 from jointtune.kernels import gemm_rs as rs
-from jointtune.kernels.world import create_world
 
 TOL = 2e-2
 
@@ -248,10 +249,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="gpu_smoke.json")
     args = ap.parse_args()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-    world = create_world("cuda")
+    world = init_cuda_world()
     made = [tempfile.mkdtemp(prefix="gpu_smoke_") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(made, 0)  # one fresh folder for every rank's stores (one node)
     tmp = Path(made[0])
@@ -288,7 +286,7 @@ def main() -> None:
         results[name] = result
         print(f"[rank {world.rank}] {name}: {'ok' if not bad else 'FAILED'} {json.dumps(result)[:600]}", flush=True)
     if world.rank == 0:
-        doc = {"device": torch.cuda.get_device_name(), "world_size": world.world_size,
+        doc = {"device": device_label(world.world_size), "world_size": world.world_size,
                "versions": {"torch": torch.__version__, "triton": __import__("triton").__version__},
                "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "results": results}  # fmt: skip
         Path(args.out).write_text(json.dumps(doc, indent=1))

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 import triton
 import triton.language as tl
-from ag_gemm_bench import init_cuda_world
+from ag_gemm_bench import device_label, init_cuda_world
 
 from jointtune.kernels._signals import release_flag, wait_flag
 
@@ -188,7 +188,7 @@ def main() -> None:
     world = init_cuda_world() if ranks == 2 else None
     launcher = "torchrun --nproc-per-node=2" if ranks == 2 else "python"
     result = {
-        "device": f"{ranks}x {torch.cuda.get_device_name()}",
+        "device": device_label(ranks),
         "versions": {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": f"{launcher} bench/handoff_litmus.py " + " ".join(sys.argv[1:]),

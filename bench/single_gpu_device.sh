@@ -14,6 +14,10 @@
 #              with only its acquire (.variants/acquire), with only its barriers (.variants/barrier), then this tree
 #              with more calls and push beside it. .variants/* hold a `jointtune` each (made with git archive).
 # stress-w1:   every family's modes benchmark with its graph-replay stress run at world size 1.
+# shared2:     two ranks on this one GPU (gloo group, peers through CUDA IPC: `jointtune/kernels/_ipc.py`): gpu_smoke,
+#              ag_gemm_stress, every family's modes stress and compile checks (--no-timing), and the handoff litmus
+#              between the two processes. It checks the multi-rank paths where no 2-GPU machine is lent; the GPU
+#              time-slices the two processes, so nothing here is timed.
 # smoke:       bench/gpu_smoke.py at world size 1: every family through the decorator (eager, cached, in a graph),
 #              a raw-length flash_decode key finding its bucket's record, the triton.autotune drop-in on a compiled
 #              kernel, and inputs that require grad refused.
@@ -112,6 +116,24 @@ atomic_fix() {
 smoke() {  # bench/gpu_smoke.py: the user's paths (decorator, drop-in, bucketed keys, forward-only refusal) on CUDA
   run 300 bench/gpu_smoke.py --out "$OUT/gpu_smoke_w1.json" > "$OUT/gpu_smoke_w1.log" 2>&1
   grep -E "^\[rank|^exit|Error" "$OUT/gpu_smoke_w1.log" | cut -c1-300
+}
+
+shared2() {  # every multi-rank path on this one GPU: two ranks over gloo and CUDA IPC (checks; timings mean nothing)
+  local NPROC=2 n=${SHARED_STRESS:-200}
+  run 300 bench/gpu_smoke.py --out "$OUT/gpu_smoke_shared2.json" > "$OUT/gpu_smoke_shared2.log" 2>&1
+  grep -E "^\[rank|^exit|Error" "$OUT/gpu_smoke_shared2.log" | cut -c1-300
+  run 240 bench/ag_gemm_stress.py --reps 6 --out "$OUT/ag_gemm_stress_shared2.json" > "$OUT/ag_gemm_stress_shared2.log" 2>&1
+  grep -E "wrong|^exit|Error" "$OUT/ag_gemm_stress_shared2.log" | cut -c1-200
+  for fam in ag_gemm gemm_rs flash_decode; do
+    local extra=()
+    [ "$fam" = flash_decode ] && extra=(--compile-check)
+    run 300 "bench/${fam}_modes.py" --no-timing "${extra[@]}" --stress "$n" --out "$OUT/${fam}_modes_shared2.json" \
+      > "$OUT/${fam}_modes_shared2.log" 2>&1
+    grep -E "^stress|^compiled|^exit|Error" "$OUT/${fam}_modes_shared2.log" | cut -c1-600
+  done
+  run 200 bench/handoff_litmus.py --warps 4 --block 2048 --rounds 300 --launches 2 \
+    --out "$OUT/handoff_litmus_shared2.json" > "$OUT/handoff_litmus_shared2.log" 2>&1
+  grep -E "^\[|^exit|Error" "$OUT/handoff_litmus_shared2.log" | cut -c1-300
 }
 
 stress_w1() {
@@ -243,6 +265,7 @@ for step in "$@"; do
     atomic-fix) atomic_fix ;;
     stress-w1) stress_w1 ;;
     smoke) smoke ;;
+    shared2) shared2 ;;
     fix-ab) fix_ab ;;
     rs-epilogue) rs_epilogue ;;
     tile-small-m) tile_small_m ;;
@@ -254,6 +277,6 @@ for step in "$@"; do
     handoff-large) handoff_large ;;
     *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge, atomic-fix,"\
          "stress-w1, fix-ab, kernel-floors, rs-epilogue, tile-small-m, rs-tile, tile-anatomy, ag-small-m, handoff,"\
-         "handoff-ab, handoff-large, smoke)"; exit 2 ;;
+         "handoff-ab, handoff-large, smoke, shared2)"; exit 2 ;;
   esac
 done

@@ -25,7 +25,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ag_gemm_bench import init_cuda_world
+from ag_gemm_bench import device_label, init_cuda_world
 
 from jointtune.autotune.sweeps.sweepfile import load_sweep_file
 from jointtune.autotune.tuner.timing import measure, percentile
@@ -56,7 +56,7 @@ def main() -> None:
     import triton
 
     result = {
-        "device": f"{world.world_size}x {torch.cuda.get_device_name()}",
+        "device": device_label(world.world_size),
         "versions": {"torch": torch.__version__, "triton": triton.__version__,
                      "nccl": ".".join(map(str, torch.cuda.nccl.version())), "python": platform.python_version()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

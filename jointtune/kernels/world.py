@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import torch
 
 from jointtune.errors import KernelError
-from jointtune.kernels._runtime import refuse_during_capture
+from jointtune.kernels._runtime import capturing, refuse_during_capture
 
 T = TypeVar("T")
 
@@ -292,7 +292,8 @@ class CudaWorld(World):
     """One rank per process over NVLink, through PyTorch's symmetric memory.
 
     Needs `torch.distributed` initialised with NCCL and the current CUDA device set. A side
-    stream carries copy-engine work; events order it against the compute stream.
+    stream carries copy-engine work; events order it against the compute stream. Ranks that share
+    one GPU (a gloo group) get peer memory through CUDA IPC instead (`_ipc`): for checking, not timing.
     """
 
     kind = "cuda"
@@ -314,6 +315,20 @@ class CudaWorld(World):
         #: stream wait on one outside the capture, which invalidates the capture: a world of one rank sends nothing)
         self._side_used = False
         self._group_name = self.group.group_name
+        #: two ranks on one device (a gloo group on a one-GPU machine): peer memory through CUDA IPC handles and
+        #: our barrier kernel, where symmetric memory (and NCCL) refuse; for checking, not timing (`_ipc`)
+        self.shared_gpu = self._ranks_share_a_gpu()
+        self._ipc_pads: SymmetricBuffer | None = None
+        self._ipc_kept: list[SymmetricBuffer] = []
+
+    def _ranks_share_a_gpu(self) -> bool:
+        import torch.distributed as dist
+
+        if self.world_size == 1:
+            return False
+        uuids: list[Any] = [None] * self.world_size
+        dist.all_gather_object(uuids, str(torch.cuda.get_device_properties(self.device).uuid), group=self.group)
+        return len(set(uuids)) < self.world_size
 
     @property
     def local_ranks(self) -> tuple[int, ...]:
@@ -339,6 +354,17 @@ class CudaWorld(World):
             )
 
     def _allocate(self, name: str, numel: int, dtype: torch.dtype, *, zero: bool) -> SymmetricBuffer:
+        if self.shared_gpu:
+            from jointtune.kernels._ipc import exchange
+
+            tensor = (torch.zeros if zero else torch.empty)(numel, dtype=dtype, device=self.device)
+            peers = exchange(tensor, self.group)  # waits for the zeroing before any peer maps it
+            table = torch.tensor([t.data_ptr() for t in peers], dtype=torch.int64, device=self.device)
+            buf = SymmetricBuffer(name, numel, dtype, [tensor], ptrs=[table], peers=[peers])
+            # Kept for the world's life: plans hold address tables, and a peer mapping closes with its last tensor
+            # (symmetric memory ties the mappings to the allocation instead), as a peer may still write here.
+            self._ipc_kept.append(buf)
+            return buf
         import torch.distributed._symmetric_memory as symm_mem
 
         tensor = symm_mem.empty(numel, dtype=dtype, device=self.device)
@@ -355,6 +381,14 @@ class CudaWorld(World):
         torch.cuda.synchronize(self.device)
 
     def barrier(self, buffer: SymmetricBuffer | None = None) -> None:
+        if self.shared_gpu:
+            from jointtune.kernels._ipc import ipc_barrier
+
+            if self._ipc_pads is None:  # kept whole: its tensors and peer mappings must outlive every launch
+                refuse_during_capture(self.device, "the first barrier (its pads)")
+                self._ipc_pads = self._allocate("ipc.barrier", self.world_size, torch.int32, zero=True)
+            ipc_barrier(self._ipc_pads.ptrs[0], self.rank, self.world_size)
+            return
         if buffer is None:
             buffer = self.symmetric("barrier", (1,), torch.int32, zero=True)
         buffer.handle.barrier(channel=0)
@@ -370,6 +404,7 @@ class CudaWorld(World):
             target = torch.empty(shape, dtype=shard.dtype, device=shard.device)
         else:
             (target,) = out
+        self._refuse_gloo_capture("the baseline's all-gather")
         dist.all_gather_into_tensor(target, shard.contiguous(), group=self.group)
         return [target]
 
@@ -377,7 +412,20 @@ class CudaWorld(World):
         import torch.distributed as dist
 
         ((partial,), (target,)) = partials, out
+        self._refuse_gloo_capture("the baseline's reduce-scatter")
         dist.reduce_scatter_tensor(target, partial, group=self.group)
+
+    def close(self) -> None:
+        self._ipc_kept.clear()
+        self._ipc_pads = None
+        super().close()
+
+    def _refuse_gloo_capture(self, what: str) -> None:
+        if self.shared_gpu and capturing(self.device):  # NCCL refuses ranks on one device, and gloo can't be captured
+            raise KernelError(
+                f"{what} during CUDA graph capture: ranks sharing one GPU run it over gloo, which a graph can't hold; "
+                "capture a mode other than baseline there, or give each rank its own GPU (NCCL)"
+            )
 
     def side_stream(self, i: int) -> contextlib.AbstractContextManager[Any]:
         self._side.wait_stream(torch.cuda.current_stream(self.device))

@@ -28,6 +28,7 @@ from triton.compiler import ASTSource
 
 from jointtune.kernels import get_family
 from jointtune.kernels._gemm_rs_kernel import release_flag_kernel
+from jointtune.kernels._ipc import ipc_barrier_kernel
 from jointtune.kernels._signals import open_call_kernel, release_chunk_kernel, wait_chunks_kernel
 from jointtune.search_spaces import Problem
 
@@ -94,7 +95,7 @@ def lower(kernel, named: dict, options: dict):
 
 def shared_kernels() -> list[tuple]:
     """(kernel, arguments) of the small kernels every family shares: wait, release (with and without its wait),
-    open a call, release behind the copy engine."""
+    open a call, release behind the copy engine; and the barrier of ranks that share a GPU."""
     i64 = torch.zeros(1, dtype=torch.int64)
     return [
         (wait_chunks_kernel, dict(flags_ptr=i64, state_ptr=i64, rank=0, n_chunks=2, p_lo=0, p_hi=1, c_lo=0, c_hi=1)),
@@ -105,6 +106,7 @@ def shared_kernels() -> list[tuple]:
         (open_call_kernel, dict(state_ptr=i64, entered_ptrs_ptr=i64, entered_ptr=i64, rank=0, WORLD=2, SIGNAL=True,
                                 WAIT=True)),
         (release_flag_kernel, dict(flag_ptrs_ptr=i64, state_ptr=i64, owner=1, index=3)),
+        (ipc_barrier_kernel, dict(pad_ptrs_ptr=i64, rank=1, WORLD=4)),
     ]  # fmt: skip
 
 

@@ -75,7 +75,7 @@ CONFIGS = [
         items_per_flag=2,
     ),
 ]
-SMALL_KERNELS = 5  # the shared wait, release (with and without its wait) and open-call kernels, once per run
+SMALL_KERNELS = 6  # the shared wait, release (with and without its wait), open-call and IPC barrier kernels
 
 
 def test_every_mode_compiles_for_sm90_with_this_triton():
