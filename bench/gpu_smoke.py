@@ -165,6 +165,88 @@ def check_flash_decode(world: Any, db: str) -> dict[str, Any]:
     return _through_decorator(launcher, lambda: launcher(q, k, v, lens, world=world, out=out), refresh, check)
 
 
+def _eager_repeats(world: Any, call: Any, refresh: Any, check: Any, move_weight: Any) -> dict[str, Any]:
+    """Six eager calls of one key with new data (the second captures its eager graph, the rest replay it), one with
+    the weight moved to a new tensor (it must run directly), one more with the weight back (replayed again): each
+    checked, with whether the call took the graph (a replay count that went up)."""
+    errors, replayed = [], []
+    for step in range(8):
+        if step == 6:
+            move_weight(True)
+        if step == 7:
+            move_weight(False)
+        refresh()
+        before = world.eager.replays
+        call()
+        torch.cuda.synchronize()
+        errors.append(check())
+        replayed.append(world.eager.replays > before)
+    return {"errors": errors, "replayed": replayed}
+
+
+RS_CE = {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 2, "reduce_sms": 16}
+
+
+def check_eager_replay(world: Any) -> dict[str, Any]:
+    """Repeat eager calls replayed from their own CUDA graph (`jointtune/kernels/_eager_graph.py`) in both GEMM
+    families' ce modes: right on every call, replayed from the second call on, and direct while a weight is
+    elsewhere."""
+    W, dev = world.world_size, world.device
+    results: dict[str, Any] = {}
+    # ag_gemm, ce mode (the one whose host cost the graph is for): fresh A and C tensors every call, B in place
+    R, K, N_r = 128, 4096, 1024
+    b = {"at": torch.empty(K, N_r, dtype=torch.bfloat16, device=dev)}
+    home = b["at"]
+    box: dict[str, Any] = {}
+
+    def ag_refresh() -> None:
+        box["a"] = torch.randn(R, K, device=dev).bfloat16()
+        b["at"].copy_(torch.randn(K, N_r, device=dev) / K**0.5)
+
+    def ag_call() -> None:
+        box["c"] = ag.ag_gemm(box["a"], b["at"], world=world, config={"mode": "ce", "ce_consumer": "cublas",
+                                                                        "ce_chunks": 2})  # fmt: skip
+
+    def ag_check() -> float:
+        all_a = [torch.empty_like(box["a"]) for _ in range(W)]
+        dist.all_gather(all_a, box["a"])
+        return _rel(box["c"], torch.cat(all_a).float() @ b["at"].float())
+
+    def ag_move(away: bool) -> None:
+        b["at"] = torch.empty_like(home) if away else home
+
+    results["ag_gemm"] = _eager_repeats(world, ag_call, ag_refresh, ag_check, ag_move)
+    # gemm_rs, ce mode into out=
+    M, K_r, N = 256 * W, 2048, 2048
+    a = torch.empty(M, K_r, dtype=torch.bfloat16, device=dev)
+    w = {"at": torch.empty(K_r, N, dtype=torch.bfloat16, device=dev)}
+    w_home = w["at"]
+    out = torch.empty(M // W, N, dtype=torch.bfloat16, device=dev)
+
+    def rs_refresh() -> None:
+        a.copy_(torch.randn_like(a, dtype=torch.float32))
+        w["at"].copy_(torch.randn_like(w["at"], dtype=torch.float32) / K_r**0.5)
+        out.fill_(float("nan"))
+
+    def rs_check() -> float:
+        all_a, all_b = [torch.empty_like(a) for _ in range(W)], [torch.empty_like(w["at"]) for _ in range(W)]
+        dist.all_gather(all_a, a)
+        dist.all_gather(all_b, w["at"])
+        return _rel(out, rs.reference(all_a, all_b)[world.rank])
+
+    def rs_move(away: bool) -> None:
+        w["at"] = torch.empty_like(w_home) if away else w_home
+
+    results["gemm_rs"] = _eager_repeats(
+        world, lambda: rs.gemm_rs(a, w["at"], world=world, config=RS_CE, out=out),
+        rs_refresh, rs_check, rs_move,
+    )  # fmt: skip
+    results["errors"] = [e for r in results.values() for e in r["errors"]]
+    want = [False, True, True, True, True, True, False, True]  # the first call builds, the moved weight runs directly
+    results["replays_as_expected"] = all(r["replayed"] == want for r in list(results.values())[:2])
+    return results
+
+
 def check_raw_length_key(world: Any, db: str) -> dict[str, Any]:
     """A record stored at the bucket of 3000 keys per rank (4096), found by a key returning the raw length."""
     from jointtune.autotune.keys import triton_version
@@ -261,6 +343,7 @@ def main() -> None:
         "raw_length_key": lambda: check_raw_length_key(world, f"sqlite:///{tmp}/bucket.db"),
         "dropin": lambda: check_dropin(f"sqlite:///{tmp}/dropin_{world.rank}.db"),
         "forward_only": lambda: check_forward_only(world),
+        "eager_replay": lambda: check_eager_replay(world),
     }
     failed = []
     for name, check in checks.items():
@@ -272,6 +355,7 @@ def main() -> None:
         result["seconds"] = round(time.perf_counter() - start, 2)
         bad = "exception" in result or max(result.get("errors", [0.0])) > TOL
         bad = bad or result.get("matches_record") is False or (name == "forward_only" and not result.get("refused"))
+        bad = bad or result.get("replays_as_expected") is False
         bad = bad or (
             name == "dropin"
             and (

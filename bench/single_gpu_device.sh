@@ -18,6 +18,8 @@
 #              ag_gemm_stress, every family's modes stress and compile checks (--no-timing), and the handoff litmus
 #              between the two processes. It checks the multi-rank paths where no 2-GPU machine is lent; the GPU
 #              time-slices the two processes, so nothing here is timed.
+# eager-graph: repeat eager calls replayed from their own CUDA graph: gpu_smoke and every family's stress at 2 ranks
+#              on this GPU, then ag_gemm_host.py at world size 1 with the graph off and on (twice), then gpu_smoke at 1.
 # smoke:       bench/gpu_smoke.py at world size 1: every family through the decorator (eager, cached, in a graph),
 #              a raw-length flash_decode key finding its bucket's record, the triton.autotune drop-in on a compiled
 #              kernel, and inputs that require grad refused.
@@ -134,6 +136,32 @@ shared2() {  # every multi-rank path on this one GPU: two ranks over gloo and CU
   run 200 bench/handoff_litmus.py --warps 4 --block 2048 --rounds 300 --launches 2 \
     --out "$OUT/handoff_litmus_shared2.json" > "$OUT/handoff_litmus_shared2.log" 2>&1
   grep -E "^\[|^exit|Error" "$OUT/handoff_litmus_shared2.log" | cut -c1-300
+}
+
+eager_graph() {  # repeat eager calls replayed from their own graph (kernels/_eager_graph.py): right at 2 ranks on this
+  # GPU (gpu_smoke's eager_replay check, every family's stress with its eager calls), and what it saves the host at
+  # world size 1 (ag_gemm_host.py with JOINTTUNE_EAGER_GRAPH=0, then on, then 0 and on again)
+  local NPROC=2 fam extra g round
+  run 300 bench/gpu_smoke.py --out "$OUT/gpu_smoke_eager_shared2.json" > "$OUT/gpu_smoke_eager_shared2.log" 2>&1
+  grep -E "^\[rank 0\]|^exit|Error" "$OUT/gpu_smoke_eager_shared2.log" | cut -c1-400
+  for fam in ag_gemm gemm_rs flash_decode; do
+    extra=()
+    [ "$fam" = flash_decode ] && extra=(--compile-check)
+    run 300 "bench/${fam}_modes.py" --no-timing "${extra[@]}" --stress "${SHARED_STRESS:-300}" \
+      --out "$OUT/${fam}_modes_eager_shared2.json" > "$OUT/${fam}_modes_eager_shared2.log" 2>&1
+    grep -E "^stress|^compiled|^exit|Error" "$OUT/${fam}_modes_eager_shared2.log" | cut -c1-400
+  done
+  NPROC=1
+  for round in 1 2; do
+    for g in 0 1; do
+      JOINTTUNE_EAGER_GRAPH=$g run 200 bench/ag_gemm_host.py --shape 128x8192x8192 \
+        --out "$OUT/ag_gemm_host_w1_graph${g}_$round.json" > "$OUT/ag_gemm_host_w1_graph${g}_$round.log" 2>&1
+      echo "== eager graph $g, round $round"
+      grep -E "^\[host|^exit|Error" "$OUT/ag_gemm_host_w1_graph${g}_$round.log" | cut -c1-200
+    done
+  done
+  run 200 bench/gpu_smoke.py --out "$OUT/gpu_smoke_eager_w1.json" > "$OUT/gpu_smoke_eager_w1.log" 2>&1
+  grep -E "^\[rank 0\] eager|^exit|Error" "$OUT/gpu_smoke_eager_w1.log" | cut -c1-400
 }
 
 stress_w1() {
@@ -266,6 +294,7 @@ for step in "$@"; do
     stress-w1) stress_w1 ;;
     smoke) smoke ;;
     shared2) shared2 ;;
+    eager-graph) eager_graph ;;
     fix-ab) fix_ab ;;
     rs-epilogue) rs_epilogue ;;
     tile-small-m) tile_small_m ;;
@@ -277,6 +306,6 @@ for step in "$@"; do
     handoff-large) handoff_large ;;
     *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge, atomic-fix,"\
          "stress-w1, fix-ab, kernel-floors, rs-epilogue, tile-small-m, rs-tile, tile-anatomy, ag-small-m, handoff,"\
-         "handoff-ab, handoff-large, smoke, shared2)"; exit 2 ;;
+         "handoff-ab, handoff-large, smoke, shared2, eager-graph)"; exit 2 ;;
   esac
 done

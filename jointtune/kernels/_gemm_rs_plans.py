@@ -140,6 +140,10 @@ class FusedPlan:
 class CePlan:
     """Per destination and chunk: a GEMM into staging, a copy-engine send into the owner's inbox, a flag."""
 
+    #: host calls per chunk and destination (GEMM, copy, flag): repeat eager calls replay a graph of the call, as
+    #: AG+GEMM's ce plan does (`_eager_graph`)
+    replay_eagerly = True
+
     def __init__(self, world: World, s: RsShape, cfg: GemmRsConfig) -> None:
         W, R, N = s.W, s.R, s.N
         self.world, self.s = world, s

@@ -118,6 +118,10 @@ def ag_gemm(
         if len(c_l) != len(a_l) or any(c.shape != (M, N_r) or c.dtype != a0.dtype or c.stride() != (N_r, 1)
                                        or c.device != world.device for c in c_l):  # fmt: skip
             raise ShapeError(f"out: must be one row-major [{M}, {N_r}] {a0.dtype} tensor per local rank")
+    if world.concurrent and not return_gathered and getattr(plan, "replay_eagerly", False):  # (`_eager_graph`)
+        copied, in_place = ([], [*a_l, *b_l]) if owner is not None else (a_l, b_l)  # an owner's A is read in place
+        if world.eager.call(key, lambda ins, outs: plan(ins or a_l, b_l, outs), copied, in_place, c_l):
+            return c_l[0] if isinstance(a, torch.Tensor) else c_l
     gathered = plan(a_l, b_l, c_l)
     result = list(zip(c_l, gathered)) if return_gathered else c_l
     return result[0] if isinstance(a, torch.Tensor) else result

@@ -117,7 +117,13 @@ def gemm_rs(
         if len(o_l) != len(a_l) or any(o.shape != (R, N) or o.dtype != a0.dtype or o.stride() != (N, 1)
                                        or o.device != world.device for o in o_l):  # fmt: skip
             raise ShapeError(f"out: must be one row-major [{R}, {N}] {a0.dtype} tensor per local rank")
-    plan(a_l, b_l, o_l)
+    replayed = (
+        world.concurrent
+        and getattr(plan, "replay_eagerly", False)
+        and world.eager.call(key, lambda ins, outs: plan(ins, b_l, outs), a_l, b_l, o_l)
+    )
+    if not replayed:
+        plan(a_l, b_l, o_l)  # most plans; the first call of one that replays, a big one (`_eager_graph`)
     return o_l[0] if isinstance(a, torch.Tensor) else o_l
 
 

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import torch
 
 from jointtune.errors import KernelError
+from jointtune.kernels._eager_graph import EagerGraphs
 from jointtune.kernels._runtime import capturing, refuse_during_capture
 
 T = TypeVar("T")
@@ -102,6 +103,7 @@ class World(ABC):
         #: launch plans and communication state, built once per key and kept for the world's life:
         #: a CUDA graph that captured a plan's launches holds its buffers' addresses, not references
         self.plans: dict[tuple[Any, ...], Any] = {}
+        self._eager: EagerGraphs | None = None
         self.name = f"{self.kind}-{next(_NAMES)}"
         _WORLDS[self.name] = self
 
@@ -109,6 +111,13 @@ class World(ABC):
     @abstractmethod
     def local_ranks(self) -> tuple[int, ...]:
         """Ranks this process drives: all of them on the local world, one on CUDA."""
+
+    @property
+    def eager(self) -> EagerGraphs:
+        """Eager calls replayed from CUDA graphs of themselves, by plan key (`_eager_graph`)."""
+        if self._eager is None:
+            self._eager = EagerGraphs(self.device)
+        return self._eager
 
     def plan(self, key: tuple[Any, ...], build: Callable[[], T]) -> T:
         """The plan under `key`, built on first use (never during CUDA graph capture)."""
@@ -216,6 +225,8 @@ class World(ABC):
         return None
 
     def close(self) -> None:
+        if self._eager is not None:
+            self._eager.clear()
         self._buffers.clear()
         self.plans.clear()
         _WORLDS.pop(self.name, None)
