@@ -9,7 +9,9 @@ Checks, each against a float32 reference on fresh random data, outputs poisoned 
   length's bucket (source "store");
 - the `triton.autotune` drop-in on a compiled `@triton.jit` kernel: benchmarks its configs, saves the winner, and
   a second decorator over the same store finds it without benchmarking;
-- inputs that require grad in grad mode are refused by name (the ops have no backward), and run under no_grad.
+- inputs that require grad in grad mode are refused by name (the ops have no backward), and run under no_grad;
+- repeat eager calls of both GEMM families' ce modes replayed from their own CUDA graph (`_eager_graph`): direct on
+  the first call, replayed from the second, direct with the weight moved, replayed again once it is back.
 Writes one JSON with each check's result and error; exits 1 if any check failed.
 """
 

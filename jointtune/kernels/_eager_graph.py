@@ -4,37 +4,39 @@ A fused mode issues a dozen launches, copies, events and barriers per call, and 
 5-15 us. At decode sizes the host, not the GPU, then sets an eager call's time: the ce modes spent 113 us of host
 work per call against 39 us for NCCL + cuBLAS (2x H200, bench/results/ag_gemm_host_2xH200_2026-11-23.json).
 
-So the second eager call of a plan (the first compiled and allocated everything) captures the plan's call into a
-CUDA graph over static copies of its per-call inputs and outputs. Every later eager call copies its inputs in,
-replays, and copies the output out: a few torch calls, whatever the mode. The graph is the plan's own launches, which
-read their epochs from device memory (`_signals`), so replays mix freely with direct calls, with other graphs, and
-with other ranks' direct calls; a rank that falls back to the direct path stays in step with one that replays.
+So the second eager call of a call site (plan key, the addresses of what it reads in place, the layout of what it
+copies; the first call compiled and allocated everything) captures the plan's call into a CUDA graph over static
+copies of its per-call inputs and outputs. Every later call of that site copies its inputs in, replays, and copies
+the output out: a few torch calls, whatever the mode. The graph is the plan's own launches, which read their epochs
+from device memory (`_signals`), so replays mix freely with direct calls, with other graphs, and with other ranks'
+direct calls; a rank that runs a call directly stays in step with one that replays it.
 
 A call replays only where that pays and is safe:
 - for plans that issue many host calls (`replay_eagerly`: the ce modes, push_cublas but its one-launch form). A replay
   costs GPU time (its copies, a graph launch: 4-11 us per call at 128x8192x8192 on an H100), so plans of one or two
   launches, which are GPU-bound already, stay direct;
-- on a CUDA world, outside the caller's own capture (their graph then holds the direct launches);
-- when the bytes copied in and out are at most `MAX_COPY_BYTES`: the copies cost GPU time, which at large shapes
-  outweighs the host time saved;
-- while the tensors the graph reads in place (weights, KV caches) are at the addresses captured, and the inputs it
-  copies have the captured layout; any other call runs directly.
+- on a CUDA world, outside any capture (the caller's own graph then holds the direct launches), and not through the
+  torch ops (`direct_only`: torch.compile's CUDA graphs manage memory of their own);
+- when the bytes copied in and out are at most `MAX_COPY_BYTES` (at large shapes the copies cost more GPU time than
+  the host time saved), and while a world holds fewer than `MAX_GRAPHS` graphs and `MAX_STATIC_BYTES` of copies: a
+  call site past those runs directly for good, so nothing is captured twice.
 
-A capture that fails (an op that can't be captured) leaves the key on the direct path for good, with a warning.
-JOINTTUNE_EAGER_GRAPH=0 turns replays off.
+Each layer's weight is its own call site, so every layer of a model gets its graph. A capture that fails (an op that
+can't be captured) leaves its call site direct, with a warning. JOINTTUNE_EAGER_GRAPH=0 turns replays off.
 
 Example (on a GPU; `world.eager` is each world's `EagerGraphs`):
     >>> ran = world.eager.call(key, lambda ins, outs: plan(ins, [b], outs), [a], [b], [c])  # doctest: +SKIP
-    >>> ran  # False: run the plan directly (first call, big copies, b moved...)  # doctest: +SKIP
+    >>> ran  # False: the caller runs the plan itself (first call, big copies, a full world...)  # doctest: +SKIP
     True
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,21 +47,16 @@ from jointtune.kernels._runtime import capturing
 
 #: at most this many bytes copied in and out per replayed call (8 MiB: about 5 us of copies on an H100 or H200)
 MAX_COPY_BYTES = 8 << 20
-#: graphs kept per world, least recently used dropped first (each holds its static copies and a memory pool)
-MAX_GRAPHS = 64
+#: call sites with a graph per world, and their static copies' bytes; later call sites run directly
+MAX_GRAPHS = 256
+MAX_STATIC_BYTES = 1 << 30
 
+#: `run(inputs, outputs)`: one direct call of a plan on the given per-call tensors
 Run = Callable[[list[Any], list[torch.Tensor]], Any]
+#: `capture(run, inputs, outputs)`: records one call and returns what re-issues it
+Capture = Callable[[Run, list[Any], list[torch.Tensor]], Callable[[], Any]]
 
-
-@dataclass
-class _Replay:
-    graph: torch.cuda.CUDAGraph
-    inputs: list[torch.Tensor | None]
-    layout: tuple[Any, ...]  # the inputs' shapes, dtypes and strides (None where absent), as captured
-    in_place: tuple[tuple[int, ...], ...]
-    outputs: list[torch.Tensor]
-
-
+_DIRECT_ONLY: ContextVar[bool] = ContextVar("jointtune_eager_direct_only", default=False)
 _ON, _OFF = ("1", "true", "yes", "on", "y", ""), ("0", "false", "no", "off", "n")
 
 
@@ -73,12 +70,48 @@ def enabled() -> bool:
     return value in _ON
 
 
-def _addresses(tensors: Sequence[torch.Tensor | None]) -> tuple[tuple[int, ...], ...]:
-    return tuple(() if t is None else (t.data_ptr(), *t.stride()) for t in tensors)
+@contextlib.contextmanager
+def direct_only() -> Iterator[None]:
+    """Calls inside run their plans directly (the torch ops: torch.compile's CUDA graphs warm up and capture through
+    them with memory pools of their own, which a capture of ours must not enter)."""
+    token = _DIRECT_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _DIRECT_ONLY.reset(token)
 
 
-def _layout(tensors: Sequence[torch.Tensor | None]) -> tuple[Any, ...]:
-    return tuple(None if t is None else (t.shape, t.dtype, t.stride()) for t in tensors)
+def cuda_capture(run: Run, inputs: list[Any], outputs: list[torch.Tensor]) -> Callable[[], Any]:
+    """One call captured into a CUDA graph on a side stream. Unlike `torch.cuda.graph` this neither synchronises the
+    device nor empties the allocator's cache: it runs in the middle of the caller's eager work."""
+    graph = torch.cuda.CUDAGraph()
+    current = torch.cuda.current_stream()
+    stream = torch.cuda.Stream(device=current.device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            run(inputs, outputs)
+        finally:
+            graph.capture_end()
+    current.wait_stream(stream)
+    return graph.replay
+
+
+@dataclass
+class _Replay:
+    replay: Callable[[], Any]
+    inputs: list[torch.Tensor | None]
+    outputs: list[torch.Tensor]
+
+
+def _site(key: Any, inputs: Sequence[torch.Tensor | None], in_place: Sequence[torch.Tensor | None]) -> tuple[Any, ...]:
+    """A call site: the plan key, where each in-place tensor is (address and strides), each copied input's layout."""
+    return (
+        key,
+        tuple(() if t is None else (t.data_ptr(), *t.stride()) for t in in_place),
+        tuple(None if t is None else (t.shape, t.dtype, t.stride()) for t in inputs),
+    )
 
 
 def _static(t: torch.Tensor) -> torch.Tensor:
@@ -91,14 +124,27 @@ def _bytes(tensors: Sequence[torch.Tensor | None]) -> int:
 
 
 class EagerGraphs:
-    """One world's replayable eager calls, by plan key."""
+    """One world's replayable eager calls, by call site.
 
-    def __init__(self, device: torch.device) -> None:
+    `capture` records a call (default: a CUDA graph on CUDA devices, and no replays elsewhere; the CPU tests pass one
+    that re-issues the recorded call, as prepared launches stand in for graph replays there). `on_failed_capture`
+    puts the world's host state back after a capture that raised part way."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        capture: Capture | None = None,
+        on_failed_capture: Callable[[], Any] = lambda: None,
+    ) -> None:
         self.device = device
-        self._replays: OrderedDict[Any, _Replay] = OrderedDict()
-        self._seen: set[Any] = set()
-        self._direct: set[Any] = set()  # keys whose capture failed
-        self._on = device.type == "cuda" and enabled()
+        self._capture_call = capture or (cuda_capture if device.type == "cuda" else None)
+        self._on_failed_capture = on_failed_capture
+        self._on = self._capture_call is not None and enabled()
+        self._replays: dict[tuple[Any, ...], _Replay] = {}
+        self._seen: set[tuple[Any, ...]] = set()
+        self._direct: set[tuple[Any, ...]] = set()  # call sites that run directly for good
+        self._static_bytes = 0
         #: eager calls replayed so far (a count to check against, as `bench/gpu_smoke.py` does)
         self.replays = 0
 
@@ -110,64 +156,66 @@ class EagerGraphs:
         in_place: Sequence[torch.Tensor | None],
         outputs: Sequence[torch.Tensor],
     ) -> bool:
-        """Issue `run(inputs, outputs)` as a replay of its graph and return True; False where the caller must run it
-        directly. `inputs` are copied in and `outputs` out on each replay; `run` reads `in_place` (and anything else it
-        closes over) at the addresses it had when captured."""
-        if not self._on or key in self._direct or capturing(self.device):
+        """Issue `run(inputs, outputs)` as a replay of its call site's graph and return True; False where the caller
+        must run it directly. `inputs` are copied in and `outputs` out on each replay; `run` reads `in_place` (and
+        anything else it closes over) where they were when captured."""
+        if not self._on or _DIRECT_ONLY.get() or capturing(self.device):
             return False
-        replay = self._replays.get(key)
+        site = _site(key, inputs, in_place)
+        replay = self._replays.get(site)
         if replay is None:
-            if key not in self._seen:  # the first call builds and compiles: it runs directly
-                self._seen.add(key)
+            if site in self._direct:
                 return False
-            if _bytes(inputs) + _bytes(outputs) > MAX_COPY_BYTES:
-                self._direct.add(key)
+            if site not in self._seen:  # the first call builds and compiles: it runs directly
+                self._seen.add(site)
                 return False
-            replay = self._capture(key, run, inputs, in_place, outputs)
+            copies = _bytes(inputs) + _bytes(outputs)
+            full = len(self._replays) >= MAX_GRAPHS or self._static_bytes + copies > MAX_STATIC_BYTES
+            if copies > MAX_COPY_BYTES or full:
+                self._direct.add(site)
+                return False
+            replay = self._capture(site, run, inputs, outputs)
             if replay is None:
                 return False
-        elif replay.in_place != _addresses(in_place) or replay.layout != _layout(inputs):
-            return False
-        self._replays.move_to_end(key)
-        for static, x in zip(replay.inputs, inputs):
-            if static is not None:
-                static.copy_(x)
-        replay.graph.replay()
-        for o, static in zip(outputs, replay.outputs):
-            o.copy_(static)
+        # inside inference mode, copies into and out of inference and normal tensors alike are allowed, whichever
+        # mode the call that captured ran in
+        with torch.inference_mode():
+            for static, x in zip(replay.inputs, inputs):
+                if static is not None:
+                    static.copy_(x)
+            replay.replay()
+            for o, static in zip(outputs, replay.outputs):
+                o.copy_(static)
         self.replays += 1
         return True
 
     def _capture(
-        self,
-        key: Any,
-        run: Run,
-        inputs: Sequence[torch.Tensor | None],
-        in_place: Sequence[torch.Tensor | None],
-        outputs: Sequence[torch.Tensor],
+        self, site: tuple[Any, ...], run: Run, inputs: Sequence[torch.Tensor | None], outputs: Sequence[torch.Tensor]
     ) -> _Replay | None:
-        statics_in = [None if x is None else _static(x) for x in inputs]
-        statics_out = [_static(o) for o in outputs]
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                run(statics_in, statics_out)
-        except Exception as exc:  # nothing ran (a capture only records): the direct path still works
-            self._direct.add(key)
+        try:  # nothing runs during a capture (it only records): after a failure the direct path still works
+            with torch.inference_mode():
+                statics_in = [None if x is None else _static(x) for x in inputs]
+                statics_out = [_static(o) for o in outputs]
+                replay = _Replay(self._capture_call(run, statics_in, statics_out), statics_in, statics_out)
+        except Exception as exc:
+            self._direct.add(site)
+            self._on_failed_capture()
             warnings.warn(
-                f"{key[0]}: this call can't be captured for cheap eager repeats ({type(exc).__name__}: {exc}); "
+                f"{site[0][0]}: this call can't be captured for cheap eager repeats ({type(exc).__name__}: {exc}); "
                 "it runs directly from now on",
                 RuntimeWarning,
                 stacklevel=4,
             )
             return None
-        replay = _Replay(graph, statics_in, _layout(inputs), _addresses(in_place), statics_out)
-        self._replays[key] = replay
-        while len(self._replays) > MAX_GRAPHS:
-            self._replays.popitem(last=False)
+        self._replays[site] = replay
+        self._static_bytes += _bytes(statics_in) + _bytes(statics_out)
         return replay
 
     def clear(self) -> None:
+        """Drop every graph (after the device is done with them: a replay may still run on another stream)."""
+        if self._replays and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         self._replays.clear()
         self._seen.clear()
         self._direct.clear()
+        self._static_bytes = 0

@@ -33,10 +33,12 @@ def exchange(tensor: torch.Tensor, group: Any) -> list[torch.Tensor]:
     from torch.multiprocessing.reductions import reduce_tensor
 
     torch.cuda.synchronize(tensor.device)
-    handles: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(handles, reduce_tensor(tensor), group=group)
-    rank = dist.get_rank(group)
-    return [tensor if p == rank else rebuild(*args) for p, (rebuild, args) in enumerate(handles)]
+    W, rank = dist.get_world_size(group), dist.get_rank(group)
+    # one share per peer: torch counts a shared block's users by shares, and each peer's mapping releases one
+    mine = [None if p == rank else reduce_tensor(tensor) for p in range(W)]
+    handles: list[Any] = [None] * W
+    dist.all_gather_object(handles, mine, group=group)
+    return [tensor if p == rank else handles[p][rank][0](*handles[p][rank][1]) for p in range(W)]
 
 
 @triton.jit(do_not_specialize=["rank"])
@@ -60,5 +62,6 @@ def ipc_barrier_kernel(pad_ptrs_ptr, rank, WORLD: tl.constexpr):
 
 def ipc_barrier(pad_ptrs: torch.Tensor, rank: int, world_size: int) -> None:
     """All ranks reach this point in stream order before any goes on (`pad_ptrs`: every rank's int32 pad of
-    `world_size` zeroed slots, from `exchange`)."""
+    `world_size` zeroed slots, from `exchange`). One pad serves every barrier, as every rank issues its barriers in
+    one order on one stream; two barriers in flight on different streams at once would take each other's signals."""
     ipc_barrier_kernel[(1,)](pad_ptrs, rank, WORLD=world_size, num_warps=1)

@@ -38,6 +38,7 @@ from jointtune.kernels._ag_gemm_args import AgGemmConfig, Shape, gemm_args, push
 from jointtune.kernels._ag_gemm_plans import build_plan
 from jointtune.kernels._calls import DTYPES, as_list, first_of, forward_only, parse_config, usable
 from jointtune.kernels._calls import config_json as config_json  # the op's config text, as users import it from here
+from jointtune.kernels._eager_graph import direct_only
 from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels._launch import split_options
 from jointtune.kernels._plan import config_key, resolve_config
@@ -193,7 +194,8 @@ def reference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> list[torc
 @torch.library.custom_op("jointtune::ag_gemm", mutates_args=())
 def _ag_gemm_op(a: list[torch.Tensor], b: list[torch.Tensor], world: str, config: str) -> list[torch.Tensor]:
     """torch.ops.jointtune.ag_gemm(a, b, world_name, config_json) -> C per local rank."""
-    return list(ag_gemm(list(a), list(b), world=world_named(world), config=parse_config(config)))
+    with direct_only():  # torch.compile's CUDA graphs run through here: no graphs of ours (`_eager_graph`)
+        return list(ag_gemm(list(a), list(b), world=world_named(world), config=parse_config(config)))
 
 
 @_ag_gemm_op.register_fake

@@ -46,6 +46,7 @@ import torch
 
 from jointtune.errors import ShapeError
 from jointtune.kernels._calls import DTYPES, as_list, config_json, first_of, forward_only, parse_config, usable
+from jointtune.kernels._eager_graph import direct_only
 from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels._gemm_rs_args import EPI_ATOMIC, EPI_SIGNAL, EPI_STORE, GemmRsConfig, RsShape, kernel_args
 from jointtune.kernels._gemm_rs_args import tile_work as _work
@@ -183,7 +184,8 @@ def reference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> list[torc
 @torch.library.custom_op("jointtune::gemm_rs", mutates_args=())
 def _gemm_rs_op(a: list[torch.Tensor], b: list[torch.Tensor], world: str, config: str) -> list[torch.Tensor]:
     """torch.ops.jointtune.gemm_rs(a, b, world_name, config_json) -> this rank's rows per local rank."""
-    return list(gemm_rs(list(a), list(b), world=world_named(world), config=parse_config(config)))
+    with direct_only():  # torch.compile's CUDA graphs run through here: no graphs of ours (`_eager_graph`)
+        return list(gemm_rs(list(a), list(b), world=world_named(world), config=parse_config(config)))
 
 
 @_gemm_rs_op.register_fake

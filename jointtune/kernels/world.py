@@ -116,8 +116,12 @@ class World(ABC):
     def eager(self) -> EagerGraphs:
         """Eager calls replayed from CUDA graphs of themselves, by plan key (`_eager_graph`)."""
         if self._eager is None:
-            self._eager = EagerGraphs(self.device)
+            self._eager = EagerGraphs(self.device, on_failed_capture=self._after_failed_capture)
         return self._eager
+
+    def _after_failed_capture(self) -> None:
+        """Host state a call sets and unsets, put back after a capture that raised part way through a call."""
+        return None
 
     def plan(self, key: tuple[Any, ...], build: Callable[[], T]) -> T:
         """The plan under `key`, built on first use (never during CUDA graph capture)."""
@@ -426,7 +430,11 @@ class CudaWorld(World):
         self._refuse_gloo_capture("the baseline's reduce-scatter")
         dist.reduce_scatter_tensor(target, partial, group=self.group)
 
+    def _after_failed_capture(self) -> None:
+        self._side_used = False  # a later capture must not join a side stream it never forked
+
     def close(self) -> None:
+        torch.cuda.synchronize(self.device)  # this rank's kernels are done with what is dropped below
         self._ipc_kept.clear()
         self._ipc_pads = None
         super().close()
