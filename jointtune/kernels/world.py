@@ -114,7 +114,7 @@ class World(ABC):
 
     @property
     def eager(self) -> EagerGraphs:
-        """Eager calls replayed from CUDA graphs of themselves, by plan key (`_eager_graph`)."""
+        """Eager calls replayed from CUDA graphs of themselves, by call site (`_eager_graph`)."""
         if self._eager is None:
             self._eager = EagerGraphs(self.device, on_failed_capture=self._after_failed_capture)
         return self._eager
