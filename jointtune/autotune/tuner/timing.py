@@ -72,8 +72,12 @@ def measure(run: Callable[[], Any], world: World, *, warmup: int, iters: int, ti
             f"timing: 'graph' needs CUDA graphs, and this world runs on {world.device.type} (the CPU interpreter); "
             "use gpu or eager here"
         )
-    # on CUDA at least two: the second eager call of a host-heavy plan captures the graph later calls replay
-    # (`jointtune/kernels/_eager_graph.py`), which no timed call may include
+    if world.device.type == "cuda":
+        # Every candidate starts from no eager graphs (`jointtune/kernels/_eager_graph.py`): a world holds a bounded
+        # number, and a sweep's later candidates must not find it full and run directly where a user's call replays.
+        # The warm-up is then at least two calls: the second captures the graph later calls replay, and no timed call
+        # may include a capture.
+        world.eager.clear()
     for _ in range(max(warmup, 2) if world.device.type == "cuda" else warmup):
         run()
     world.synchronize()
