@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ag_gemm_bench import device_label, init_cuda_world
 
 from jointtune.errors import SpaceError
+from jointtune.kernels._plan import resolve_config
 from jointtune.kernels.ag_gemm import ag_gemm
 
 TILE = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=6)
@@ -62,8 +63,7 @@ def main() -> None:
         R, N_r = M // W, N // W
         for cfg in [c for c in CONFIGS if not args.modes or c["mode"] in args.modes.split(",")]:
             try:  # the space may refuse a tile at this shape (GROUP_M over too few row tiles): every rank alike
-                ag_gemm(torch.zeros(R, K, dtype=torch.bfloat16, device="cuda"),
-                        torch.zeros(K, N_r, dtype=torch.bfloat16, device="cuda"), world=world, config=cfg)  # fmt: skip
+                resolve_config("ag_gemm", cfg, {"M": M, "N": N, "K": K}, "bfloat16", world)
             except SpaceError as exc:
                 if rank == 0:
                     print(f"{M}x{N}x{K} {cfg}: skipped, {exc}", flush=True)

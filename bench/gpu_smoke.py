@@ -167,16 +167,13 @@ def check_flash_decode(world: Any, db: str) -> dict[str, Any]:
     return _through_decorator(launcher, lambda: launcher(q, k, v, lens, world=world, out=out), refresh, check)
 
 
-def _eager_repeats(world: Any, call: Any, refresh: Any, check: Any, move_weight: Any) -> dict[str, Any]:
+def _eager_repeats(world: Any, call: Any, refresh: Any, check: Any, weight: dict[str, Any]) -> dict[str, Any]:
     """Six eager calls of one key with new data (the second captures its eager graph, the rest replay it), one with
-    the weight moved to a new tensor (it must run directly), one more with the weight back (replayed again): each
-    checked, with whether the call took the graph (a replay count that went up)."""
-    errors, replayed = [], []
+    the weight (`weight["at"]`, which `refresh` fills) moved to a new tensor (it must run directly), one more with the
+    weight back (replayed again): each checked, with whether the call took the graph (a replay count that went up)."""
+    errors, replayed, home = [], [], weight["at"]
     for step in range(8):
-        if step == 6:
-            move_weight(True)
-        if step == 7:
-            move_weight(False)
+        weight["at"] = torch.empty_like(home) if step == 6 else home
         refresh()
         before = world.eager.replays
         call()
@@ -198,7 +195,6 @@ def check_eager_replay(world: Any) -> dict[str, Any]:
     # ag_gemm, ce mode (the one whose host cost the graph is for): fresh A and C tensors every call, B in place
     R, K, N_r = 128, 4096, 1024
     b = {"at": torch.empty(K, N_r, dtype=torch.bfloat16, device=dev)}
-    home = b["at"]
     box: dict[str, Any] = {}
 
     def ag_refresh() -> None:
@@ -214,15 +210,11 @@ def check_eager_replay(world: Any) -> dict[str, Any]:
         dist.all_gather(all_a, box["a"])
         return _rel(box["c"], torch.cat(all_a).float() @ b["at"].float())
 
-    def ag_move(away: bool) -> None:
-        b["at"] = torch.empty_like(home) if away else home
-
-    results["ag_gemm"] = _eager_repeats(world, ag_call, ag_refresh, ag_check, ag_move)
+    results["ag_gemm"] = _eager_repeats(world, ag_call, ag_refresh, ag_check, b)
     # gemm_rs, ce mode into out=
     M, K_r, N = 256 * W, 2048, 2048
     a = torch.empty(M, K_r, dtype=torch.bfloat16, device=dev)
     w = {"at": torch.empty(K_r, N, dtype=torch.bfloat16, device=dev)}
-    w_home = w["at"]
     out = torch.empty(M // W, N, dtype=torch.bfloat16, device=dev)
 
     def rs_refresh() -> None:
@@ -236,12 +228,9 @@ def check_eager_replay(world: Any) -> dict[str, Any]:
         dist.all_gather(all_b, w["at"])
         return _rel(out, rs.reference(all_a, all_b)[world.rank])
 
-    def rs_move(away: bool) -> None:
-        w["at"] = torch.empty_like(w_home) if away else w_home
-
     results["gemm_rs"] = _eager_repeats(
         world, lambda: rs.gemm_rs(a, w["at"], world=world, config=RS_CE, out=out),
-        rs_refresh, rs_check, rs_move,
+        rs_refresh, rs_check, w,
     )  # fmt: skip
     results["errors"] = [e for r in results.values() for e in r["errors"]]
     want = [False, True, True, True, True, True, False, True]  # the first call builds, the moved weight runs directly

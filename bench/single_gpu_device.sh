@@ -120,19 +120,24 @@ smoke() {  # bench/gpu_smoke.py: the user's paths (decorator, drop-in, bucketed 
   grep -E "^\[rank|^exit|Error" "$OUT/gpu_smoke_w1.log" | cut -c1-300
 }
 
+modes_stress_shared2() {  # NAME REPLAYS: every family's modes stress (and compile check) at 2 ranks on this GPU
+  local NPROC=2 fam extra
+  for fam in ag_gemm gemm_rs flash_decode; do
+    extra=()
+    [ "$fam" = flash_decode ] && extra=(--compile-check)
+    run 300 "bench/${fam}_modes.py" --no-timing "${extra[@]}" --stress "$2" --out "$OUT/${fam}_modes_$1.json" \
+      > "$OUT/${fam}_modes_$1.log" 2>&1
+    grep -E "^stress|^compiled|^exit|Error" "$OUT/${fam}_modes_$1.log" | cut -c1-600
+  done
+}
+
 shared2() {  # every multi-rank path on this one GPU: two ranks over gloo and CUDA IPC (checks; timings mean nothing)
   local NPROC=2 n=${SHARED_STRESS:-200}
   run 300 bench/gpu_smoke.py --out "$OUT/gpu_smoke_shared2.json" > "$OUT/gpu_smoke_shared2.log" 2>&1
   grep -E "^\[rank|^exit|Error" "$OUT/gpu_smoke_shared2.log" | cut -c1-300
   run 240 bench/ag_gemm_stress.py --reps 6 --out "$OUT/ag_gemm_stress_shared2.json" > "$OUT/ag_gemm_stress_shared2.log" 2>&1
   grep -E "wrong|^exit|Error" "$OUT/ag_gemm_stress_shared2.log" | cut -c1-200
-  for fam in ag_gemm gemm_rs flash_decode; do
-    local extra=()
-    [ "$fam" = flash_decode ] && extra=(--compile-check)
-    run 300 "bench/${fam}_modes.py" --no-timing "${extra[@]}" --stress "$n" --out "$OUT/${fam}_modes_shared2.json" \
-      > "$OUT/${fam}_modes_shared2.log" 2>&1
-    grep -E "^stress|^compiled|^exit|Error" "$OUT/${fam}_modes_shared2.log" | cut -c1-600
-  done
+  modes_stress_shared2 shared2 "$n"
   run 200 bench/handoff_litmus.py --warps 4 --block 2048 --rounds 300 --launches 2 \
     --out "$OUT/handoff_litmus_shared2.json" > "$OUT/handoff_litmus_shared2.log" 2>&1
   grep -E "^\[|^exit|Error" "$OUT/handoff_litmus_shared2.log" | cut -c1-300
@@ -141,16 +146,10 @@ shared2() {  # every multi-rank path on this one GPU: two ranks over gloo and CU
 eager_graph() {  # repeat eager calls replayed from their own graph (kernels/_eager_graph.py): right at 2 ranks on this
   # GPU (gpu_smoke's eager_replay check, every family's stress with its eager calls), and what it saves the host at
   # world size 1 (ag_gemm_host.py with JOINTTUNE_EAGER_GRAPH=0, then on, then 0 and on again)
-  local NPROC=2 fam extra g round
+  local NPROC=2 g round
   run 300 bench/gpu_smoke.py --out "$OUT/gpu_smoke_eager_shared2.json" > "$OUT/gpu_smoke_eager_shared2.log" 2>&1
   grep -E "^\[rank 0\]|^exit|Error" "$OUT/gpu_smoke_eager_shared2.log" | cut -c1-400
-  for fam in ag_gemm gemm_rs flash_decode; do
-    extra=()
-    [ "$fam" = flash_decode ] && extra=(--compile-check)
-    run 300 "bench/${fam}_modes.py" --no-timing "${extra[@]}" --stress "${SHARED_STRESS:-300}" \
-      --out "$OUT/${fam}_modes_eager_shared2.json" > "$OUT/${fam}_modes_eager_shared2.log" 2>&1
-    grep -E "^stress|^compiled|^exit|Error" "$OUT/${fam}_modes_eager_shared2.log" | cut -c1-400
-  done
+  modes_stress_shared2 eager_shared2 "${SHARED_STRESS:-300}"
   NPROC=1
   for round in 1 2; do
     for g in 0 1; do

@@ -144,7 +144,6 @@ class EagerGraphs:
         self._replays: dict[tuple[Any, ...], _Replay] = {}
         self._seen: set[tuple[Any, ...]] = set()
         self._direct: set[tuple[Any, ...]] = set()  # call sites that run directly for good
-        self._static_bytes = 0
         #: eager calls replayed so far (a count to check against, as `bench/gpu_smoke.py` does)
         self.replays = 0
 
@@ -170,7 +169,8 @@ class EagerGraphs:
                 self._seen.add(site)
                 return False
             copies = _bytes(inputs) + _bytes(outputs)
-            full = len(self._replays) >= MAX_GRAPHS or self._static_bytes + copies > MAX_STATIC_BYTES
+            held = sum(_bytes(r.inputs) + _bytes(r.outputs) for r in self._replays.values())  # at a capture only
+            full = len(self._replays) >= MAX_GRAPHS or held + copies > MAX_STATIC_BYTES
             if copies > MAX_COPY_BYTES or full:
                 self._direct.add(site)
                 return False
@@ -208,7 +208,6 @@ class EagerGraphs:
             )
             return None
         self._replays[site] = replay
-        self._static_bytes += _bytes(statics_in) + _bytes(statics_out)
         return replay
 
     def clear(self) -> None:
@@ -218,4 +217,3 @@ class EagerGraphs:
         self._replays.clear()
         self._seen.clear()
         self._direct.clear()
-        self._static_bytes = 0
