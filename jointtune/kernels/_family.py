@@ -16,8 +16,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import hashlib
-import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -44,18 +42,14 @@ class Family(ABC):
     #: the named dims of its problem shape, in display order (e.g. ("M", "N", "K"))
     dims: tuple[str, ...]
 
-    #: modules besides the family's own whose source is part of its version (e.g. the Triton kernel)
-    source_modules: tuple[str, ...] = ()
-
     @functools.cached_property
     def version(self) -> str:
-        """Hash of the kernel source (launcher and kernel modules): a changed kernel gets new keys,
-        so records measured with the old one aren't reused."""
-        import importlib
+        """Hash of the source of the family's module and of every module of `jointtune.kernels` (and of its own
+        package) that it imports, directly or not (`jointtune.kernels._version`): a changed kernel, launcher or
+        shared runtime module gets new keys, so records measured on the old code aren't served."""
+        from jointtune.kernels._version import closure_version
 
-        modules = [inspect.getmodule(type(self)), *(importlib.import_module(m) for m in self.source_modules)]
-        source = "\n".join(inspect.getsource(m) for m in modules)
-        return hashlib.sha256(source.encode()).hexdigest()[:12]
+        return closure_version(type(self).__module__)
 
     @abstractmethod
     def make_inputs(self, problem: Problem, world: World, *, seed: int) -> Any:

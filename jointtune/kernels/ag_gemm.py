@@ -221,15 +221,6 @@ class AgGemmFamily(Family):
     name = "ag_gemm"
     space = "ag_gemm"
     dims = ("M", "N", "K")
-    source_modules = (
-        "jointtune.kernels._ag_gemm_args",
-        "jointtune.kernels._ag_gemm_plans",
-        "jointtune.kernels._ag_gemm_kernel",
-        "jointtune.kernels._push",
-        "jointtune.kernels._signals",
-        "jointtune.kernels._symm",
-        "jointtune.kernels.world",
-    )
 
     def make_inputs(self, problem: Any, world: World, *, seed: int, symmetric: bool = True) -> AgGemmInputs:
         M, N, K = (problem.dim(d) for d in self.dims)

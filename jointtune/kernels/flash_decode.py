@@ -284,15 +284,6 @@ class FlashDecodeFamily(Family):
     name = "flash_decode"
     space = "flash_decode"
     dims = ("B", "H", "H_KV", "S", "D")
-    source_modules = (
-        "jointtune.kernels._flash_decode_args",
-        "jointtune.kernels._flash_decode_plans",
-        "jointtune.kernels._flash_decode_kernel",
-        "jointtune.kernels._push",
-        "jointtune.kernels._signals",
-        "jointtune.kernels._symm",
-        "jointtune.kernels.world",
-    )
 
     def make_inputs(self, problem: Any, world: World, *, seed: int, ragged: bool = False) -> FlashDecodeInputs:
         """Random q (one seed: the same on every rank) and each rank's own K, V shard (a seed per rank), drawn on the

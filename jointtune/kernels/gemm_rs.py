@@ -213,14 +213,6 @@ class GemmRsFamily(Family):
     name = "gemm_rs"
     space = "gemm_rs"
     dims = ("M", "N", "K")
-    source_modules = (
-        "jointtune.kernels._gemm_rs_args",
-        "jointtune.kernels._gemm_rs_plans",
-        "jointtune.kernels._gemm_rs_kernel",
-        "jointtune.kernels._signals",
-        "jointtune.kernels._symm",
-        "jointtune.kernels.world",
-    )
 
     def make_inputs(self, problem: Any, world: World, *, seed: int, symmetric: bool = False) -> GemmRsInputs:
         M, N, K = (problem.dim(d) for d in self.dims)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -28,12 +27,8 @@ def sqlite_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def subprocess_env(tmp_path: Path) -> dict[str, str]:
+def subprocess_env() -> dict[str, str]:
     """Environment for `jointtune ...` subprocesses: test families importable, short heartbeats."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
-    env["JOINTTUNE_HEARTBEAT_S"] = "1"
-    env["JOINTTUNE_GRACE_S"] = "3"
-    env["COLUMNS"] = "200"
-    env.pop("JOINTTUNE_DB_URL", None)
-    return env
+    from jt_procs import subprocess_environment
+
+    return subprocess_environment()

@@ -65,3 +65,15 @@ def bound_sleeper(backstop_only: bool, ready: str) -> None:
     Path(f"{ready}.tmp").write_text(" ".join([str(os.getpid()), *(t.name for t in threading.enumerate())]))
     os.replace(f"{ready}.tmp", ready)  # whole, or not there yet
     time.sleep(600)
+
+
+def subprocess_environment() -> dict[str, str]:
+    """Environment for `jointtune ...` subprocesses: test families importable, short heartbeats, no store URL."""
+    env = dict(os.environ)
+    here = str(Path(__file__).resolve().parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    env["JOINTTUNE_HEARTBEAT_S"] = "1"
+    env["JOINTTUNE_GRACE_S"] = "3"
+    env["COLUMNS"] = "200"
+    env.pop("JOINTTUNE_DB_URL", None)
+    return env
