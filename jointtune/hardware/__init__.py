@@ -20,7 +20,13 @@ Example:
 
 from __future__ import annotations
 
-from jointtune.hardware._detection import cpu_fingerprint, current_limits, detect, gpu_device_present
+from jointtune.hardware._detection import (
+    available_collectives,
+    cpu_fingerprint,
+    current_limits,
+    detect,
+    gpu_device_present,
+)
 from jointtune.hardware._fingerprint import (
     CPU_NAME,
     INTERCONNECTS,
@@ -38,6 +44,7 @@ __all__ = [
     "KEY_FIELDS",
     "HardwareError",
     "HardwareFingerprint",
+    "available_collectives",
     "cpu_fingerprint",
     "current_limits",
     "detect",

@@ -162,4 +162,37 @@ def _gpu_limits(device: int) -> DeviceLimits:
         max_shared_mem=shared,
         num_sms=int(props.multi_processor_count),
         compute_capability=(int(props.major), int(props.minor)),
+        collectives=available_collectives(),
     )
+
+
+@functools.cache
+def available_collectives() -> tuple[str, ...]:
+    """The baseline's collective variants this build of torch and NCCL can run (`DeviceLimits.collectives` on CUDA;
+    `search_spaces._collectives` names them and what each needs)."""
+    import torch
+
+    out = ["nccl"]
+    try:
+        import torch.distributed as dist
+
+        nccl = tuple(torch.cuda.nccl.version())
+        group_type = dist.ProcessGroupNCCL
+    except (AttributeError, ImportError, RuntimeError):
+        return tuple(out)
+    register = getattr(group_type, "register_mem_pool", None)
+    if register is not None and hasattr(torch.cuda, "MemPool") and "symm" in (register.__doc__ or ""):
+        if nccl >= (2, 27):
+            out.append("nccl_symm")
+        try:
+            ce = nccl >= (2, 28) and hasattr(group_type.Options().config, "cta_policy")
+        except Exception:  # an Options type of another shape: no copy-engine policy to ask for
+            ce = False
+        if ce:
+            out.append("nccl_ce")
+    ops = getattr(torch.ops, "symm_mem", None)
+    if ops is not None and hasattr(ops, "two_shot_all_reduce_"):
+        out.append("torch_two_shot")
+    if ops is not None and hasattr(ops, "one_shot_all_reduce"):
+        out.append("torch_one_shot")
+    return tuple(out)

@@ -34,6 +34,7 @@ class AgGemmConfig:
     ce_chunks: int = 1
     push_by: str = "sm"
     gemm_order: str = "local_first"
+    collective: str = "nccl"
 
     @classmethod
     def of(cls, canonical: dict[str, Any]) -> AgGemmConfig:

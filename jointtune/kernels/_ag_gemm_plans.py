@@ -3,7 +3,9 @@
 A plan holds every buffer, view, address table, event and prepared launch (`Launch`) of its mode; a
 call binds the caller's A, B and C and issues them. How each mode keeps a captured graph correct:
 
-- baseline: NCCL all-gather into a plan-owned buffer, then cuBLAS. No cross-call state.
+- baseline: an all-gather (the config's collective variant) into a plan-owned buffer, then cuBLAS. No cross-call
+  state. A variant that reads its operands from special memory (an NCCL window) gets A copied in, unless the caller's
+  A came from `world.collective_empty` for that variant (as a layer writing into it would).
 - pull, ce: A sits in one symmetric buffer (the caller's, or a staging slot) between two barriers:
   peers read it only between them, so the next call may overwrite it. No cross-call state.
 - push: Triton all the way; inbox halves alternate by the device epoch (`_signals`), flags carry it.
@@ -43,15 +45,24 @@ from jointtune.kernels.world import World
 
 
 class BaselinePlan:
-    """NCCL all-gather into a plan-owned buffer, then cuBLAS."""
+    """An all-gather (NCCL's default kernels or another variant) into a plan-owned buffer, then cuBLAS."""
 
-    def __init__(self, s: Shape, want_gathered: bool) -> None:
-        self.world, self.want_gathered = s.world, want_gathered
-        out = torch.empty((s.M, s.K), dtype=s.dtype, device=s.world.device)
-        self.gathered = [out] * len(s.world.local_ranks)
+    def __init__(self, s: Shape, want_gathered: bool, collective: str) -> None:
+        self.world, self.want_gathered, self.collective = s.world, want_gathered, collective
+        if collective == "nccl":
+            out = torch.empty((s.M, s.K), dtype=s.dtype, device=s.world.device)
+            self.gathered = [out] * len(s.world.local_ranks)
+            self.staged: list[torch.Tensor] | None = None
+        else:
+            self.gathered = s.world.collective_empty((s.M, s.K), s.dtype, collective)
+            self.staged = s.world.collective_empty((s.R, s.K), s.dtype, collective)
 
     def __call__(self, a: list[torch.Tensor], b: list[torch.Tensor], c: list[torch.Tensor]) -> list[torch.Tensor]:
-        gathered = self.world.all_gather(a, out=self.gathered)
+        if self.staged is not None and any(self.world.collective_home(x) != self.collective for x in a):
+            for st, x in zip(self.staged, a):
+                st.copy_(x)
+            a = self.staged
+        gathered = self.world.all_gather(a, out=self.gathered, collective=self.collective)
         for g, bi, ci in zip(gathered, b, c):
             torch.mm(g, bi, out=ci)
         # the plan's buffer, which the next call rewrites: the caller gets a copy
@@ -391,7 +402,7 @@ def _stand_bc(s: Shape) -> tuple[torch.Tensor, torch.Tensor]:
 def build_plan(s: Shape, cfg: AgGemmConfig, owner: Any, owner_offset: int, want_gathered: bool) -> Any:
     """The plan of `cfg`'s mode for shape `s` (A in the caller's symmetric buffer `owner`, or copied)."""
     if cfg.mode == "baseline":
-        return BaselinePlan(s, want_gathered)
+        return BaselinePlan(s, want_gathered, cfg.collective)
     if cfg.mode == "pull":
         return PullPlan(s, cfg, owner, owner_offset, want_gathered)
     if cfg.mode == "ce":

@@ -35,6 +35,7 @@ class FlashDecodeConfig:
     num_stages: int = 2
     items_per_flag: int = 1
     push_programs: int = 4
+    collective: str = "nccl"
 
     @classmethod
     def of(cls, canonical: dict[str, Any]) -> FlashDecodeConfig:

@@ -78,8 +78,8 @@ class DecodePlan:
 
     def _build_baseline(self, n_local: int) -> None:
         world, s = self.world, self.s
-        mine = [torch.empty(s.slot, dtype=torch.float32, device=world.device) for _ in range(n_local)]
-        every = [torch.empty(s.W * s.slot, dtype=torch.float32, device=world.device) for _ in range(n_local)]
+        mine = world.collective_empty((s.slot,), torch.float32, self.cfg.collective)
+        every = world.collective_empty((s.W * s.slot,), torch.float32, self.cfg.collective)
         src_deltas = world.int_table(tuple(p * s.slot for p in range(s.W)))
         self.steps.append([self._decode(i, dest=mine[i], dest_deltas=self.dummy) for i in range(n_local)])
         self.gather = (mine, every)
@@ -147,7 +147,7 @@ class DecodePlan:
         full = self.full_lens
         for n, step in enumerate(self.steps):
             if self.gather is not None and n == 1:
-                self.world.all_gather(*self.gather)
+                self.world.all_gather(*self.gather, collective=self.cfg.collective)
             for launch, qi, ki, vi, li, oi in zip(step, q, k, v, lens, out):
                 if launch.kernel is allgather_push_kernel:
                     launch()

@@ -37,6 +37,7 @@ class GemmRsConfig:
     tile_order: str = "peers_first"
     ce_consumer: str = "cublas"
     ce_chunks: int = 1
+    collective: str = "nccl"
 
     @classmethod
     def of(cls, canonical: dict[str, Any]) -> GemmRsConfig:

@@ -1,6 +1,8 @@
 """GEMM+RS's launch plans, one class per kind of mode: built once per (world, shapes, dtype, config), then called.
 
-- baseline: cuBLAS into a plan-owned partial, then NCCL reduce-scatter. No cross-call state.
+- baseline: cuBLAS into a plan-owned partial, then a reduce-scatter (the config's collective variant). No cross-call
+  state. A variant that writes into special memory (an NCCL window) reduces into a plan-owned output copied out,
+  unless the caller's output came from `world.collective_empty` for that variant.
 - push, pull, atomic (`FusedPlan`): one `gemm_rs_kernel` launch per call on a world whose ranks run at
   once (GEMM programs and reduce programs in one grid, or, with `reduce_by=epilogue`, GEMM programs only,
   which sum the own rows' tiles in their epilogue, or with `reduce_by=tile`, tiles over every rank's rows that
@@ -36,16 +38,26 @@ from jointtune.kernels.world import SymmetricBuffer, World
 
 
 class BaselinePlan:
-    """cuBLAS computes the whole partial, NCCL reduce-scatters it."""
+    """cuBLAS computes the whole partial, a reduce-scatter (NCCL's default kernels or another variant) sums it."""
 
-    def __init__(self, world: World, s: RsShape) -> None:
-        self.world = world
-        self.partials = [torch.empty((s.M, s.N), dtype=s.dtype, device=world.device) for _ in world.local_ranks]
+    def __init__(self, world: World, s: RsShape, collective: str) -> None:
+        self.world, self.collective = world, collective
+        if collective == "nccl":
+            self.partials = [torch.empty((s.M, s.N), dtype=s.dtype, device=world.device) for _ in world.local_ranks]
+            self.reduced: list[torch.Tensor] | None = None
+        else:
+            self.partials = world.collective_empty((s.M, s.N), s.dtype, collective)
+            self.reduced = world.collective_empty((s.M // s.W, s.N), s.dtype, collective)
 
     def __call__(self, a: list[torch.Tensor], b: list[torch.Tensor], out: list[torch.Tensor]) -> None:
         for ai, bi, pi in zip(a, b, self.partials):
             torch.mm(ai, bi, out=pi)
-        self.world.reduce_scatter(self.partials, out)
+        direct = self.reduced is None or all(self.world.collective_home(o) == self.collective for o in out)
+        target = out if direct else self.reduced
+        self.world.reduce_scatter(self.partials, target, collective=self.collective)
+        if not direct:
+            for o, r in zip(out, target):
+                o.copy_(r)
 
 
 def _deltas(world: World, buf: SymmetricBuffer, i: int, extra: list[int]) -> torch.Tensor:
@@ -269,7 +281,7 @@ class PullCublasPlan:
 def build_plan(world: World, s: RsShape, cfg: GemmRsConfig) -> Any:
     """The plan of `cfg`'s mode for shape `s` on `world`."""
     if cfg.mode == "baseline":
-        return BaselinePlan(world, s)
+        return BaselinePlan(world, s, cfg.collective)
     if cfg.mode == "ce":
         return CePlan(world, s, cfg)
     if cfg.mode == "pull_cublas":

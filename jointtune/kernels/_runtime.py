@@ -67,8 +67,10 @@ def device_limits(device: torch.device) -> DeviceLimits:
 
     if device.type != "cuda":
         return DeviceLimits.nominal_hopper(interpreter=True)
+    from jointtune.hardware import available_collectives
+
     sms, shared, cc = _cuda_props(device.index if device.index is not None else torch.cuda.current_device())
-    return DeviceLimits(max_shared_mem=shared, num_sms=sms, compute_capability=cc)
+    return DeviceLimits(max_shared_mem=shared, num_sms=sms, compute_capability=cc, collectives=available_collectives())
 
 
 @functools.cache

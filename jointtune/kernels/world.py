@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import torch
 
 from jointtune.errors import KernelError
+from jointtune.kernels._collectives import CudaCollectives, refuse_on_gloo
 from jointtune.kernels._eager_graph import EagerGraphs
 from jointtune.kernels._runtime import capturing, refuse_during_capture
 
@@ -100,6 +101,7 @@ class World(ABC):
         self._tables: dict[tuple[int, ...], torch.Tensor] = {}
         self._scratch: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
         self._user_views: dict[int, SymmetricBuffer] = {}  # data_ptr of a tensor `empty` handed out
+        self._homes: dict[int, str] = {}  # data_ptr of a tensor `collective_empty` handed out -> its variant
         #: launch plans and communication state, built once per key and kept for the world's life:
         #: a CUDA graph that captured a plan's launches holds its buffers' addresses, not references
         self.plans: dict[tuple[Any, ...], Any] = {}
@@ -202,17 +204,38 @@ class World(ABC):
 
     @abstractmethod
     def all_gather(
-        self, shards: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None = None
+        self, shards: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None = None, collective: str = "nccl"
     ) -> list[torch.Tensor]:
-        """The baseline collective: NCCL all-gather on CUDA, a concatenation on the local world.
+        """The baseline collective: an all-gather on CUDA (NCCL's default kernels, or the `collective` variant of
+        `search_spaces._collectives`, its operands from `collective_empty`), a concatenation on the local world.
 
         `out` (one [W * rows, ...] tensor per local rank) receives the result instead of new tensors.
         """
 
     @abstractmethod
-    def reduce_scatter(self, partials: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> None:
+    def reduce_scatter(
+        self, partials: Sequence[torch.Tensor], out: Sequence[torch.Tensor], collective: str = "nccl"
+    ) -> None:
         """The baseline collective: rank r's `out` := rows [r*R, (r+1)*R) of the sum of every rank's [W*R, ...]
-        partial (NCCL reduce-scatter on CUDA; on the local world a float32 sum in rank order)."""
+        partial (a reduce-scatter on CUDA, variant `collective`; on the local world a float32 sum in rank order)."""
+
+    @abstractmethod
+    def all_reduce(self, tensors: Sequence[torch.Tensor], collective: str = "nccl") -> None:
+        """In place: every rank's tensor := the sum of all ranks' (variant `collective` on CUDA; on the local world
+        a float32 sum in rank order, the same bits on every rank)."""
+
+    def collective_empty(self, shape: Sequence[int], dtype: torch.dtype, collective: str) -> list[torch.Tensor]:
+        """Tensors (one per local rank) that the baseline's `collective` variant reads and writes without a copy:
+        in an NCCL symmetric window (nccl_symm, nccl_ce), torch's symmetric memory (torch_*), or plain (nccl)."""
+        refuse_during_capture(self.device, f"a buffer of the {collective} collective")
+        out = [torch.empty(tuple(shape), dtype=dtype, device=self.device) for _ in self.local_ranks]
+        for t in out:
+            self._homes[t.data_ptr()] = collective
+        return out
+
+    def collective_home(self, tensor: torch.Tensor) -> str | None:
+        """The variant whose buffer `tensor` starts, if `collective_empty` made it (else None: it is copied in)."""
+        return self._homes.get(tensor.data_ptr())
 
     def side_stream(self, i: int) -> contextlib.AbstractContextManager[Any]:
         """Context in which copy-engine work of local rank index `i` is issued."""
@@ -283,7 +306,7 @@ class LocalWorld(World):
         return None  # launches of all simulated ranks are already ordered
 
     def all_gather(
-        self, shards: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None = None
+        self, shards: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None = None, collective: str = "nccl"
     ) -> list[torch.Tensor]:
         if out is None:
             gathered = torch.cat(list(shards), dim=0)
@@ -294,13 +317,22 @@ class LocalWorld(World):
                 o.copy_(out[0])
         return list(out)
 
-    def reduce_scatter(self, partials: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> None:
+    def reduce_scatter(
+        self, partials: Sequence[torch.Tensor], out: Sequence[torch.Tensor], collective: str = "nccl"
+    ) -> None:
         rows = out[0].shape[0]
         for r, o in zip(self.local_ranks, out):
             total = partials[0][r * rows : (r + 1) * rows].float()
             for p in partials[1:]:
                 total = total + p[r * rows : (r + 1) * rows].float()
             o.copy_(total)
+
+    def all_reduce(self, tensors: Sequence[torch.Tensor], collective: str = "nccl") -> None:
+        total = tensors[0].float()
+        for t in tensors[1:]:
+            total = total + t.float()
+        for t in tensors:
+            t.copy_(total)
 
 
 class CudaWorld(World):
@@ -335,6 +367,16 @@ class CudaWorld(World):
         self.shared_gpu = self._ranks_share_a_gpu()
         self._ipc_pads: SymmetricBuffer | None = None
         self._ipc_kept: list[SymmetricBuffer] = []
+        #: the baseline's collective variants: their groups, window buffers and calls
+        self.collectives = CudaCollectives(
+            self.group,
+            self.device,
+            lambda numel, dtype: self._allocate("collective", numel, dtype, zero=False).tensors[0],
+        )
+
+    def _torch_symmetric(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A buffer of torch's symmetric memory, rendezvoused over the group (torch's own all-reduces read one)."""
+        return self._allocate("collective", numel, dtype, zero=False).tensors[0]
 
     def _ranks_share_a_gpu(self) -> bool:
         import torch.distributed as dist
@@ -409,26 +451,37 @@ class CudaWorld(World):
         buffer.handle.barrier(channel=0)
 
     def all_gather(
-        self, shards: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None = None
+        self, shards: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None = None, collective: str = "nccl"
     ) -> list[torch.Tensor]:
-        import torch.distributed as dist
-
         (shard,) = shards
         if out is None:
             shape = (shard.shape[0] * self.world_size, *shard.shape[1:])
             target = torch.empty(shape, dtype=shard.dtype, device=shard.device)
         else:
             (target,) = out
-        self._refuse_gloo_capture("the baseline's all-gather")
-        dist.all_gather_into_tensor(target, shard.contiguous(), group=self.group)
+        self._refuse_gloo_capture("the baseline's all-gather", collective)
+        self.collectives.all_gather(target, shard.contiguous(), collective)
         return [target]
 
-    def reduce_scatter(self, partials: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> None:
-        import torch.distributed as dist
-
+    def reduce_scatter(
+        self, partials: Sequence[torch.Tensor], out: Sequence[torch.Tensor], collective: str = "nccl"
+    ) -> None:
         ((partial,), (target,)) = partials, out
-        self._refuse_gloo_capture("the baseline's reduce-scatter")
-        dist.reduce_scatter_tensor(target, partial, group=self.group)
+        self._refuse_gloo_capture("the baseline's reduce-scatter", collective)
+        self.collectives.reduce_scatter(target, partial, collective)
+
+    def all_reduce(self, tensors: Sequence[torch.Tensor], collective: str = "nccl") -> None:
+        (tensor,) = tensors
+        self._refuse_gloo_capture("an all-reduce", collective)
+        self.collectives.all_reduce(tensor, collective)
+
+    def collective_empty(self, shape: Sequence[int], dtype: torch.dtype, collective: str) -> list[torch.Tensor]:
+        refuse_during_capture(self.device, f"a buffer of the {collective} collective")
+        if self.shared_gpu:
+            refuse_on_gloo(collective)
+        view = self.collectives.empty(tuple(int(s) for s in shape), dtype, collective)
+        self._homes[view.data_ptr()] = collective
+        return [view]
 
     def _after_failed_capture(self) -> None:
         self._side_used = False  # a later capture must not join a side stream it never forked
@@ -439,7 +492,9 @@ class CudaWorld(World):
         self._ipc_pads = None
         super().close()
 
-    def _refuse_gloo_capture(self, what: str) -> None:
+    def _refuse_gloo_capture(self, what: str, collective: str = "nccl") -> None:
+        if self.shared_gpu:
+            refuse_on_gloo(collective)
         if self.shared_gpu and capturing(self.device):  # NCCL refuses ranks on one device, and gloo can't be captured
             raise KernelError(
                 f"{what} during CUDA graph capture: ranks sharing one GPU run it over gloo, which a graph can't hold; "

@@ -110,6 +110,9 @@ class Param:
     when: Condition | None = None
     kind: str = "choice"  # "pow2" | "choice" | "categorical": how to describe it, not how to sample
     doc: str = ""
+    #: the value a config that leaves this param out means (None: it must be given); for a knob added to a space
+    #: after configs were written without it, so they keep their meaning
+    implied: Value | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -121,6 +124,8 @@ class Param:
                 raise SpaceError(f"{self.name}: choice {value!r} is not allowed; choices are int, str or bool")
         if len({(type(v), v) for v in self.choices}) != len(self.choices):
             raise SpaceError(f"{self.name}: choices {list(self.choices)!r} repeat a value; they must be distinct")
+        if self.implied is not None and not _member(self.implied, self.choices):
+            raise SpaceError(f"{self.name}: implied value {self.implied!r} is not one of its choices")
 
     def canonical(self, value: Any) -> Value | None:
         """The choice equal to `value` (ints written as 64.0 become 64), or None if none is."""
@@ -131,12 +136,15 @@ class Param:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "kind": self.kind,
             "choices": list(self.choices),
             "when": self.when.to_json() if self.when else None,
         }
+        if self.implied is not None:
+            out["implied"] = self.implied
+        return out
 
 
 def pow2(name: str, lo: int, hi: int, *, when: Condition | None = None, doc: str = "") -> Param:
@@ -151,9 +159,11 @@ def choice(name: str, values: Iterable[Value], *, when: Condition | None = None,
     return Param(name, tuple(values), when, "choice", doc)
 
 
-def categorical(name: str, values: Iterable[Value], *, when: Condition | None = None, doc: str = "") -> Param:
-    """Unordered named alternatives, such as `mode`."""
-    return Param(name, tuple(values), when, "categorical", doc)
+def categorical(
+    name: str, values: Iterable[Value], *, when: Condition | None = None, doc: str = "", implied: Value | None = None
+) -> Param:
+    """Unordered named alternatives, such as `mode` (`implied`: what a config without it means)."""
+    return Param(name, tuple(values), when, "categorical", doc, implied)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 from jointtune.canonical import MAX_DIM
 from jointtune.dtypes import DTYPE_ALIASES
 from jointtune.errors import SpaceError
+from jointtune.search_spaces._collectives import COLLECTIVES
 
 #: dtype name -> element size in bytes. Names follow torch (`torch.bfloat16` -> "bfloat16").
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -79,13 +80,15 @@ class DeviceLimits:
 
     `max_shared_mem` is the opt-in shared memory per block in bytes (227 KiB on Hopper);
     `interpreter` marks the CPU path, where the limits are nominal (a Hopper-like device) so spaces
-    count the same configs with and without a GPU.
+    count the same configs with and without a GPU. `collectives` are the baseline's collective variants the
+    device's build runs (`_collectives.COLLECTIVES`; every one by default: simulated ranks run them all alike).
     """
 
     max_shared_mem: int
     num_sms: int
     compute_capability: tuple[int, int]
     interpreter: bool = False
+    collectives: tuple[str, ...] = COLLECTIVES
 
     @classmethod
     def nominal_hopper(cls, *, interpreter: bool = True) -> DeviceLimits:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jointtune.errors import SpaceError
+from jointtune.search_spaces._collectives import collective_mask
 from jointtune.search_spaces._config import canonical_json, config_hash
 from jointtune.search_spaces._enumerate import count_configs, iter_configs
 from jointtune.search_spaces._params import (
@@ -208,7 +209,8 @@ class Space:
             if p.when is not None and when is None:
                 continue  # its condition can never hold any more
             kept[p.name] = allowed.get(p.name, p.choices)
-            params.append(Param(p.name, kept[p.name], when, p.kind, p.doc))
+            implied = p.implied if p.implied is not None and p.implied in kept[p.name] else None
+            params.append(Param(p.name, kept[p.name], when, p.kind, p.doc, implied))
         gone = [name for name in allowed if name not in kept]
         if gone:
             p = self._by_name[gone[0]]
@@ -277,6 +279,7 @@ class Space:
                 "dtype_bytes": problem.dtype_bytes,
                 "max_shared_mem": limits.max_shared_mem,
                 "num_sms": limits.num_sms,
+                "collectives": collective_mask(limits.collectives),
             }
             if self._derive:
                 ctx.update(self._derive(problem))
@@ -320,7 +323,9 @@ class Space:
                 broken.add(p.name)
                 continue
             active = p.when is None or p.when.holds(canonical)
-            if active and p.name not in config:
+            if active and p.name not in config and p.implied is not None:
+                canonical[p.name] = p.implied
+            elif active and p.name not in config:
                 cond = f" (required with {_setting(p, canonical)})" if p.when else ""
                 errors.append(f"{p.name}: missing{cond}; allowed: {format_choices(p.choices)}")
                 broken.add(p.name)

@@ -12,7 +12,8 @@ Dims M, N, K are global; R = M / W rows per rank, N_r = N / W columns per rank. 
             No barrier: a rank only writes into peers and reads what it was sent;
   ce        the copy engine gathers A in `ce_chunks` chunks per peer shard; a Triton tile GEMM or
             cuBLAS (`ce_consumer`) consumes each chunk after it lands;
-  baseline  NCCL all_gather, then one cuBLAS GEMM (no knobs: the unfused reference speed).
+  baseline  an all-gather, then one cuBLAS GEMM: the unfused path, its `collective` NCCL's default or symmetric
+            kernels, or NCCL's copy engine (`_collectives`), whichever the size favours.
 Tiles (BLOCK_M/N/K, GROUP_M, num_warps, num_stages, SPLIT_K) exist wherever a Triton GEMM runs;
 `SPLIT_K` splits the k loop over the global K, each split at least two BLOCK_K steps deep.
 The ag_gemm kernel is written against exactly these names, values and meanings.
@@ -20,6 +21,7 @@ The ag_gemm kernel is written against exactly these names, values and meanings.
 
 from __future__ import annotations
 
+from jointtune.search_spaces._collectives import ALL_GATHER, collective_available, collective_param
 from jointtune.search_spaces._gemm import (
     ce_params,
     comm_constraints,
@@ -89,7 +91,8 @@ def default_chunk_m(R: int) -> int | None:
 AG_GEMM = Space(
     "ag_gemm",
     dims=("M", "N", "K"),
-    revision=4,  # 2: SPLIT_K (split-K tiles) and its depth rule; 3: push_cublas; 4: one 16-row chunk below 16 rows
+    revision=5,  # 2: SPLIT_K (split-K tiles) and its depth rule; 3: push_cublas; 4: one 16-row chunk below 16 rows;
+    # 5: the baseline's collective
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         mode_param("how A's shards reach the GEMM: fused pull/push, pushed to cuBLAS, copy engine, or NCCL", MODES),
@@ -106,6 +109,7 @@ AG_GEMM = Space(
             when=_PUSH_CUBLAS,
             doc="push_cublas: local rows while chunks travel, then per chunk; or one GEMM after the gather",
         ),
+        collective_param(ALL_GATHER, "all-gather"),
         *tile_params(),
         pow2(
             "comm_sms",
@@ -125,6 +129,7 @@ AG_GEMM = Space(
     constraints=[
         *tile_constraints("N_r", "N / world_size", "K", "global depth"),
         *comm_constraints(),
+        collective_available(ALL_GATHER),
     ],
     derive=_derive,
     dtypes=("bfloat16", "float16"),

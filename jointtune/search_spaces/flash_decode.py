@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 
 from jointtune.errors import SpaceError
+from jointtune.search_spaces._collectives import ALL_GATHER, collective_available, collective_param
 from jointtune.search_spaces._params import (
     Constraint,
     Context,
@@ -196,8 +197,9 @@ FLASH_DECODE = Space(
     dims=("B", "H", "H_KV", "S", "D"),
     example=(1, 64, 8, 32768, 128),
     stored=_stored,  # batch 1, 64 query heads over 8 KV heads, a 32K cache, head dim 128
-    revision=3,  # 2: the kernel's modes (fused, pull, wait, baseline), items_per_flag, push_programs; 3: any divisor
-    # of G as heads_per_program, the default's tiles (one program per SM, 128-key steps, 3 stages)
+    revision=4,  # 2: the kernel's modes (fused, pull, wait, baseline), items_per_flag, push_programs; 3: any divisor
+    # of G as heads_per_program, the default's tiles (one program per SM, 128-key steps, 3 stages); 4: the baseline's
+    # collective
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         categorical("mode", MODES, doc="how the ranks' partial results meet: fused push, pull, wait, or NCCL"),
@@ -212,6 +214,7 @@ FLASH_DECODE = Space(
         choice("num_stages", (1, 2, 3, 4), doc="software-pipeline depth of the key loop"),
         pow2("items_per_flag", 1, 64, when=_COMM, doc="decode items per flag: the unit that is sent and combined"),
         pow2("push_programs", 1, 32, when=when(mode="wait"), doc="programs of the all-gather push in wait mode"),
+        collective_param(ALL_GATHER, "all-gather of the partial results"),
     ],
     constraints=[
         Constraint(
@@ -241,6 +244,7 @@ FLASH_DECODE = Space(
             "items_per_flag <= next_pow2(B * H / heads_per_program)",
             _items_per_flag,
         ),
+        collective_available(ALL_GATHER),
     ],
     derive=_derive,
     dtypes=("bfloat16", "float16"),

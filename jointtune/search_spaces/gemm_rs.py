@@ -18,7 +18,8 @@ ends with its R = M / W rows of sum_r P_r. Dims M, N, K are global; K_r = K / W.
   ce        a Triton tile GEMM or cuBLAS (`ce_consumer`) computes each destination's rows in
             `ce_chunks` chunks; the copy engine sends each chunk as it completes; `reduce_sms`
             programs sum the slots;
-  baseline  one cuBLAS GEMM, then NCCL reduce_scatter (no knobs: the unfused reference speed).
+  baseline  one cuBLAS GEMM, then a reduce-scatter: the unfused path, its `collective` NCCL's default or symmetric
+            kernels (`_collectives`), whichever the size favours.
 Tiles are ag_gemm's; `SPLIT_K` splits the local k loop, over K_r (not K), each split at least two
 BLOCK_K steps deep. `tile_order` starts with the next rank's rows (own rows last) or the own rows; an
 epilogue reduce always computes the own rows last (its waits would otherwise wait on each other).
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from jointtune.search_spaces._collectives import REDUCE_SCATTER, collective_available, collective_param
 from jointtune.search_spaces._gemm import (
     BASELINE_BELOW_ROWS,
     BIG_TILE,
@@ -99,8 +101,9 @@ GEMM_RS = Space(
     dims=("M", "N", "K"),
     # 2: SPLIT_K and its depth rule; 3: the kernel's modes (atomic, pull_cublas, reduce_sms, tile_order); 4: no
     # atomic_tile rule (atomic mode's wrong sums were a race in its kernel, fixed: bench/results/
-    # gemm_rs_atomic_fix_1xH200_2026-11-24.json), so atomic takes every tile the other fused modes take; 5: reduce_by
-    revision=5,
+    # gemm_rs_atomic_fix_1xH200_2026-11-24.json), so atomic takes every tile the other fused modes take; 5: reduce_by;
+    # 6: the baseline's collective
+    revision=6,
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         mode_param(
@@ -111,6 +114,7 @@ GEMM_RS = Space(
             "what computes each chunk of partial rows in ce mode: a Triton tile GEMM or cuBLAS",
             "chunks per destination rank's rows (more chunks = earlier sends, more launches)",
         ),
+        collective_param(REDUCE_SCATTER, "reduce-scatter"),
         *tile_params(_FUSED | when(mode="ce", ce_consumer="triton")),
         categorical(
             "reduce_by",
@@ -149,6 +153,7 @@ GEMM_RS = Space(
             "reduce_sms <= num_sms // 4 beside a fused GEMM (pull, push, atomic), else <= num_sms",
             _reduce_budget,
         ),
+        collective_available(REDUCE_SCATTER),
     ],
     derive=_derive,
     dtypes=("bfloat16", "float16"),

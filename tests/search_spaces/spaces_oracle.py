@@ -30,14 +30,15 @@ def np2(n: int) -> int:
 def active_fields(space: str, cfg: dict[str, Any]) -> set[str]:
     """The fields a config with these mode/ce_consumer/push_by/gemm_order values must have, per the spec."""
     mode = cfg.get("mode")
+    baseline = {"collective"} if mode == "baseline" else set()  # the unfused path's collective variant
     if space == "flash_decode":
-        out = {"mode", *DECODE}
+        out = {"mode", *DECODE, *baseline}
         if mode in DECODE_FLAGGED:
             out.add("items_per_flag")
         if mode == "wait":
             out.add("push_programs")  # the programs of wait mode's own all-gather push
         return out
-    out = {"mode"}
+    out = {"mode", *baseline}
     if mode == "ce":
         out |= {"ce_consumer", "ce_chunks"}
     triton_ce = mode == "ce" and cfg.get("ce_consumer") == "triton"
@@ -74,6 +75,8 @@ def broken_rules(space: str, cfg: dict[str, Any], problem: Problem, lim: DeviceL
     """Names of the constraints a structurally valid config breaks (each space's own rule names)."""
     d, w, nbytes = problem.dims, problem.world_size, problem.dtype_bytes
     bad = []
+    if "collective" in cfg and cfg["collective"] not in lim.collectives:
+        bad.append("collective_available")
     if space == "flash_decode":
         s_r = -(-d["S"] // w)  # every rank holds cdiv(S, W) positions of every sequence
         if cfg["kv_split"] > max(64, np2(s_r)):

@@ -64,25 +64,25 @@ def test_list_and_show(invoke, kernelless) -> None:
     assert rows[0] == {
         "name": "ag_gemm",
         "version": get_space("ag_gemm").version,
-        "revision": 4,
+        "revision": 5,
         "dims": ["M", "N", "K"],
-        "params": 14,
+        "params": 15,
         "kernels": ["ag_gemm"],
     }
     assert rows[2] == {
         "name": "gemm_rs",
         "version": get_space("gemm_rs").version,
-        "revision": 5,
+        "revision": 6,
         "dims": ["M", "N", "K"],
-        "params": 14,
+        "params": 15,
         "kernels": ["gemm_rs"],
     }
     assert rows[1] == {
         "name": "flash_decode",
         "version": get_space("flash_decode").version,
-        "revision": 3,
+        "revision": 4,
         "dims": ["B", "H", "H_KV", "S", "D"],
-        "params": 8,
+        "params": 9,
         "kernels": ["flash_decode"],
     }
     # which spaces have a kernel comes from the family registry: every built-in space has its own now

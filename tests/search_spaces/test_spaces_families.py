@@ -32,6 +32,7 @@ def test_ag_gemm_params_are_exactly_the_kernel_contract() -> None:
         "ce_chunks": (1, 2, 4, 8),
         "push_by": ("sm", "ce"),
         "gemm_order": ("local_first", "gathered"),
+        "collective": ("nccl", "nccl_symm", "nccl_ce"),
         "BLOCK_M": (16, 32, 64, 128, 256),
         "BLOCK_N": (32, 64, 128, 256),
         "BLOCK_K": (32, 64, 128, 256),
@@ -44,6 +45,7 @@ def test_ag_gemm_params_are_exactly_the_kernel_contract() -> None:
     }
     conditions = {p.name: p.when.describe() if p.when else None for p in space.params}
     assert conditions["ce_consumer"] == conditions["ce_chunks"] == 'mode == "ce"'
+    assert conditions["collective"] == 'mode == "baseline"' and space.param("collective").implied == "nccl"
     assert conditions["push_by"] == conditions["gemm_order"] == 'mode == "push_cublas"'
     assert conditions["comm_sms"] == 'mode == "push" or (mode == "push_cublas" and push_by == "sm")'
     assert conditions["chunk_m"] == 'mode == "push" or (mode == "push_cublas" and gemm_order == "local_first")'
@@ -57,6 +59,7 @@ def test_gemm_rs_params_are_exactly_the_kernel_contract() -> None:
         "mode": ("pull", "push", "atomic", "pull_cublas", "ce", "baseline"),
         "ce_consumer": ("triton", "cublas"),
         "ce_chunks": (1, 2, 4, 8),
+        "collective": ("nccl", "nccl_symm"),
         "BLOCK_M": (16, 32, 64, 128, 256),
         "BLOCK_N": (32, 64, 128, 256),
         "BLOCK_K": (32, 64, 128, 256),
@@ -93,6 +96,7 @@ def test_gemm_rs_params_are_exactly_the_kernel_contract() -> None:
         "chunk_fits_rows",
         "reduce_sms_budget",
         "ce_chunks_fit_rows",
+        "collective_available",
     }
     # only atomic mode's sums depend on the order of the adds
     assert space.nondeterministic == ("atomic",)
@@ -103,18 +107,21 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
     # If this fails you changed a space: bump its `revision` if constraint code changed meaning,
     # then update the pinned value. Stored records are keyed by these versions.
     assert {name: get_space(name).version for name in ("ag_gemm", "gemm_rs", "flash_decode")} == {
-        "ag_gemm": "1276c44a5e54",
+        # revision 5 (the baseline's collective) changed it from 1276c44a5e54
+        "ag_gemm": "92a31e42db9c",
         # revision 3 (the kernel's modes: atomic, pull_cublas, reduce_sms, tile_order; chunk_fits_rows,
         # reduce_sms_budget, atomic_tile; no comm_sms) changed it from 1fd89d6bea81; revision 4 (no atomic_tile)
-        # from f8b5ac3391ee; revision 5 (reduce_by) from 7685ce476574
-        "gemm_rs": "7734783b94e1",
+        # from f8b5ac3391ee; revision 5 (reduce_by) from 7685ce476574; revision 6 (the baseline's collective) from
+        # 7734783b94e1
+        "gemm_rs": "794ef1e2d0ea",
         # revision 2 (the kernel's modes: fused, pull, wait, baseline; the decode tiles in every mode, baseline
         # included; items_per_flag, push_programs; items_per_flag_fit; no combine_chunks) changed it from b08fba860040;
-        # revision 3 (heads_per_program any divisor of G up to 16; the default's tiles) from 42db48894d7e
-        "flash_decode": "c3312b6eea52",
+        # revision 3 (heads_per_program any divisor of G up to 16; the default's tiles) from 42db48894d7e; revision 4
+        # (the baseline's collective) from c3312b6eea52
+        "flash_decode": "4beb3717f120",
     }
-    assert get_space("gemm_rs").revision == 5
-    assert get_space("flash_decode").revision == 3
+    assert get_space("gemm_rs").revision == 6
+    assert get_space("flash_decode").revision == 4
 
 
 def _rebuild(space: Space, **changes) -> Space:
@@ -297,7 +304,7 @@ DECODE_EXCHANGE = {
     "fused": {"items_per_flag": 4},
     "pull": {"items_per_flag": 4},
     "wait": {"items_per_flag": 4, "push_programs": 8},
-    "baseline": {},
+    "baseline": {"collective": "nccl_symm"},
 }
 
 
@@ -312,6 +319,7 @@ def test_flash_decode_params_are_exactly_the_kernel_contract() -> None:
         "num_stages": (1, 2, 3, 4),
         "items_per_flag": (1, 2, 4, 8, 16, 32, 64),
         "push_programs": (1, 2, 4, 8, 16, 32),
+        "collective": ("nccl", "nccl_symm", "nccl_ce"),
     }
     conditions = {p.name: p.when.describe() if p.when else None for p in space.params}
     # the baseline runs the same decode kernel: its tiles exist in every mode
@@ -324,6 +332,7 @@ def test_flash_decode_params_are_exactly_the_kernel_contract() -> None:
         "num_stages": None,
         "items_per_flag": 'mode in ["fused", "pull", "wait"]',
         "push_programs": 'mode == "wait"',
+        "collective": 'mode == "baseline"',
     }
     rules = {c["name"]: (c["fields"], c["rule"]) for c in space.to_json()["constraints"]}
     assert rules == {
@@ -337,6 +346,7 @@ def test_flash_decode_params_are_exactly_the_kernel_contract() -> None:
             ["items_per_flag", "heads_per_program"],
             "items_per_flag <= next_pow2(B * H / heads_per_program)",
         ),
+        "collective_available": (["collective"], "collective is one the device's build runs"),
     }
 
 
@@ -467,14 +477,15 @@ def test_flash_decode_counts_per_mode() -> None:
     space = get_space("flash_decode")
     few = _problem("flash_decode", "B=1,H=8,H_KV=2,S=4096,D=128")  # 8, 4 or 2 items: items_per_flag is capped
     many = _problem("flash_decode", "B=9,H=24,H_KV=8,S=1000,D=256")  # G = 3: 216 or 72 items, never capped
+    # the baseline's tiles times its 3 collective variants
     for problem in (few, many):
         modes = space.count_by_mode(problem, HOPPER)
         assert list(modes) == ["fused", "pull", "wait", "baseline"]
         assert modes["fused"] == modes["pull"] and modes["wait"] == 6 * modes["pull"]
-        assert 0 < modes["baseline"] < modes["pull"] <= 7 * modes["baseline"]
+        assert modes["baseline"] % 3 == 0 and 0 < modes["baseline"] // 3 < modes["pull"] <= 7 * modes["baseline"] // 3
         assert modes["baseline"] == sum(1 for _ in space.enumerate(problem, HOPPER, where={"mode": "baseline"}))
-    assert space.count_by_mode(many, HOPPER)["pull"] == 7 * space.count_by_mode(many, HOPPER)["baseline"]
-    assert space.count_by_mode(few, HOPPER)["pull"] < 7 * space.count_by_mode(few, HOPPER)["baseline"]
+    assert 3 * space.count_by_mode(many, HOPPER)["pull"] == 7 * space.count_by_mode(many, HOPPER)["baseline"]
+    assert 3 * space.count_by_mode(few, HOPPER)["pull"] < 7 * space.count_by_mode(few, HOPPER)["baseline"]
 
 
 @pytest.mark.parametrize(
@@ -535,7 +546,7 @@ def test_anchor_counts_are_fast_and_add_up() -> None:
     assert time.perf_counter() - start < 2.0
     assert len(rows) == len(ANCHORS["ag_gemm"]) == 5
     for _, _, total, modes in rows:
-        assert total == sum(modes.values()) and modes["baseline"] == 1
+        assert total == sum(modes.values()) and modes["baseline"] == 3  # one per collective variant
     # (8192, 4096, 12288): 1556 tile configs x 4 SPLIT_K (K is deep enough for every split and BLOCK_K);
     # ce = 4 chunks x (cuBLAS + the tiles); push x 6 SMs x 9 chunks; push_cublas: by SMs (6 SM counts, each
     # with 9 chunk sizes local-first or gathered) or by the copy engine (9 chunk sizes local-first, or gathered)
@@ -546,7 +557,7 @@ def test_anchor_counts_are_fast_and_add_up() -> None:
         "push": tiles * 6 * 9,
         "push_cublas": push_cublas,
         "ce": 4 * (tiles + 1),
-        "baseline": 1,
+        "baseline": 3,
     }
 
 

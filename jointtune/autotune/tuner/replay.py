@@ -82,8 +82,16 @@ class ReplayTable:
             if name not in data:
                 raise TuningError(f"replay table: field {name!r} is missing; it needs space, shape, dtype, "
                                   "world_size and latencies ({config json: µs or null})")  # fmt: skip
+        configs = [json.loads(k) for k in data["latencies"]]
         try:
-            space = get_space(data["space"]).restrict(data.get("restrict") or {})
+            full = get_space(data["space"])
+            restrict = dict(data.get("restrict") or {})
+            # a knob added after the table was measured (an `implied` param no config names) stays at what the
+            # table's configs meant, so the replayed space is the one that was measured
+            for p in full.params:
+                if p.implied is not None and p.name not in restrict and not any(p.name in c for c in configs):
+                    restrict[p.name] = [p.implied]
+            space = full.restrict(restrict)
             problem = space.make_problem(dict(data["shape"]), dtype=data["dtype"], world_size=data["world_size"])
         except JointtuneError as exc:
             raise TuningError(f"replay table: {exc}") from None
@@ -95,7 +103,8 @@ class ReplayTable:
                 compute_capability=limits.compute_capability,
             )
         latencies = {
-            canonical_json(json.loads(k)): (None if v is None else float(v)) for k, v in data["latencies"].items()
+            canonical_json(_as_today(space, c, problem, limits)): (None if v is None else float(v))
+            for c, v in zip(configs, data["latencies"].values())
         }
         return cls(space, problem, latencies, limits)
 
@@ -112,6 +121,14 @@ class ReplayTable:
             if kind in ("ok", "failed"):
                 latencies.setdefault(canonical_json(trial_config(trial)), trial.value if kind == "ok" else None)
         return cls(space, problem, latencies, limits)
+
+
+def _as_today(space: Space, config: dict[str, Any], problem: Problem, limits: DeviceLimits) -> dict[str, Any]:
+    """A recorded config as today's space writes it (implied knobs filled in), or as recorded if it refuses it."""
+    try:
+        return space.validate(config, problem, limits)
+    except JointtuneError:
+        return config
 
 
 def _measure(study: optuna.Study, proposal: Proposal, table: ReplayTable, curve: list[float | None]) -> None:

@@ -78,6 +78,15 @@ def baseline_config(space: Space, problem: Problem, limits: DeviceLimits) -> dic
     return space.baseline(problem, limits)
 
 
+def baseline_variants(space: Space, base: Mapping[str, Any], limits: DeviceLimits) -> list[dict[str, Any]]:
+    """The baseline in each of its other collective variants (`search_spaces._collectives`), where the space has the
+    knob: a study measures them all first, so its best is never slower than the fastest unfused path. None in the
+    interpreter: simulated ranks run one collective for every variant."""
+    if limits.interpreter or base.get("mode") != "baseline" or "collective" not in {p.name for p in space.params}:
+        return []
+    return [{**base, "collective": c} for c in space.param("collective").choices if c != base.get("collective")]
+
+
 def _at(space: Space, problem: Problem) -> str:
     return ",".join(f"{d}={problem.dim(d)}" for d in space.dims)
 
@@ -143,8 +152,9 @@ def initial_configs(
     warm: Iterable[Mapping[str, Any]] = (),
     exhaustive: bool = False,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """(role, config) to enqueue before any sampling: baseline, default, warm configs, the space's seeds, then
-    (for exhaustive studies) every other valid config. Invalid and repeated configs are dropped."""
+    """(role, config) to enqueue before any sampling: baseline (in each collective variant the device runs), default,
+    warm configs, the space's seeds, then (for exhaustive studies) every other valid config. Invalid and repeated
+    configs are dropped."""
     out: list[tuple[str, dict[str, Any]]] = []
     seen: set[str] = set()
 
@@ -157,7 +167,10 @@ def initial_configs(
             seen.add(key)
             out.append((role, canonical))
 
-    add("baseline", baseline_config(space, problem, limits))
+    base = baseline_config(space, problem, limits)
+    add("baseline", base)
+    for variant in baseline_variants(space, base, limits):  # the best unfused path is the fastest of them
+        add("baseline", variant)
     # A sub-space (`Space.restrict`) that excludes the family default gets no stand-in for it: the
     # nearest valid config is a fallback to run, not a good first guess worth a trial.
     full = space.restricted_from

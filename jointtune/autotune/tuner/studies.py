@@ -139,6 +139,16 @@ def trial_duration_s(trial: FrozenTrial) -> float:
     return max(0.0, (trial.datetime_complete - trial.datetime_start).total_seconds())
 
 
+def _unfused(config_text: str | None, baseline_text: str) -> bool:
+    """Whether a trial ran the unfused path: the study's baseline, or the baseline in another collective variant
+    (a study's baseline latency is the fastest of them: the best unfused path a user could write)."""
+    if config_text is None:
+        return False
+    if config_text == baseline_text:
+        return True
+    return '"mode":"baseline"' in baseline_text and json.loads(config_text).get("mode") == "baseline"
+
+
 @dataclass
 class StudyState:
     """Counts and best result of one study, derived from its trials (see the module docstring)."""
@@ -176,7 +186,7 @@ class StudyState:
                 state.since_best += 1
                 continue
             value = float(trial.value) if trial.value is not None else float("inf")
-            if baseline is not None and trial.user_attrs.get(ATTR_CONFIG) == baseline:
+            if baseline is not None and _unfused(trial.user_attrs.get(ATTR_CONFIG), baseline):
                 state.baseline_us = value if state.baseline_us is None else min(state.baseline_us, value)
             if state.best is None or value < float(state.best.value):  # type: ignore[arg-type]
                 state.best, state.since_best = trial, 0

@@ -105,11 +105,12 @@ def test_a_sub_space_without_the_family_default_spends_no_trial_on_a_stand_in(fa
 @pytest.mark.parametrize(
     ("restrict", "trials", "configs"),
     [
-        (["mode=baseline"], 3, [{"mode": "baseline"}]),
+        (["mode=baseline", "collective=nccl"], 3, [{"mode": "baseline", "collective": "nccl"}]),
         (
             ["mode=ce", "ce_consumer=cublas", "ce_chunks=1,2"],
-            5,
-            [{"mode": "baseline"}] + [{"mode": "ce", "ce_consumer": "cublas", "ce_chunks": c} for c in (1, 2)],
+            6,  # the baseline in each of its 3 collective variants, and the 2 ce configs
+            [{"mode": "baseline", "collective": c} for c in ("nccl", "nccl_symm", "nccl_ce")]
+            + [{"mode": "ce", "ce_consumer": "cublas", "ce_chunks": c} for c in (1, 2)],
         ),
     ],
     ids=["one-config", "three-configs"],
