@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# bench/fused_ops.py on a lent 4-GPU machine: W=4 on all GPUs, then W=2 on GPUs 0,1 and 2,3 at once (two families side
+# by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
+# $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
+# Usage: bash bench/fused_ops_device.sh PHASE   (PHASE: decode4, decode2, flash4, flash2, large4, large2)
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
+WORK=${WORK:-/tmp/fused_ops}
+mkdir -p "$WORK"
+pack() { flock "$WORK/.lock" tar czf "$OUT/fused_ops.tgz" --exclude=.lock -C "$WORK" .; }
+fo() { # SECONDS NPROC FAMILY SHAPES OUT [more args]
+  timeout "$1" python3 bench/fused_ops.py --nproc "$2" --family "$3" --shapes "$4" --out "$WORK/$5" "${@:6}"
+  echo "exit $? after: fused_ops $3 w$2 $4"; pack
+}
+DECODE=64x8192x8192,128x8192x8192,256x8192x8192,128x6144x4096,128x4096x14336
+FLASH=1x64x8x32768x128,8x64x8x32768x128,32x64x8x8192x128,1x40x8x32768x128,8x56x8x8192x128
+LARGE=1024x8192x8192,8192x4096x12288
+for phase in "$@"; do
+  case $phase in
+    decode4)
+      fo 200 4 ag_gemm "$DECODE" ag_gemm_w4.json --per-mode 2 --stress 200
+      fo 200 4 gemm_rs "$DECODE" gemm_rs_w4.json --per-mode 2 --stress 200 ;;
+    flash4) fo 150 4 flash_decode "$FLASH" flash_decode_w4.json --per-mode 2 --stress 200 ;;
+    decode2)
+      CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$DECODE" ag_gemm_w2.json --per-mode 2 --stress 200 --port 29511 &
+      CUDA_VISIBLE_DEVICES=2,3 fo 200 2 gemm_rs "$DECODE" gemm_rs_w2.json --per-mode 2 --stress 200 --port 29512 &
+      wait ;;
+    flash2) CUDA_VISIBLE_DEVICES=0,1 fo 150 2 flash_decode "$FLASH" flash_decode_w2.json --per-mode 2 --stress 200 ;;
+    large4)
+      fo 200 4 ag_gemm "$LARGE" ag_gemm_large_w4.json --per-mode 2 --stress 0
+      fo 200 4 gemm_rs "$LARGE" gemm_rs_large_w4.json --per-mode 2 --stress 0 ;;
+    large2)
+      CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$LARGE" ag_gemm_large_w2.json --per-mode 2 --stress 0 --port 29511 &
+      CUDA_VISIBLE_DEVICES=2,3 fo 200 2 gemm_rs "$LARGE" gemm_rs_large_w2.json --per-mode 2 --stress 0 --port 29512 &
+      wait ;;
+    *) echo "unknown phase $phase"; exit 2 ;;
+  esac
+done
+pack
