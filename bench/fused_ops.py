@@ -1,6 +1,6 @@
 """Every family at any world size against the best unfused path, in one run that no anchor can end.
 
-`python bench/fused_ops.py --nproc 4 --family ag_gemm --shapes 64x8192x8192,128x6144x4096 --out r.json`
+`python bench/fused_ops.py --ranks 4 --family ag_gemm --shapes 64x8192x8192,128x6144x4096 --out r.json`
 starts the rank group itself (torchrun) and restarts it where it stopped if an item hangs or crashes (`harness`).
 
 Per shape, each an item on the record before the next starts:
@@ -42,7 +42,7 @@ def _arguments() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--family", required=True, choices=["ag_gemm", "gemm_rs", "flash_decode"])
     ap.add_argument("--shapes", required=True, help="comma-separated; MxNxK or BxHxH_KVxSxD")
-    ap.add_argument("--nproc", type=int, default=2, help="ranks (one per GPU)")
+    ap.add_argument("--ranks", type=int, default=2, help="ranks (one per GPU); torchrun runs them")
     ap.add_argument("--per-mode", type=int, default=4, help="candidates per mode from the space")
     ap.add_argument("--modes", default="", help="comma-separated modes to time (default: every mode)")
     ap.add_argument("--stress", type=int, default=300, help="graph replays in the closing stress run (0: none)")
@@ -369,7 +369,7 @@ def main() -> None:
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
     partial = Path(args.out + ".partial.jsonl")
-    command = harness.torchrun_self(args.nproc, __file__, [*sys.argv[1:], "--rank-side"], port=args.port)
+    command = harness.torchrun_self(args.ranks, __file__, [*sys.argv[1:], "--rank-side"], port=args.port)
     code = harness.drive(command, partial)
     data = harness.assemble(partial, {"command": "python bench/fused_ops.py " + " ".join(sys.argv[1:])})
     header = next((it for it in data["items"] if it["id"] == "header"), {})

@@ -8,7 +8,7 @@ WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
 pack() { flock "$WORK/.lock" tar czf "$OUT/fused_ops.tgz" --exclude=.lock -C "$WORK" .; }
 fo() { # SECONDS NPROC FAMILY SHAPES OUT [more args]
-  timeout "$1" python3 bench/fused_ops.py --nproc "$2" --family "$3" --shapes "$4" --out "$WORK/$5" "${@:6}"
+  timeout "$1" python3 bench/fused_ops.py --ranks "$2" --family "$3" --shapes "$4" --out "$WORK/$5" "${@:6}"
   echo "exit $? after: fused_ops $3 w$2 $4"; pack
 }
 DECODE=64x8192x8192,128x8192x8192,256x8192x8192,128x6144x4096,128x4096x14336

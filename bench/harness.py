@@ -138,8 +138,8 @@ def space_candidates(space: Any, problem: Any, limits: Any, mode: str, n: int, s
     out: list[dict] = []
     seen: set[str] = set()
 
-    def add(cfg: dict) -> None:
-        if len(out) < n and not sub.violations(cfg, problem, limits):
+    def add(cfg: dict, *, cap: bool = True) -> None:
+        if (len(out) < n or not cap) and not sub.violations(cfg, problem, limits):
             canonical = sub.validate(cfg, problem, limits)
             key = json.dumps(canonical, sort_keys=True)
             if key not in seen:
@@ -150,24 +150,36 @@ def space_candidates(space: Any, problem: Any, limits: Any, mode: str, n: int, s
         base = space.baseline(problem, limits)
         names = [p.name for p in space.params]
         variants = space.param("collective").choices if "collective" in names else (None,)
-        for c in variants:
-            add(base if c is None else {**base, "collective": c})
+        for c in variants:  # every variant, whatever `n`: the best unfused path is the fastest of them
+            add(base if c is None else {**base, "collective": c}, cap=False)
         return out
     for cfg in space.seeds(problem, limits):
         if cfg.get("mode") == mode:
             add(cfg)
     default = space.default(problem, limits)
-    if default.get("mode") == mode:
-        add(default)
     rng = random.Random(seed)
-    for _ in range(4000):
-        if len(out) >= n:
-            break
+
+    def complete(given: dict) -> dict:
+        """`given`'s values where the mode has those knobs, random choices for the mode's other knobs."""
         cfg: dict = {}
         for p in sub.params:
             if p.when is None or p.when.holds(cfg):
-                cfg[p.name] = rng.choice(p.choices)
-        add(cfg)
+                cfg[p.name] = given[p.name] if p.name in given and p.canonical(given[p.name]) is not None else (
+                    rng.choice(p.choices))  # fmt: skip
+        return cfg
+
+    if default.get("mode") == mode:
+        add(default)
+    else:  # the default's shared knobs (flash_decode's decode tiles, a GEMM's tiles) under this mode
+        for _ in range(50):
+            before = len(out)
+            add(complete({**default, "mode": mode}))
+            if len(out) > before:
+                break
+    for _ in range(4000):
+        if len(out) >= n:
+            break
+        add(complete({"mode": mode}))
     return out
 
 

@@ -184,8 +184,15 @@ def available_collectives() -> tuple[str, ...]:
     if register is not None and hasattr(torch.cuda, "MemPool") and "symm" in (register.__doc__ or ""):
         if nccl >= (2, 27):
             out.append("nccl_symm")
+        # NCCL 2.28.9 under torch 2.11 failed the copy-engine all-gather on 4x H200 (cudaErrorInvalidValue at the first
+        # call on a zero-CTA communicator with window buffers: bench/results/fused_ops_*_4xH200_2026-11-26.json), so
+        # it is offered only where asked for, to try a newer build
         try:
-            ce = nccl >= (2, 28) and hasattr(group_type.Options().config, "cta_policy")
+            ce = (
+                os.environ.get("JOINTTUNE_NCCL_CE", "").strip() == "1"
+                and nccl >= (2, 28)
+                and hasattr(group_type.Options().config, "cta_policy")
+            )
         except Exception:  # an Options type of another shape: no copy-engine policy to ask for
             ce = False
         if ce:

@@ -5,7 +5,8 @@ offers, not NCCL's default, and which one wins depends on the size (bench/result
 - `nccl_symm`: NCCL's symmetric kernels (`ncclSymk*`), on buffers in a memory pool registered with the communicator as
   a symmetric window (torch's ProcessGroupNCCL.register_mem_pool(pool, symm=True); no `set_backend`, so it shares a
   process with our own symmetric memory);
-- `nccl_ce`: NCCL's copy-engine all-gather (a communicator with the zero-CTA policy, on window buffers);
+- `nccl_ce`: NCCL's copy-engine all-gather (a communicator with the zero-CTA policy, on window buffers); offered only
+  with JOINTTUNE_NCCL_CE=1, as NCCL 2.28.9 under torch 2.11 failed it on H200 (`hardware.available_collectives`);
 - `torch_two_shot` / `torch_one_shot`: torch's symmetric-memory all-reduces (all-reduce only).
 
 Which ones a device can run is part of its limits (`DeviceLimits.collectives`); a config asking for another is
@@ -28,7 +29,8 @@ ALL_REDUCE = ("nccl", "nccl_symm", "torch_two_shot", "torch_one_shot")
 NEEDS = {
     "nccl": "NCCL",
     "nccl_symm": "NCCL >= 2.27 and torch's ProcessGroupNCCL.register_mem_pool(pool, symm=True) (torch >= 2.9)",
-    "nccl_ce": "NCCL >= 2.28 and the cta_policy field in torch's NCCL config (copy-engine collectives)",
+    "nccl_ce": "NCCL >= 2.28, the cta_policy field in torch's NCCL config, and JOINTTUNE_NCCL_CE=1 (NCCL 2.28.9's "
+    "copy-engine all-gather failed under torch 2.11 on H200)",
     "torch_two_shot": "torch.ops.symm_mem.two_shot_all_reduce_",
     "torch_one_shot": "torch.ops.symm_mem.one_shot_all_reduce",
 }
