@@ -8,8 +8,9 @@ WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
 pack() { flock "$WORK/.lock" tar czf "$OUT/fused_ops.tgz" --exclude=.lock -C "$WORK" .; }
 fo() { # SECONDS NPROC FAMILY SHAPES OUT [more args]
-  timeout "$1" python3 bench/fused_ops.py --ranks "$2" --family "$3" --shapes "$4" --out "$WORK/$5" "${@:6}"
-  echo "exit $? after: fused_ops $3 w$2 $4"; pack
+  timeout "$1" python3 bench/fused_ops.py --ranks "$2" --family "$3" --shapes "$4" --out "$WORK/$5" "${@:6}" \
+    > "$WORK/$5.log" 2>&1
+  echo "exit $? after: fused_ops $3 w$2 $4"; grep -E "graph best|^stress|^driver" "$WORK/$5.log"; pack
 }
 DECODE=64x8192x8192,128x8192x8192,256x8192x8192,128x6144x4096,128x4096x14336
 FLASH=1x64x8x32768x128,8x64x8x32768x128,32x64x8x8192x128,1x40x8x32768x128,8x56x8x8192x128
@@ -26,11 +27,17 @@ for phase in "$@"; do
       wait ;;
     flash2) CUDA_VISIBLE_DEVICES=0,1 fo 150 2 flash_decode "$FLASH" flash_decode_w2.json --per-mode 2 --stress 200 ;;
     large4)
-      fo 200 4 ag_gemm "$LARGE" ag_gemm_large_w4.json --per-mode 2 --stress 0
-      fo 200 4 gemm_rs "$LARGE" gemm_rs_large_w4.json --per-mode 2 --stress 0 ;;
+      fo 150 4 ag_gemm "$LARGE" ag_gemm_large_w4.json --per-mode 2 --stress 0 --item-timeout 40
+      fo 150 4 gemm_rs "$LARGE" gemm_rs_large_w4.json --per-mode 2 --stress 0 --item-timeout 40 ;;
+    tune)  # the tuner on this machine, graph policy, at W=2 and W=4: the baseline in each variant first
+      for w in 2 4; do
+        timeout 200 python3 -m jointtune.cli tune --kernel gemm_rs --shape 128x8192x8192 --world-size $w --timing graph \
+          --trials 12 --db "sqlite:///$WORK/tune.db" --report "$WORK/tune_w$w" > "$WORK/tune_w$w.log" 2>&1
+        echo "exit $? after: tune gemm_rs w$w"; tail -n 25 "$WORK/tune_w$w.log"; pack
+      done ;;
     large2)
-      CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$LARGE" ag_gemm_large_w2.json --per-mode 2 --stress 0 --port 29511 &
-      CUDA_VISIBLE_DEVICES=2,3 fo 200 2 gemm_rs "$LARGE" gemm_rs_large_w2.json --per-mode 2 --stress 0 --port 29512 &
+      CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$LARGE" ag_gemm_large_w2.json --per-mode 2 --stress 0 --item-timeout 40 --port 29511 &
+      CUDA_VISIBLE_DEVICES=2,3 fo 200 2 gemm_rs "$LARGE" gemm_rs_large_w2.json --per-mode 2 --stress 0 --item-timeout 40 --port 29512 &
       wait ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
