@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-#: exit code of a rank whose watchdog ended an item that did not return
+#: exit code of a rank whose watchdog ended an item that did not return (rank 0 also records a "hung" line first)
 HUNG = 3
 
 
@@ -70,6 +70,7 @@ class Items:
 
         def fire() -> None:  # a collective with a stuck peer never returns: only a new process can go on
             print(f"rank {self.rank}: item {item_id} did not finish in {limit:.0f} s; ending the group", flush=True)
+            self._write({"event": "hung", "id": item_id, "after_s": limit})
             os._exit(HUNG)
 
         dog = threading.Timer(limit, fire)
@@ -115,7 +116,8 @@ def drive(command: list[str], path: Path, *, restarts: int = 6, group_timeout_s:
             print(f"driver: the group exited {code} outside any item; giving up", flush=True)
             return code
         item = open_items[-1]
-        why = "its watchdog ended it (a hang)" if code == HUNG else f"the rank group exited {code} (a crash)"
+        hung = any(e.get("event") == "hung" and e["id"] == item["id"] for e in events)
+        why = "its watchdog ended it (a hang)" if hung else f"the rank group exited {code} (a crash)"
         error = f"{why} after {time.time() - item['t']:.0f} s; restarted the group on the rest"
         with path.open("a") as f:
             f.write(json.dumps({"event": "failed", "id": item["id"], "error": error}) + "\n")

@@ -2,8 +2,9 @@
 
 NCCL runs its symmetric kernels (`ncclSymk*`) only on buffers registered with the communicator as a symmetric window,
 and silently falls back to its default kernels otherwise. We register a memory pool of NCCL's allocator per buffer
-(torch's `ProcessGroupNCCL.register_mem_pool(pool, symm=True)`), once and for the world's life: a captured graph holds
-the window, so it is never deregistered, and one pool per buffer means no re-registration when a later plan allocates.
+(torch's `ProcessGroupNCCL.register_mem_pool(pool, symm=True)`), once and for the process's life: a captured graph
+holds the window, so it is never deregistered, and one pool per buffer means no re-registration when a later plan
+allocates.
 This needs no `symm_mem.set_backend("NCCL")`, which would take torch's symmetric memory away from our own kernels
 (seen on 2x H200: every fused mode then failed with `NYI`); both live in one process (bench/results/collectives_*).
 
@@ -14,6 +15,7 @@ CTAs (NCCL 2.28's zero-CTA policy), on buffers in that communicator's windows. t
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import torch
@@ -63,6 +65,7 @@ class CudaCollectives:
             torch.cuda.synchronize(self.device)
             backend.register_mem_pool(pool, symm=True)  # collective: every rank's plan allocates alike
             self._pools.append((pool, tensor))
+            _outlive_the_process(pool)
         elif collective in TORCH_SYMMETRIC:
             tensor = self._symmetric(max(numel, 1), dtype)
         else:
@@ -89,6 +92,13 @@ class CudaCollectives:
             import torch.distributed as dist
 
             dist.all_reduce(tensor, group=self.group_of(collective))
+
+
+def _outlive_the_process(pool: Any) -> None:
+    """Never destroy `pool`: a MemPool of NCCL's allocator frees through its communicator, and at interpreter exit the
+    communicator is gone (after `destroy_process_group`), so its destructor aborts the process (`NCCL communicator was
+    aborted`, SIGABRT, seen on 4x H200 with torch 2.11). The driver takes the memory back when the process ends."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pool))
 
 
 def refuse_on_gloo(collective: str) -> None:
