@@ -35,6 +35,13 @@ for phase in "$@"; do
           --trials 12 --db "sqlite:///$WORK/tune.db" --report "$WORK/tune_w$w" > "$WORK/tune_w$w.log" 2>&1
         echo "exit $? after: tune gemm_rs w$w"; tail -n 25 "$WORK/tune_w$w.log"; pack
       done ;;
+    smoke)  # the user's paths (decorator, cache, graph, drop-in) at W=4 and W=2, and a process that exits cleanly after
+      # the symmetric-window baseline (exit 0 expected)
+      for w in 4 2; do
+        timeout 150 torchrun --nproc-per-node=$w --master-port=2960$w bench/gpu_smoke.py > "$WORK/gpu_smoke_w$w.log" 2>&1
+        echo "exit $? after: gpu_smoke w$w"; grep -E "PASS|FAIL|pass|fail" "$WORK/gpu_smoke_w$w.log" | tail -12; pack
+      done
+      fo 120 4 ag_gemm 64x8192x8192 exit_check_w4.json --modes baseline --per-mode 1 --stress 0 ;;
     large2)
       CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$LARGE" ag_gemm_large_w2.json --per-mode 2 --stress 0 --item-timeout 40 --port 29511 &
       CUDA_VISIBLE_DEVICES=2,3 fo 200 2 gemm_rs "$LARGE" gemm_rs_large_w2.json --per-mode 2 --stress 0 --item-timeout 40 --port 29512 &
