@@ -10,7 +10,7 @@ Example:
     >>> from jointtune.kernels.world import create_world
     >>> world = create_world("local", world_size=2)
     >>> resolve_config("ag_gemm", {"mode": "baseline"}, {"M": 64, "N": 64, "K": 32}, "bfloat16", world)
-    {'mode': 'baseline'}
+    {'mode': 'baseline', 'collective': 'nccl'}
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Example:
     >>> space = get_space("ag_gemm")
     >>> problem = space.make_problem("8192x4096x12288", dtype="bf16", world_size=2)
     >>> space.validate({"mode": "baseline"}, problem, DeviceLimits.nominal_hopper())
-    {'mode': 'baseline'}
+    {'mode': 'baseline', 'collective': 'nccl'}
 """
 
 from __future__ import annotations
