@@ -72,16 +72,15 @@ class HeadParallelAttention(nn.Module):
     def __init__(self, world: Any, config: ModelConfig, qkv: ColumnParallelLinear, o_proj: RowParallelLinear, *,
                  tuning: Tuning | None = None, attn_kernel: str = "sdpa") -> None:  # fmt: skip
         super().__init__()
-        if attn_kernel not in ATTN_KERNELS:
-            raise ShapeError(f"attn_kernel: {attn_kernel!r} is not allowed; allowed: {', '.join(ATTN_KERNELS)}")
         W = world.world_size
-        self.world, self.config, self.attn_kernel = world, config, attn_kernel
+        self.world, self.config = world, config
+        self.attn_kernel = attn_kernel  # checked here; may be switched later (a benchmark times both)
         self.heads, self.kv_heads = config.heads_per_rank(W), config.kv_heads_per_rank(W)
         self.head_dim = config.head_dim
         self.qkv, self.o_proj = qkv, o_proj
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, world.device)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.decode_op = tuned_op("flash_decode", tuning) if attn_kernel == "flash_decode" else None
+        self.decode_op = tuned_op("flash_decode", tuning)
 
     @classmethod
     def from_shards(cls, world: Any, config: ModelConfig, shards: Sequence[dict[str, torch.Tensor]], *,
@@ -103,6 +102,17 @@ class HeadParallelAttention(nn.Module):
         shards = [shard_layer(weights, config, world.world_size, r) for r in world.local_ranks]
         shards = [{k: v.to(world.device) for k, v in s.items()} for s in shards]
         return cls.from_shards(world, config, shards, **kwargs)
+
+    @property
+    def attn_kernel(self) -> str:
+        """What a decode step attends with: `sdpa` (torch) or `flash_decode` (ours, on a one-rank world)."""
+        return self._attn_kernel
+
+    @attn_kernel.setter
+    def attn_kernel(self, kernel: str) -> None:
+        if kernel not in ATTN_KERNELS:
+            raise ShapeError(f"attn_kernel: {kernel!r} is not allowed; allowed: {', '.join(ATTN_KERNELS)}")
+        self._attn_kernel = kernel
 
     def new_cache(self, batch: int, capacity: int, dtype: torch.dtype | None = None) -> KVCache:
         """An empty cache of this module's KV heads for `batch` sequences of up to `capacity` positions."""
@@ -139,7 +149,7 @@ class HeadParallelAttention(nn.Module):
 
     def _decode(self, i: int, q: torch.Tensor, cache: KVCache, batch: int) -> torch.Tensor:
         k, v, lens = cache.k[i][:batch], cache.v[i][:batch], cache.lens[i][:batch]
-        if self.decode_op is None:
+        if self.attn_kernel == "sdpa":
             return decode_attention(q, k, v, lens)
         (out,) = self.decode_op([q.contiguous()], [k], [v], [lens], world=decode_world(q.device))
         return out
