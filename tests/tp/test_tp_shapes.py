@@ -78,6 +78,16 @@ def test_plan_dedupes_jobs_and_buckets_kv_lengths():
     assert sorted({j.settings.timing for j in both.jobs}) == ["eager", "graph"] and len(both.jobs) == 8
 
 
+def test_a_shape_a_family_cant_run_is_listed_with_the_reason_not_tuned(tmp_path):
+    (tmp_path / "config.json").write_text(
+        '{"hidden_size": 1536, "intermediate_size": 4096, "num_attention_heads": 16, "num_key_value_heads": 4}'
+    )  # head_dim 96: the decode kernel has variants for 64, 128 and 256
+    plan = model_plan(str(tmp_path), tp=2, tokens=[8], kv_lens=[4096])
+    (attn,) = [(op, job) for op, job in zip(plan.ops, plan.job_of) if op.op == "attn"]
+    assert attn[1] is None and attn[0].note.startswith("flash_decode can't run it: shape.D: 96 is not allowed")
+    assert sorted({j.kernel for j in plan.jobs}) == ["ag_gemm", "gemm_rs"]
+
+
 def test_bad_requests_name_the_field():
     cfg = load_model_config("llama-3-8b")
     with pytest.raises(ModelConfigError, match="tokens: 0 is not allowed"):

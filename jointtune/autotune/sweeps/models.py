@@ -13,13 +13,14 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from jointtune.autotune.settings import Job, TuneSettings
 from jointtune.autotune.tuner.results import job_label as job_label  # the jobs' names, as progress shows them
-from jointtune.errors import TuningError
+from jointtune.errors import SpaceError, TuningError
 
 
 @dataclass(frozen=True)
@@ -60,21 +61,29 @@ def model_plan(model: str, *, tp: int, tokens: Sequence[int], kv_lens: Sequence[
                           decode_max=DECODE_MAX if decode_max is None else decode_max)  # fmt: skip
     jobs: dict[Job, None] = {}
     job_of: list[Job | None] = []
+    kept = []
     for op in ops:
         if op.kernel is None:
             job_of.append(None)
+            kept.append(op)
             continue
         family = get_family(op.kernel)
         space = study_space(family, settings)
-        problem = family.stored_problem(space.make_problem(op.shape, dtype=dtype, world_size=op.world_size))
+        try:
+            problem = family.stored_problem(space.make_problem(op.shape, dtype=dtype, world_size=op.world_size))
+        except SpaceError as exc:  # e.g. a head dim the decode kernel has no variant for: the layer uses SDPA there
+            job_of.append(None)
+            kept.append(dataclasses.replace(op, kernel=None, note=f"{op.kernel} can't run it: {exc}"))
+            continue
         check_study(space, problem, settings)
+        kept.append(op)
         first = None
         for timing in timings or [settings.timing]:
             job = Job.of(family.name, problem, settings.replace(timing=timing))
             jobs.setdefault(job, None)
             first = first or job
         job_of.append(first)
-    return ModelPlan(config.name, tp, tuple(ops), tuple(jobs), tuple(job_of))
+    return ModelPlan(config.name, tp, tuple(kept), tuple(jobs), tuple(job_of))
 
 
 def layer_rows(plan: ModelPlan, results: Sequence[Any]) -> list[dict[str, Any]]:
