@@ -14,7 +14,8 @@ a step serves every later step. The cache holds `capacity` positions per sequenc
 Example:
     >>> from jointtune import create_world
     >>> world = create_world("local", world_size=2)
-    >>> attn = ContextParallelDecodeAttention(world, num_heads=4, num_kv_heads=2, head_dim=64, batch=1, capacity=32)
+    >>> attn = ContextParallelDecodeAttention(world, num_heads=4, num_kv_heads=2, head_dim=64, batch=1, capacity=32,
+    ...                                       tuning=Tuning(on_miss="default"))  # the space default: nothing tuned here
     >>> prefix = torch.randn(1, 2, 5, 64, dtype=torch.bfloat16)                     # K (and V) of 5 positions
     >>> attn.fill([prefix, prefix], [prefix, prefix], [5])
     >>> q, kv = torch.randn(1, 4, 64, dtype=torch.bfloat16), torch.randn(1, 2, 64, dtype=torch.bfloat16)
