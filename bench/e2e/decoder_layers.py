@@ -118,9 +118,12 @@ def make_world(args: argparse.Namespace) -> Any:
     import torch.distributed as dist
 
     local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local % torch.cuda.device_count())
-    shared = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
-    dist.init_process_group("gloo" if shared else "nccl")  # ranks sharing a GPU: a check, its timings mean nothing
+    device = torch.device("cuda", local % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count():
+        dist.init_process_group("gloo")  # ranks sharing a GPU (CUDA IPC): a check, its timings mean nothing
+    else:
+        dist.init_process_group("nccl", device_id=device)
     return create_world("cuda")
 
 
@@ -138,9 +141,9 @@ def versions() -> dict[str, Any]:
 
     import jointtune
 
-    cuda = torch.cuda.is_available()
+    nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
     return {"jointtune": jointtune.__version__, "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+            "cuda": torch.version.cuda, "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
             "python": platform.python_version()}  # fmt: skip
 
 
@@ -195,8 +198,8 @@ def fill_caches(cfg: Any, world: Any, caches: list[Any], ref_caches: list[Any], 
     for layer, cache in enumerate(caches):
         gen = _gen(world, seed + layer)
         shape = (cell.batch, cfg.num_key_value_heads, n, D)
-        k = torch.randn(shape, generator=gen, device=world.device).bfloat16()
-        v = torch.randn(shape, generator=gen, device=world.device).bfloat16()
+        k = torch.randn(shape, generator=gen, device=world.device, dtype=torch.bfloat16)
+        v = torch.randn(shape, generator=gen, device=world.device, dtype=torch.bfloat16)
         for i, r in enumerate(world.local_ranks):
             kv0 = cfg.kv_head_of_rank(W, r)
             cache.k[i][:, :, :n] = k[:, kv0 : kv0 + kv_r]
@@ -312,8 +315,9 @@ class Bench:
 
         def run() -> torch.Tensor:
             mine = self.async_tp(self.layers, group, rows, caches, **step)
-            return funcol.all_gather_tensor(mine, 0, group).wait() if not torch.cuda.is_current_stream_capturing() \
-                else mine  # fmt: skip
+            if torch.cuda.is_current_stream_capturing():
+                return mine  # timed: the step alone
+            return funcol.wait_tensor(funcol.all_gather_tensor(mine, 0, group))  # checked: every rank's rows
 
         return run
 
