@@ -26,9 +26,9 @@ from rich.console import Console
 from jointtune.errors import TuningError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
-    from jointtune.autotune.settings import Job
+    from jointtune.autotune.settings import Job, TuneSettings
     from jointtune.autotune.tuner.results import JobResult
     from jointtune.autotune.workers.coordinator import GroupOptions
 
@@ -116,8 +116,10 @@ def _tune_and_summarise(
     report_hint: str | None,
     profile: str | None = None,
     sweep_name: str | None = None,
+    epilogue: Callable[[Sequence[JobResult]], None] | None = None,
 ) -> None:
-    """Header, live progress, tuned table and closing summary around one `run_jobs`."""
+    """Header, live progress, tuned table and closing summary around one `run_jobs` (then `epilogue(results)`, also
+    when the summary exits 1 for a shape that could not be tuned)."""
     from jointtune.autotune.workers.runner import run_jobs
     from jointtune.cli._summary import print_header, print_summary
     from jointtune.hardware import detect
@@ -136,15 +138,19 @@ def _tune_and_summarise(
         jobs, url=url, imports=imports, groups=groups, console=console, options=options, sweep=sweep_name,
         profile=profile if sweep_name else None, title=what, on_start=on_start,
     )  # fmt: skip
-    print_summary(
-        console, results, url=url, elapsed_s=time.monotonic() - start, already=already, report=report,
-        report_hint=report_hint, hardware_id=hardware_id,
-    )  # fmt: skip
+    try:
+        print_summary(
+            console, results, url=url, elapsed_s=time.monotonic() - start, already=already, report=report,
+            report_hint=report_hint, hardware_id=hardware_id,
+        )  # fmt: skip
+    finally:
+        if epilogue is not None:
+            epilogue(results)
 
 
 def tune(
-    kernel: Annotated[str, typer.Option("--kernel", help="kernel family, e.g. ag_gemm")],
-    shape: Annotated[str, typer.Option("--shape", help="e.g. 8192x4096x12288 or M=8192,N=4096,K=12288")],
+    kernel: Annotated[str | None, typer.Option("--kernel", help="kernel family, e.g. ag_gemm")] = None,
+    shape: Annotated[str | None, typer.Option("--shape", help="e.g. 8192x4096x12288 or M=8192,N=4096,K=12288")] = None,
     dtype: Annotated[str, typer.Option(help="bf16 or fp16 (what every kernel family runs)")] = "bf16",
     world_size: Annotated[int, typer.Option("--world-size", min=1, help="ranks of the kernel")] = 2,
     trials: Annotated[int, typer.Option(help="trial budget (configs measured)")] = 64,
@@ -182,8 +188,36 @@ def tune(
             "(e.g. gemm_rs mode=atomic); off by default",
         ),
     ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="instead of --kernel/--shape: every fused-op shape of this model's decoder layer; an HF config.json "
+            "(file or directory) or a shipped name (llama-3-8b, llama-3-70b, qwen2.5-32b, mixtral-8x7b)",
+        ),
+    ] = None,
+    tp: Annotated[int | None, typer.Option("--tp", min=1, help="tensor-parallel degree of --model")] = None,
+    tokens: Annotated[
+        str | None, typer.Option("--tokens", help="--model: token counts of a step, e.g. 1,8,32,4096")
+    ] = None,
+    kv_lens: Annotated[
+        str | None, typer.Option("--kv-lens", help="--model: KV lengths of decode attention, e.g. 4096,32768")
+    ] = None,
+    attention: Annotated[
+        str,
+        typer.Option(
+            help="--model: decode attention to tune: head (the layer's, per rank), context (KV split by "
+            "sequence over the ranks) or both"
+        ),
+    ] = "head",
+    decode_max: Annotated[
+        int, typer.Option("--decode-max", min=1, help="--model: token counts up to this are decode batches too")
+    ] = 256,
+    export: Annotated[
+        str | None, typer.Option("--export", help="--model: write the tuned records of its shapes to this bundle")
+    ] = None,
 ) -> None:
-    """Tune one kernel for one shape on this node."""
+    """Tune one kernel for one shape on this node, or (--model) every fused-op shape of a model."""
     from jointtune.autotune.settings import Job, TuneSettings
     from jointtune.autotune.tuner.handles import study_space
     from jointtune.autotune.tuner.results import job_label
@@ -217,6 +251,16 @@ def tune(
     if not prepare_interpreter() and timing == "graph":
         raise TuningError("--timing: 'graph' needs CUDA graphs, and no GPU is visible here; allowed here: gpu, eager")
     _import_all(imports or [])
+    if model is not None:
+        _tune_model(model, kernel=kernel, shape=shape, restrict=restrict, tp=tp, tokens=tokens, kv_lens=kv_lens,
+                    attention=attention, decode_max=decode_max, dtype=dtype, settings=settings, url=url,
+                    imports=imports or [], groups=groups, options=options, report=report, export=export)  # fmt: skip
+        return
+    model_only = [name for name, given in (("--tp", tp), ("--tokens", tokens), ("--kv-lens", kv_lens),
+                                           ("--export", export)) if given is not None]  # fmt: skip
+    if kernel is None or shape is None or model_only:
+        extra = f"; {', '.join(model_only)} only with --model" if model_only else ""
+        raise TuningError(f"--kernel and --shape: give both (one shape), or --model CONFIG (a model's shapes){extra}")
     family = get_family(kernel)
     space = study_space(family, settings)
     asked = space.make_problem(shape, dtype=dtype, world_size=world_size)
@@ -231,6 +275,31 @@ def tune(
     _tune_and_summarise(
         [job], what=f"jointtune tune {job_label(job)}", url=url, imports=imports or [], groups=groups,
         options=options, report=report, report_hint="(the same command) --report DIR",
+    )  # fmt: skip
+
+
+def _tune_model(model: str, *, kernel: str | None, shape: str | None, restrict: list[str] | None, tp: int | None,
+                tokens: str | None, kv_lens: str | None, attention: str, decode_max: int, dtype: str,
+                settings: TuneSettings, url: str, imports: list[str], groups: int | None, options: GroupOptions,
+                report: str | None, export: str | None) -> None:  # fmt: skip
+    """`tune --model`: the model's shapes as one sweep, then its per-layer table and, with --export, the bundle."""
+    from jointtune.cli._checks import prepare_report_dir
+    from jointtune.cli._model import check_export_path, describe, model_epilogue, plan_from_options
+    from jointtune.db import open_store
+
+    given = [name for name, value in (("--kernel", kernel), ("--shape", shape), ("--restrict", restrict)) if value]
+    if given:
+        raise TuningError(f"{', '.join(given)}: not allowed with --model (it tunes every shape of the model's layer)")
+    plan = plan_from_options(model, tp=tp, tokens=tokens, kv_lens=kv_lens, attention=attention,
+                             decode_max=decode_max, dtype=dtype, settings=settings)  # fmt: skip
+    export_path = check_export_path(export)
+    report_dir = prepare_report_dir(report)
+    open_store(url)
+    again = f"jointtune tune --model {model} --tp {tp} --tokens {tokens}" + (f" --kv-lens {kv_lens}" if kv_lens else "")
+    _tune_and_summarise(
+        plan.jobs, what=describe(plan), url=url, imports=imports, groups=groups, options=options, report=report_dir,
+        report_hint=again + " --report DIR",
+        epilogue=model_epilogue([plan], url=url, export=export_path, console=_console()),
     )  # fmt: skip
 
 
@@ -264,9 +333,15 @@ def sweep(
         _console().print(f"registered sweep {spec.name!r}: {count} jobs", markup=False, highlight=False)
         return
     again = f"jointtune sweep {file}" + ("" if db is None else f" --db {redact_url(url)}") + " --report DIR"
+    plans = spec.models.get(chosen, ())
+    epilogue = None
+    if plans:
+        from jointtune.cli._model import model_epilogue
+
+        epilogue = model_epilogue(plans, url=url, export=None, console=_console())
     _tune_and_summarise(
         jobs, what=f"jointtune sweep {spec.name}", url=url, imports=spec.imports, groups=groups, options=options,
-        report=report, report_hint=again, profile=chosen,
+        report=report, report_hint=again, profile=chosen, epilogue=epilogue,
     )  # fmt: skip
 
 

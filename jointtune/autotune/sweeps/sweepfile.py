@@ -15,7 +15,14 @@ profiles:
         trials: 10
         time_budget: 60           # seconds of trial time per shape
   gpu:
-    jobs: [{kernel: ag_gemm, shapes: [8192x4096x12288], dtypes: [bf16], world_size: 2, trials: 64}]
+    jobs:
+      - {kernel: ag_gemm, shapes: [8192x4096x12288], dtypes: [bf16], world_size: 2, trials: 64}
+      - model: llama-3-70b        # every fused-op shape of a model's layer (as `jointtune tune --model`)
+        tp: [2, 4]                # an int or a list
+        tokens: [1, 8, 32, 4096]
+        kv_lens: [4096, 32768]    # decode attention at these KV lengths (token counts up to decode_max: 256)
+        attention: head           # head (the layer's), context (KV split by sequence) or both
+        trials: 32
 ```
 Tuning fields: trials, time_budget, patience, strategy (tpe | random | exhaustive), seed, warmup,
 iters, warm_start, n_startup, lookahead, max_invalid_streak, max_duplicate_streak,
@@ -41,12 +48,12 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag, ValidationError
 
 from jointtune.autotune.settings import MAX_COUNT, MAX_SECONDS, Job, TuneSettings
 from jointtune.db.schema import NAME_CHARS, NAME_RE
@@ -130,9 +137,31 @@ class JobModel(TuningModel):
     world_size: int | Annotated[list[int], Field(min_length=1)] = 2
 
 
+class ModelJobModel(TuningModel):
+    """A model's decoder layer: its fused-op shapes at each TP degree (`autotune.sweeps.models`)."""
+
+    model: str = Field(min_length=1)
+    tp: int | Annotated[list[int], Field(min_length=1)]  # each checked against the model (ModelConfig.check_tp)
+    tokens: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+    kv_lens: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    attention: Literal["head", "context", "both"] = "head"
+    decode_max: Annotated[int, Field(ge=1)] = 256
+    dtypes: list[str] = Field(default_factory=lambda: ["bfloat16"], min_length=1)
+
+
+def _job_kind(value: Any) -> str:
+    return "model" if isinstance(value, dict) and "model" in value else "kernel"
+
+
+#: a job entry: a kernel's shapes, or a model's (told apart by its `model:` key)
+JobEntry = Annotated[
+    Annotated[JobModel, Tag("kernel")] | Annotated[ModelJobModel, Tag("model")], Discriminator(_job_kind)
+]
+
+
 class ProfileModel(_Strict):
     tuning: TuningModel = Field(default_factory=TuningModel)
-    jobs: list[JobModel] = Field(min_length=1)
+    jobs: list[JobEntry] = Field(min_length=1)
 
 
 class SweepModel(_Strict):
@@ -149,6 +178,8 @@ class SweepFile:
     name: str
     imports: tuple[str, ...]
     profiles: dict[str, tuple[Job, ...]]
+    #: per profile, the model plans (`autotune.sweeps.models.ModelPlan`) its `model:` jobs expanded into
+    models: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def jobs(self, profile: str) -> tuple[Job, ...]:
         if profile not in self.profiles:
@@ -189,8 +220,11 @@ def _pydantic_problems(exc: ValidationError, problems: _Problems) -> None:
     seen: set[tuple[Any, ...]] = set()
     for err in exc.errors():
         # unions report one error per member; the member name in the loc only adds noise, and the
-        # first member's message says what is allowed
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and (p in ("str", "int") or "[" in p)))
+        # first member's message says what is allowed; a job's tag (kernel or model) follows its index
+        raw = err["loc"]
+        loc = tuple(p for i, p in enumerate(raw) if not (isinstance(p, str) and (p in ("str", "int") or "[" in p))
+                    and not (i >= 2 and raw[i - 2] == "jobs" and isinstance(raw[i - 1], int)
+                             and p in ("kernel", "model")))  # fmt: skip
         if loc in seen:
             continue
         seen.add(loc)
@@ -228,6 +262,32 @@ def _jobs(
     return jobs
 
 
+def _model_jobs(loc: tuple[Any, ...], model: ModelJobModel, base: TuneSettings, problems: _Problems,
+                timings: list[str]) -> tuple[list[Job], list[Any]]:  # fmt: skip
+    """A `model:` job's jobs, one plan per TP degree and dtype (`autotune.sweeps.models`)."""
+    from jointtune.autotune.sweeps.models import model_plan
+
+    where = _loc(loc)
+    try:
+        settings = base.replace(**model.settings_changes())
+    except JointtuneError as exc:
+        problems.add(loc, f"{where}: {exc}")
+        return [], []
+    jobs, plans = [], []
+    for tp in model.tp if isinstance(model.tp, list) else [model.tp]:
+        for dtype in model.dtypes:
+            try:
+                plan = model_plan(model.model, tp=tp, tokens=model.tokens, kv_lens=model.kv_lens, dtype=dtype,
+                                  settings=settings, attention=model.attention, decode_max=model.decode_max,
+                                  timings=timings)  # fmt: skip
+            except JointtuneError as exc:
+                problems.add((*loc, "model"), f"{where} ({model.model}, tp {tp}, {dtype}): {exc}")
+                continue
+            plans.append(plan)
+            jobs.extend(plan.jobs)
+    return jobs, plans
+
+
 def parse_sweep(
     data: Any, *, source: str = "sweep", default_name: str = "sweep", line_of: LineOf | None = None
 ) -> SweepFile:
@@ -251,6 +311,7 @@ def parse_sweep(
         problems.add(("tuning",), f"tuning: {exc}")
         raise SweepFileError(f"{source}: " + "; ".join(problems.items)) from None
     profiles: dict[str, tuple[Job, ...]] = {}
+    models: dict[str, tuple[Any, ...]] = {}
     for name, profile in model.profiles.items():
         try:
             settings = base.replace(**profile.tuning.settings_changes())
@@ -258,6 +319,7 @@ def parse_sweep(
             problems.add(("profiles", name, "tuning"), f"profiles.{name}.tuning: {exc}")
             continue
         jobs: list[Job] = []
+        plans: list[Any] = []
         for j, job in enumerate(profile.jobs):
             loc = ("profiles", name, "jobs", j)
             timings = job.timings() or profile.tuning.timings() or model.tuning.timings() or [settings.timing]
@@ -267,8 +329,15 @@ def parse_sweep(
                              f"{_loc(loc)}.timing: 'graph' is not allowed in the cpu profile (no CUDA graphs in "
                              "the interpreter); allowed there: gpu, eager")  # fmt: skip
                 continue
-            jobs.extend(_jobs(loc, job, settings, problems, timings))
+            if isinstance(job, ModelJobModel):
+                expanded, job_plans = _model_jobs(loc, job, settings, problems, timings)
+                jobs.extend(expanded)
+                plans.extend(job_plans)
+            else:
+                jobs.extend(_jobs(loc, job, settings, problems, timings))
         profiles[name] = tuple(dict.fromkeys(jobs))
+        if plans:
+            models[name] = tuple(plans)
     name = model.name if model.name is not None else default_name
     if not (len(name) <= MAX_SWEEP_NAME and re.fullmatch(NAME_RE, name)):
         from_stem = "" if model.name is not None else " (the file's stem, the default: set name:)"
@@ -276,7 +345,7 @@ def parse_sweep(
         problems.add(("name",), f"name: {name[:80]!r}{from_stem} is not allowed; {allowed}")
     if problems.items:
         raise SweepFileError(f"{source}: " + "; ".join(problems.items))
-    return SweepFile(name, tuple(model.imports), profiles)
+    return SweepFile(name, tuple(model.imports), profiles, models)
 
 
 def _line_finder(root: yaml.Node | None) -> LineOf:

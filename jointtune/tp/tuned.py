@@ -1,0 +1,148 @@
+"""The fused ops as the tensor-parallel layers call them: through `@joint_autotune`, as any user code does.
+
+Each op (`ag_gemm`, `gemm_rs`, `flash_decode`) is a launcher decorated with `@joint_autotune(space=...)`, so a
+layer's config comes from the decorator's chain (its cache, the local store, the service, then the miss policy),
+the same on every rank, timed the way the call runs (eager, or `graph` while a CUDA graph is captured). Layers
+with the same `Tuning` share one launcher per op, so eighty layers of one shape resolve a key once.
+
+`torch.compile` can't trace the decorator (a lookup may open a database). So every eager call also remembers the
+config text each policy resolved to, by the call's exact shapes; while `torch.compile` traces, the op is
+`torch.ops.jointtune.<op>` with that text as a constant (policy: `Tuning.compiled_timing`, else `graph` where
+CUDA graphs exist, else `eager`). A shape first seen while tracing can't be looked up there: run the module once
+eagerly at that token count (the layers' `warm`), then compile.
+
+Example:
+    >>> op = tuned_op("ag_gemm", Tuning(on_miss="default"))
+    >>> world = create_world("local", world_size=2)                                   # doctest: +SKIP
+    >>> c = op([a0, a1], [b0, b1], world=world)                                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from jointtune.errors import TuningError
+
+FAMILIES = ("ag_gemm", "gemm_rs", "flash_decode")
+_POLICY_ORDER = ("graph", "eager", "gpu")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How the layers' ops find configs: the arguments they pass to `@joint_autotune` (see its docstring).
+
+    `compiled_timing`: the policy whose config is baked in when `torch.compile` traces a layer (None: `graph` where
+    the eager call also resolved one, i.e. on CUDA, else `eager`)."""
+
+    on_miss: str = "nearest"
+    db_url: str | None = None
+    server: str | None = None
+    timing: str | None = None
+    timing_fallback: str | None = None
+    compiled_timing: str | None = None
+
+    def decorator_options(self) -> dict[str, Any]:
+        return {"on_miss": self.on_miss, "db_url": self.db_url, "server": self.server, "timing": self.timing,
+                "timing_fallback": self.timing_fallback}  # fmt: skip
+
+
+def _ag_gemm(a: Any, b: Any, *, world: Any, config: Mapping[str, Any]) -> Any:
+    from jointtune import ag_gemm
+
+    return ag_gemm(a, b, world=world, config=config)
+
+
+def _gemm_rs(a: Any, b: Any, *, world: Any, config: Mapping[str, Any]) -> Any:
+    from jointtune import gemm_rs
+
+    return gemm_rs(a, b, world=world, config=config)
+
+
+def _flash_decode(q: Any, k: Any, v: Any, kv_lens: Any, *, world: Any, config: Mapping[str, Any]) -> Any:
+    from jointtune import flash_decode
+
+    return flash_decode(q, k, v, kv_lens, world=world, config=config)
+
+
+_RUNNERS = {"ag_gemm": _ag_gemm, "gemm_rs": _gemm_rs, "flash_decode": _flash_decode}
+
+
+class TunedOp:
+    """One fused op over per-rank lists, its config from `@joint_autotune`; call `op(*tensors, world=world)`."""
+
+    def __init__(self, family: str, tuning: Tuning) -> None:
+        from jointtune import joint_autotune
+
+        if family not in _RUNNERS:
+            raise TuningError(f"family: {family!r} is not allowed; allowed: {', '.join(FAMILIES)}")
+        self.family = family
+        self.tuning = tuning
+        #: the decorated launcher (its `cache` and `sources` say which config each key got, and from where)
+        self.launcher = joint_autotune(space=family, **tuning.decorator_options())(_RUNNERS[family])
+        #: exact call (world, shapes, dtype) -> {timing policy: config JSON}, for torch.compile
+        self.texts: dict[tuple[Any, ...], dict[str, str]] = {}
+
+    def __call__(self, *tensors: list[torch.Tensor], world: Any) -> list[torch.Tensor]:
+        call = _call_key(world, tensors)
+        if torch.compiler.is_compiling():
+            return self._traced(call, tensors, world)
+        out = self.launcher(*tensors, world=world)
+        if call not in self.texts:
+            self.texts[call] = self._resolved(tensors, world)
+        return list(out)
+
+    def config_for(self, *tensors: list[torch.Tensor], world: Any) -> dict[str, str]:
+        """{timing policy: config JSON} this exact call resolved to (empty before its first eager call)."""
+        return dict(self.texts.get(_call_key(world, tensors), {}))
+
+    def _resolved(self, tensors: tuple[list[torch.Tensor], ...], world: Any) -> dict[str, str]:
+        from jointtune.kernels.ag_gemm import config_json
+
+        launcher = self.launcher
+        base = (tuple(launcher.key(*tensors, world=world).items()), launcher.dtype_of(*tensors), world.world_size)
+        return {t: config_json(c) for t in _POLICY_ORDER if (c := launcher.cache.get((*base, t))) is not None}
+
+    def _traced(self, call: tuple[Any, ...], tensors: tuple[list[torch.Tensor], ...], world: Any) -> list[torch.Tensor]:
+        texts = self.texts.get(call)
+        if not texts:
+            raise TuningError(
+                f"{self.family}: no config resolved for {call[1]} before torch.compile traced it; run the module once "
+                "eagerly at this token count (or call its warm()) first: the decorator's lookup can't run in a trace"
+            )
+        policy = self.tuning.compiled_timing
+        if policy is None:
+            for t in _POLICY_ORDER:
+                if t in texts:
+                    policy = t
+                    break
+        text = texts.get(policy)
+        if text is None:
+            have = ", ".join(sorted(texts))
+            raise TuningError(f"{self.family}: compiled_timing {policy!r} resolved no config; resolved: {have}")
+        op = getattr(torch.ops.jointtune, self.family)
+        if self.family == "flash_decode":
+            q, k, v, lens = tensors
+            return list(op(q, k, v, lens, world.name, text))
+        a, b = tensors
+        return list(op(a, b, world.name, text))
+
+
+def _call_key(world: Any, tensors: tuple[list[torch.Tensor], ...]) -> tuple[Any, ...]:
+    """The call's world and every argument's shape and dtype (rank 0's: the ops require them alike on every rank)."""
+    return (world.name, tuple((tuple(t[0].shape), t[0].dtype) for t in tensors))
+
+
+_OPS: dict[tuple[str, Tuning], TunedOp] = {}
+
+
+def tuned_op(family: str, tuning: Tuning | None = None) -> TunedOp:
+    """The shared TunedOp of `family` under `tuning` (one launcher, one cache, for every layer that asks)."""
+    tuning = tuning or Tuning()
+    op = _OPS.get((family, tuning))
+    if op is None:
+        op = _OPS[(family, tuning)] = TunedOp(family, tuning)
+    return op

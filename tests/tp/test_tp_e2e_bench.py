@@ -1,0 +1,42 @@
+"""bench/e2e/decoder_layers.py's CPU-checkable parts: every path, the reference check, the per-op breakdown, the
+anchors and the result file, on simulated ranks (`--cpu`; the CUDA graphs and async-TP need GPUs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from jt_tp import fast_store
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "e2e" / "decoder_layers.py"
+
+
+def test_the_benchmark_runs_every_path_on_simulated_ranks_and_writes_its_result(tmp_path):
+    out = tmp_path / "e2e.json"
+    args = ["--cpu", "--world-size", "2", "--model", "tiny", "--layers", "1", "--prefill", "8", "--batches", "2",
+            "--kv-lens", "16", "--iters", "1", "--warmup", "0", "--no-compile-check", "--out", str(out),
+            "--db", fast_store(tmp_path / "jt.db", (2,))]  # fmt: skip
+    done = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["device"].startswith("cpu (2 simulated ranks") and result["world_size"] == 2
+    assert {"torch", "triton", "jointtune", "python"} <= set(result["versions"]) and result["date"]
+    assert "decoder_layers.py --cpu" in result["command"]
+    prefill, decode = result["cells"]
+    assert (prefill["cell"], decode["cell"]) == ("prefill 8", "decode b2 kv16")
+    for cell in (prefill, decode):
+        assert set(cell["paths"]) == {"jointtune/sp", "jointtune/standard", "torch/nccl"}
+        assert all(err < 2e-2 for err in cell["errors"].values()), cell["errors"]  # every path against the reference
+        assert set(cell["breakdown"]["jointtune"]) == {"qkv", "o_proj", "gate_up", "down", "attention"}
+        assert isinstance(cell["breakdown"]["torch_standard"]["all_reduce"], float)
+        assert cell["jointtune_tokens_per_s"] > 0 and cell["torch_standard_tokens_per_s"] > 0
+    assert set(decode["attention"]["us_per_layer"]) == {"flash_decode", "sdpa"}  # both kernels timed, one chosen
+    assert sorted(result["layout_rule"]["measured"]) == ["2", "8"]
+    assert result["config_sources"]["ag_gemm"] == {"nearest-store": 4}  # the layers' configs came from the store
+    kinds = {a["anchor"] for a in result["anchors"]}
+    assert {"prefill >= 1.15x the standard torch TP layer", "decode >= 1.10x the standard torch TP layer"} <= kinds
+    assert all(a["passed"] for a in result["anchors"] if a["anchor"].startswith("correct"))
