@@ -103,7 +103,8 @@ class ContextParallelDecodeAttention(nn.Module):
         the step's k, v [B, H_KV, D] when given; returns [B, H, D] on every rank."""
         qs = as_list(q)
         check_ranks("q", qs, self.world)
-        refuse_grad("ContextParallelDecodeAttention", [*qs, *(as_list(k) if k is not None else [])])
+        if not torch.compiler.is_compiling():  # the eager call before compiling checked; dynamo can't unpack these
+            refuse_grad("ContextParallelDecodeAttention", [*qs, *(as_list(k) if k is not None else [])])
         if (k is None) != (v is None):
             raise ShapeError("k, v: give both (the step's new token) or neither")
         if k is not None:

@@ -92,7 +92,8 @@ class LlamaDecoderLayer(nn.Module):
         check_layout(layout)
         hs = as_list(hidden)
         check_ranks("hidden", hs, self.world)
-        refuse_grad("LlamaDecoderLayer", [*hs, *self.input_norm, *self.post_norm])
+        if not torch.compiler.is_compiling():  # dynamo (torch 2.11) can't unpack a ParameterList here
+            refuse_grad("LlamaDecoderLayer", [*hs, *self.input_norm, *self.post_norm])
         eps = self.config.rms_norm_eps
         normed = [rms_norm(h, w, eps) for h, w in zip(hs, self.input_norm)]
         attn = as_list(self.attn(normed, cache, layout=layout, phase=phase, batch=batch))

@@ -93,7 +93,8 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor | Sequence[torch.Tensor], *, layout: str) -> Any:
         xs, ws = as_list(x), list(self.weight)
         check_ranks("x", xs, self.world)
-        refuse_grad("ColumnParallelLinear", [*xs, *ws, *(self.bias or [])])
+        if not torch.compiler.is_compiling():  # the eager call before compiling checked; dynamo can't unpack these
+            refuse_grad("ColumnParallelLinear", [*xs, *ws, *(self.bias or [])])
         if layout == SP:
             ys = self.op(xs, ws, world=self.world)
         else:
@@ -132,7 +133,8 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor | Sequence[torch.Tensor], *, layout: str) -> Any:
         xs, ws = as_list(x), list(self.weight)
         check_ranks("x", xs, self.world)
-        refuse_grad("RowParallelLinear", [*xs, *ws])
+        if not torch.compiler.is_compiling():  # the eager call before compiling checked; dynamo can't unpack these
+            refuse_grad("RowParallelLinear", [*xs, *ws])
         if layout == SP:
             ys = self.op(xs, ws, world=self.world)
         else:
