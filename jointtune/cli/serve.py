@@ -34,7 +34,12 @@ class BundleFileError(JointtuneError, ValueError):
 def serve_command(
     host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port", min=1, max=65535)] = 8000,
-    workers: Annotated[int, typer.Option(help="worker processes", min=1, max=64)] = 1,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="worker processes; default: one per available core, at most 16", min=1, max=64, show_default=False
+        ),
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Run the config service (uvicorn); migrations are applied before it starts listening."""
@@ -42,6 +47,7 @@ def serve_command(
 
     from jointtune.db import open_store, resolve_db_url
     from jointtune.server.auth import TokenSet
+    from jointtune.server.serving import MAX_DEFAULT_WORKERS, available_cores, default_workers, uvicorn_config
 
     url = resolve_db_url(db)
     os.environ["JOINTTUNE_DB_URL"] = url  # workers build their app from the environment
@@ -53,9 +59,18 @@ def serve_command(
     except BaseException:
         sock.close()
         raise
-    config = uvicorn.Config(
-        "jointtune.server.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info"
+    if workers is None:
+        workers = default_workers()
+        chosen = f"one per available core ({available_cores()}, at most {MAX_DEFAULT_WORKERS})"
+    else:
+        chosen = "--workers"
+    typer.echo(
+        f"jointtune serve: {workers} worker process(es), {chosen}; per worker at most {settings.max_connections} "
+        f"connections (JOINTTUNE_MAX_CONNECTIONS; beyond them 503) and {settings.read_timeout_s:g} s to send a "
+        "request (JOINTTUNE_READ_TIMEOUT_S)",
+        err=True,
     )
+    config = uvicorn_config(settings, host=host, port=port, workers=workers)
     if workers == 1:
         uvicorn.Server(config).run(sockets=[sock])
         return
