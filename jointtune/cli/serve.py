@@ -121,12 +121,15 @@ def export_command(
     from jointtune.cli._checks import existing_store_url
     from jointtune.db import Store
     from jointtune.server.bundle import write_bundle
+    from jointtune.server.limits import listed
 
     partial = output.with_name(output.name + ".partial")
     with Store(existing_store_url(db)) as store:
         if kernel is not None and not store.count_records(kernel=kernel, hardware_id=hardware):
             stored = sorted({k.name for k in store.list_kernels()})
-            raise BundleFileError(f"--kernel: {hardware!r} has no records of {kernel!r}; stored kernels: {stored}")
+            raise BundleFileError(
+                f"--kernel: {hardware!r} has no records of {kernel!r}; stored kernels: {listed(stored, len(stored))}"
+            )
         try:
             with partial.open("w", encoding="utf-8") as out:
                 count = write_bundle(store, hardware, out, kernel=kernel)
@@ -136,8 +139,8 @@ def export_command(
             raise BundleFileError(f"-o: {str(output)!r} can't be written ({exc.strerror})") from None
         finally:
             partial.unlink(missing_ok=True)
-        known = [h.hardware_id for h in store.list_hardware()] if count is None else []
-    if count is None:
+        known = listed(*store.hardware_ids()) if count is None else ""
+    if count is None:  # at most 50 ids, as the service's 404 lists
         raise BundleFileError(f"--hardware: {hardware!r} is unknown in {store.display_url}; it has {known}")
     typer.echo(f"{output}: {count} records for {hardware}")
 

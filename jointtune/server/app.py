@@ -26,7 +26,7 @@ from jointtune.db import InvalidRecordError
 from jointtune.db.schema import NAME_CHARS, error_loc, printable
 from jointtune.errors import StoreError
 from jointtune.server.auth import TokenSet
-from jointtune.server.limits import BodyLimitMiddleware, ExportGate
+from jointtune.server.limits import BodyLimitMiddleware, CostGate
 from jointtune.server.metrics import Metrics, MetricsMiddleware
 from jointtune.server.routes import ROUTERS
 from jointtune.server.routing import role_needed, service_routes
@@ -52,7 +52,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.tokens = TokenSet.load(settings.tokens, settings.tokens_file)
     app.state.metrics = Metrics()
-    app.state.export_gate = ExportGate(settings.export_concurrency, settings.export_share)
+    app.state.export_gate = CostGate(
+        "exports", "JOINTTUNE_EXPORT_CONCURRENCY", settings.export_concurrency, settings.export_share
+    )
+    app.state.list_gate = CostGate(
+        "listings (GET /v1/configs, /dashboard)",
+        "JOINTTUNE_LIST_CONCURRENCY",
+        settings.list_concurrency,
+        settings.list_share,
+    )
     for router in ROUTERS:
         app.include_router(router)
     app.state.routes = service_routes(ROUTERS)
@@ -70,7 +78,7 @@ def app_from_env() -> FastAPI:
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document plus the bearer security each route enforces: writes always, reads only
-    when `read_token_required` (else a token is optional: `[{}, {bearer: []}]`)."""
+    when `read_token_required` (else a token is optional: `[{}, {bearer: []}]`); errors as JSON."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
@@ -85,8 +93,20 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             operation = schema["paths"][route.path_format].get(method.lower())
             if operation is not None:
                 operation["security"] = read if role == "read" else required
+    for item in schema["paths"].values():
+        for operation in item.values():
+            _errors_as_json(operation)
     app.openapi_schema = schema
     return schema
+
+
+def _errors_as_json(operation: dict[str, Any]) -> None:
+    """Errors are JSON on every route (`{"detail": ...}`); FastAPI files them under the route's own media type,
+    text/html for the dashboard and text/plain for /metrics."""
+    for code, response in operation.get("responses", {}).items():
+        content = response.get("content")
+        if code[:1] in ("4", "5") and content and list(content) != ["application/json"]:
+            response["content"] = {"application/json": next(iter(content.values()))}
 
 
 def _problem(loc: Any, msg: Any, kind: Any) -> dict[str, Any]:

@@ -136,7 +136,8 @@ _DESCRIPTIONS: dict[int, tuple[type[BaseModel], str, dict[str, Any] | None]] = {
     422: (Invalid, "Parameters or body not allowed: each item names the field and what is allowed", None),
     429: (
         Message,
-        "Too many exports at once (JOINTTUNE_EXPORT_CONCURRENCY per worker); retry after Retry-After seconds",
+        "Too many reads of this kind at once in this worker (exports: JOINTTUNE_EXPORT_CONCURRENCY; listings and "
+        "dashboard pages: JOINTTUNE_LIST_CONCURRENCY); retry after Retry-After seconds",
         {"Retry-After": {"description": "seconds", "schema": {"type": "string"}}},
     ),
     503: (Message, "The tuning store can't be reached; try again later", None),

@@ -10,6 +10,7 @@ from jointtune.db.schema import MAX_INT32, Name128
 from jointtune.server.auth import AuthDep, ReadAuthDep
 from jointtune.server.bundle import MAX_PAGE_RECORDS, export_page, import_bundle
 from jointtune.server.deps import StoreDep, declared_query_only
+from jointtune.server.limits import listed
 from jointtune.server.routing import ServiceRoute
 from jointtune.server.schemas import BundleIn, BundleOut, ImportOut, responses
 
@@ -40,8 +41,9 @@ def export(
             store, hardware_id, kernel=kernel, after=after, limit=limit, max_bytes=settings.export_page_bytes
         )
     if page is None:
-        known = [h.hardware_id for h in store.list_hardware()]
-        raise HTTPException(404, f"hardware_id: {hardware_id!r} is unknown; the store has {known[:50]}")
+        raise HTTPException(
+            404, f"hardware_id: {hardware_id!r} is unknown; the store has {listed(*store.hardware_ids())}"
+        )
     return Response(page, media_type="application/json")
 
 
