@@ -40,8 +40,13 @@ Names (kernel, kernel_version, space_version, hardware_id) use {NAME_CHARS}. Wri
 token of role write (deletes: admin); reads need none unless the service requires read tokens.
 Errors: 422 lists every refused field (`detail`: [{{loc, msg, type}}]); every other error is
 `{{"detail": "..."}}`. A method a path does not take is 405 with `Allow` naming the path's methods.
-Request bodies are limited in size (413). Exports come a page at a time (`next_after`), each page
-fits a request body and imports as it is; a worker builds a limited number of pages at once (429).
+Request bodies are limited in size (413) and must be UTF-8 JSON. Exports come a page at a time
+(`next_after`), each page fits a request body and imports as it is. Reads that grow with the store
+(export pages, record listings, dashboard pages) pass a gate: a worker answers a limited number at once
+and 429 with `Retry-After` beyond them. Rules across fields, which JSON Schema can't state, are stated
+in the schema of the object they bind as `x-jointtune-ordered` (these properties, where given, never
+decrease in this order) and `x-jointtune-equal` (the values at these JSON pointers, `*` for every array
+item, are equal).
 """
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from jointtune.db import HardwareIn, Record, RecordIn
-from jointtune.db.schema import Integral
+from jointtune.db.schema import EQUAL, Integral
 
 SCHEMA_VERSION = 1
 
@@ -69,9 +69,15 @@ class HardwareOut(BaseModel):
 
 class BundleIn(BaseModel):
     """One hardware profile and its records: a page of `GET /v1/bundles/{hardware_id}` as it was
-    served, or a file of `jointtune export`. Every record must be of the bundle's hardware."""
+    served, or a file of `jointtune export`. Every record must be of the bundle's hardware (the schema's
+    `x-jointtune-equal`)."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(
+        strict=True,
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={EQUAL: ["/hardware/hardware_id", "/records/*/hardware_id"]},
+    )
 
     schema_version: Annotated[Literal[1], Integral]
     hardware: HardwareIn
