@@ -79,6 +79,8 @@ def test_a_miss_names_every_hardware_however_many_records_come_first(sqlite_url:
                                                  "['gpu']")  # fmt: skip
             assert miss(kernel_version="v9").endswith("kernel_version 'v9' has none, these do: ['v1']")
             assert "; closest stored shapes: K=12288,M=8192,N=4096 (nearest=false" in miss(M=100, nearest="false")
+            exact_only = {**LOOKUP, **SHAPE, "nearest": "false", "kernel_version": "v1"}  # one probe of the key
+            assert http.get("/v1/configs/ag_gemm", params=exact_only).json()["match"] == "exact"
 
 
 def test_an_unknown_hardware_lists_at_most_50_ids_in_the_404_and_the_cli(

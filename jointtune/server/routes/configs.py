@@ -69,17 +69,14 @@ def lookup(
     dims = parse_dims(request.query_params.multi_items(), set(RESERVED_DIM_NAMES), space.dims if space else None)
     shape = keyed_shape(space, dims, dtype, world_size)
     lookups = request.app.state.metrics.lookups
-    nearest_first = store.nearest(
-        kernel=kernel,
-        kernel_version=kernel_version,
-        shape=shape,
-        dtype=dtype,
-        world_size=world_size,
-        hardware_id=hardware_id,
-        limit=1,
-        timing=timing,
-    )
-    found = nearest_first[0] if nearest_first else None
+    key = {"kernel": kernel, "shape": shape, "dtype": dtype, "world_size": world_size, "hardware_id": hardware_id,
+           "timing": timing}  # fmt: skip
+    if nearest or kernel_version is None:
+        nearest_first = store.nearest(**key, kernel_version=kernel_version, limit=1)
+        found = nearest_first[0] if nearest_first else None
+    else:  # only the exact shape will do: one probe of the unique key, not a ranking of the shapes
+        exact = store.best(**key, kernel_version=kernel_version)
+        found = None if exact is None else (exact, 0.0)
     if found and (nearest or found[1] == 0):
         record, distance = found
         lookups.labels(result="exact" if distance == 0 else "nearest").inc()
@@ -88,7 +85,7 @@ def lookup(
     query = {"kernel_version": kernel_version, "dtype": dtype, "world_size": world_size, "hardware_id": hardware_id,
              "timing": timing}  # fmt: skip
     message = explain_miss(store, kernel=kernel, shape=shape, query=query)
-    if found:
+    if not nearest and "closest stored shapes" in message:
         message += " (nearest=false: only exact shapes are returned)"
     raise HTTPException(404, message)
 
