@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from typing import Annotated
 
@@ -25,6 +26,8 @@ def get_store(request: Request) -> Store:
             if store is None:
                 store = open_store(state.settings.db_url)
                 state.store = store
+                if getattr(state, "freeze_gc", False):  # a worker's app (`app_from_env`): the store lives as long
+                    gc.freeze()
     return store
 
 

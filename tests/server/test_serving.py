@@ -5,6 +5,7 @@ deadlines for something that must happen, never timings."""
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import subprocess
@@ -122,3 +123,28 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_a_workers_app_and_store_are_frozen_out_of_the_collector(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`app_from_env` (each worker's app) freezes the app, and the store once the first request opens it, so the
+    collector's full passes no longer walk them while requests wait."""
+    from jt_server import start_server
+
+    from jointtune.server import app_from_env
+
+    monkeypatch.setenv("JOINTTUNE_DB_URL", sqlite_url)
+    gc.unfreeze()
+    try:
+        app = app_from_env()
+        with_app = gc.get_freeze_count()
+        url, stop = start_server(app)
+        try:
+            assert httpx.get(f"{url}/v1/kernels", trust_env=False).status_code == 200  # opens the store
+        finally:
+            stop()
+            app.state.store.close()
+        assert with_app > 0 and gc.get_freeze_count() > with_app
+    finally:
+        gc.unfreeze()  # the test process goes on collecting as before
