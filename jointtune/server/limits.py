@@ -24,6 +24,8 @@ MAX_LISTED_IDS = 50
 RETRY_AFTER_S = 1
 #: the longest a gated request rests after it was answered (one that was slow for other reasons)
 MAX_REST_S = 5.0
+#: how long a refused request waits for its 429 on the event loop (no thread, no CPU)
+REFUSAL_PAUSE_S = 0.25
 
 
 class BodyLimitMiddleware:
@@ -84,6 +86,9 @@ class CostGate:
     that lookups stay served while anonymous clients ask for them as fast as they can:
     - concurrency: a request beyond `slots` in progress is refused at once with 429 and Retry-After,
       instead of queueing on the thread pool;
+    - refusals: a 429 on the event loop is answered after REFUSAL_PAUSE_S, so a client that ignores
+      Retry-After and asks again at once asks 4 times a second, not hundreds (each refusal still
+      costs a worker a request's parsing and routing);
     - rate: a request holds its slot for `1 / share` times as long as it took (the rest is a sleep,
       which uses no CPU and holds no lock), so each slot spends at most `share` of a worker's time on
       them however many clients ask (`slots * share` in all). At the export's share of 0.1, a page of
@@ -103,7 +108,7 @@ class CostGate:
 
     @contextlib.contextmanager
     def enter(self) -> Iterator[None]:
-        """Hold a slot in a route run on the thread pool (429 when none is free); the rest is a sleep there."""
+        """Hold a slot from a thread (429 at once when none is free); the rest is a sleep in that thread."""
         began = self._admit()
         try:
             yield
@@ -115,8 +120,13 @@ class CostGate:
 
     @contextlib.asynccontextmanager
     async def enter_async(self) -> AsyncIterator[None]:
-        """`enter` for a route on the event loop: a refused request costs no thread hop, and the rest is awaited."""
-        began = self._admit()
+        """`enter` for a route on the event loop: a refusal costs no thread hop and is answered after a pause, and
+        the rest is awaited."""
+        try:
+            began = self._admit()
+        except HTTPException:
+            await asyncio.sleep(REFUSAL_PAUSE_S)
+            raise
         try:
             yield
         finally:
