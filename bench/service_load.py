@@ -295,12 +295,13 @@ class CpuMeter:
 
 
 def postmaster_pid(url: str) -> int | None:
-    """PostgreSQL's postmaster, when the server runs on this machine (parent of our backend)."""
+    """PostgreSQL's postmaster, when the server runs on this machine (parent of our backend, read while the
+    backend lives: once its connection closes it may be gone, and the CPU of PostgreSQL went unreported)."""
     try:
         with Store(url) as store, store.engine.connect() as conn:
             backend = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
-        with open(f"/proc/{backend}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{backend}/stat") as fh:
+                return int(fh.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, sa.exc.SQLAlchemyError):
         return None
 
