@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import sqlalchemy as sa
@@ -222,7 +222,8 @@ def run_clients(
 
 
 def _proc_table() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, CPU seconds used) for every process /proc shows (Linux)."""
+    """pid -> (parent pid, CPU seconds used) for every process /proc shows (Linux): its own and that of its
+    children it has reaped, so a tree's sum does not drop when a child exits (PostgreSQL's backends do)."""
     tick = os.sysconf("SC_CLK_TCK")
     table = {}
     for entry in os.listdir("/proc"):
@@ -233,7 +234,7 @@ def _proc_table() -> dict[int, tuple[int, float]]:
                 fields = fh.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        table[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+        table[int(entry)] = (int(fields[1]), sum(int(value) for value in fields[11:15]) / tick)
     return table
 
 
@@ -294,12 +295,13 @@ class CpuMeter:
 
 
 def postmaster_pid(url: str) -> int | None:
-    """PostgreSQL's postmaster, when the server runs on this machine (parent of our backend)."""
+    """PostgreSQL's postmaster, when the server runs on this machine (parent of our backend, read while the
+    backend lives: once its connection closes it may be gone, and the CPU of PostgreSQL went unreported)."""
     try:
         with Store(url) as store, store.engine.connect() as conn:
             backend = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
-        with open(f"/proc/{backend}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{backend}/stat") as fh:
+                return int(fh.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, sa.exc.SQLAlchemyError):
         return None
 
@@ -355,18 +357,23 @@ Multiprocess(config, sockets=[sock]).run()
 """
 
 
-def serve(url: str, workers: int, launcher: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Start the service: `jointtune serve` itself, or its app on a TCP_NODELAY-capable socket."""
+def serve(
+    url: str, workers: int | None, launcher: str, log: IO[bytes] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the service: `jointtune serve` itself (`workers` None: the count it picks), or its app on a
+    TCP_NODELAY-capable socket. Its output goes to `log` (kept open for the caller) or to a file shown only if it
+    does not come up."""
     port = _free_port()
     if launcher == "cli":
         cmd = [sys.executable, "-c", "from jointtune.cli import main; main()", "serve", "--port", str(port)]
-        cmd += ["--workers", str(workers), "--db", url]
+        cmd += ["--db", url, *(["--workers", str(workers)] if workers is not None else [])]
     else:
-        cmd = [sys.executable, "-c", _FIXED_SOCKET, str(port), str(workers)]
+        cmd = [sys.executable, "-c", _FIXED_SOCKET, str(port), str(workers or 1)]
     env = {**os.environ, "JOINTTUNE_TOKENS": "", "JOINTTUNE_DB_URL": url}
     base = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile() as log:  # the service's output, shown only if it does not come up
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with contextlib.ExitStack() as stack:
+        out = log if log is not None else stack.enter_context(tempfile.TemporaryFile())
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
             try:
@@ -377,8 +384,8 @@ def serve(url: str, workers: int, launcher: str) -> tuple[subprocess.Popen[bytes
             time.sleep(0.2)
         proc.kill()
         proc.wait()
-        log.seek(0)
-        tail = log.read().decode(errors="replace")[-4000:]
+        out.seek(0)
+        tail = out.read().decode(errors="replace")[-4000:]
     raise SystemExit(f"{tail}\nthe service did not become ready on {base} (exit code {proc.poll()})")
 
 

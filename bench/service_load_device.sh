@@ -8,13 +8,18 @@
 #          (Optuna); each is installed only where neither .whl nor the machine's Python has it
 # It starts a throw-away PostgreSQL on 127.0.0.1 (a free port, trust auth, database `test`) as an
 # unprivileged user when run as root (postgres refuses root), runs the benchmark with workers and
-# client processes sized to the cores, writes the JSON result and the log to $OUT, and always
-# stops the server and deletes its files, whatever happens.
+# client processes sized to the cores, then the closed-loop flood benchmark (bench/service_flood.py:
+# 8 anonymous flooders of misses and dashboard pages beside 4 clients of exact lookups, `serve`'s
+# default workers; issue 38's target on 16 cores or more: exact-lookup p99 <= 50 ms), writes the
+# JSON results and the logs to $OUT, and always stops the server and deletes its files, whatever
+# happens.
 #
 #   OUT=/path/to/dir bash bench/service_load_device.sh [extra service_load.py arguments]
+#   FLOOD_ONLY=1 OUT=/path/to/dir bash bench/service_load_device.sh   # only the flood benchmark
 #   bash bench/service_load_device.sh --fetch     # with internet: download .pg/ (the wheels above)
 #
-# Extra arguments come after the defaults, so they override them (e.g. --records 5000 --duration 5).
+# Extra arguments come after the defaults, so they override them (e.g. --records 5000 --duration 5);
+# FLOOD_ARGS (a string) does the same for service_flood.py.
 # PYTHON (default python3) must be CPython 3.12, the version the carried wheels are built for.
 set -euo pipefail
 
@@ -163,8 +168,10 @@ CORES=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)
 # 4 cores, so the client's own GIL does not add to the measured latency.
 WORKERS=$((CORES / 2 > 2 ? CORES / 2 : 2))
 CLIENTS=$((CORES / 4 > 1 ? CORES / 4 : 1))
-# each worker's pool holds up to 15 connections (SQLAlchemy's default 5 + 10 overflow)
-MAX_CONN=$((WORKERS * 15 + 50))
+# each worker's pool holds up to 15 connections (SQLAlchemy's default 5 + 10 overflow); the flood
+# benchmark runs serve's default workers: one per core, at most 16
+SERVE_WORKERS=$((CORES < 16 ? CORES : 16))
+MAX_CONN=$(((WORKERS > SERVE_WORKERS ? WORKERS : SERVE_WORKERS) * 15 + 50))
 
 echo "== starting PostgreSQL on 127.0.0.1:$PORT"
 STARTED=1
@@ -178,14 +185,26 @@ RESULT="$OUT/service_load_$STAMP.json"
 OS=$(sed -n 's/^PRETTY_NAME="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' /etc/os-release 2>/dev/null || true)
 DEVICE="$CORES cores ($(uname -m), ${OS:-$(uname -sr)}), \
 PostgreSQL $("$PGBIN/postgres" --version | awk '{print $NF}') (pgserver wheel) on loopback, server and client on the same machine"
-echo "== benchmark: $WORKERS workers, $CLIENTS client processes ($DEVICE)"
+rc=0
 set +e
-PYTHONPATH="$REPO:$WORK/site" PYTHONUNBUFFERED=1 "$PY" bench/service_load.py \
-  --db-url "postgresql+psycopg://postgres@127.0.0.1:$PORT/test" \
-  --workers "$WORKERS" --clients "$CLIENTS" --threads 16 --rate 500 --duration 30 --records 100000 \
-  --device "$DEVICE" --out "$RESULT" "$@" 2>&1 | tee "$OUT/service_load_$STAMP.log"
-rc=${PIPESTATUS[0]}
+if [[ "${FLOOD_ONLY:-0}" != 1 ]]; then
+  echo "== benchmark: $WORKERS workers, $CLIENTS client processes ($DEVICE)"
+  PYTHONPATH="$REPO:$WORK/site" PYTHONUNBUFFERED=1 "$PY" bench/service_load.py \
+    --db-url "postgresql+psycopg://postgres@127.0.0.1:$PORT/test" \
+    --workers "$WORKERS" --clients "$CLIENTS" --threads 16 --rate 500 --duration 30 --records 100000 \
+    --device "$DEVICE" --out "$RESULT" "$@" 2>&1 | tee "$OUT/service_load_$STAMP.log"
+  rc=${PIPESTATUS[0]}
+  [[ $rc -eq 0 ]] && echo "== result: $RESULT"
+fi
+FLOOD_RESULT="$OUT/service_flood_$STAMP.json"
+echo "== flood benchmark: serve's default workers, 8 flooders + 4 exact-lookup clients ($DEVICE)"
+# shellcheck disable=SC2086  # FLOOD_ARGS is a list of arguments
+PYTHONPATH="$REPO:$WORK/site" PYTHONUNBUFFERED=1 "$PY" bench/service_flood.py \
+  --db-url "postgresql+psycopg://postgres@127.0.0.1:$PORT/test" --records 5000 --duration 60 \
+  --device "$DEVICE" --out "$FLOOD_RESULT" ${FLOOD_ARGS:-} 2>&1 | tee "$OUT/service_flood_$STAMP.log"
+flood_rc=${PIPESTATUS[0]}
+[[ $flood_rc -eq 0 ]] && echo "== result: $FLOOD_RESULT"
 set -e
 stop_server
-[[ $rc -eq 0 ]] && echo "== result: $RESULT"
-exit "$rc"
+[[ $rc -eq 0 ]] || exit "$rc"
+exit "$flood_rc"

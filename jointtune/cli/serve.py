@@ -34,7 +34,12 @@ class BundleFileError(JointtuneError, ValueError):
 def serve_command(
     host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port", min=1, max=65535)] = 8000,
-    workers: Annotated[int, typer.Option(help="worker processes", min=1, max=64)] = 1,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="worker processes; default: one per available core, at most 16", min=1, max=64, show_default=False
+        ),
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Run the config service (uvicorn); migrations are applied before it starts listening."""
@@ -42,6 +47,7 @@ def serve_command(
 
     from jointtune.db import open_store, resolve_db_url
     from jointtune.server.auth import TokenSet
+    from jointtune.server.serving import MAX_DEFAULT_WORKERS, available_cores, default_workers, uvicorn_config
 
     url = resolve_db_url(db)
     os.environ["JOINTTUNE_DB_URL"] = url  # workers build their app from the environment
@@ -53,9 +59,18 @@ def serve_command(
     except BaseException:
         sock.close()
         raise
-    config = uvicorn.Config(
-        "jointtune.server.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info"
+    if workers is None:
+        workers = default_workers()
+        chosen = f"one per available core ({available_cores()}, at most {MAX_DEFAULT_WORKERS})"
+    else:
+        chosen = "--workers"
+    typer.echo(
+        f"jointtune serve: {workers} worker process(es), {chosen}; per worker at most {settings.max_connections} "
+        f"connections (JOINTTUNE_MAX_CONNECTIONS; beyond them 503) and {settings.read_timeout_s:g} s to send a "
+        "request (JOINTTUNE_READ_TIMEOUT_S)",
+        err=True,
     )
+    config = uvicorn_config(settings, host=host, port=port, workers=workers)
     if workers == 1:
         uvicorn.Server(config).run(sockets=[sock])
         return
@@ -106,12 +121,15 @@ def export_command(
     from jointtune.cli._checks import existing_store_url
     from jointtune.db import Store
     from jointtune.server.bundle import write_bundle
+    from jointtune.server.limits import listed
 
     partial = output.with_name(output.name + ".partial")
     with Store(existing_store_url(db)) as store:
         if kernel is not None and not store.count_records(kernel=kernel, hardware_id=hardware):
             stored = sorted({k.name for k in store.list_kernels()})
-            raise BundleFileError(f"--kernel: {hardware!r} has no records of {kernel!r}; stored kernels: {stored}")
+            raise BundleFileError(
+                f"--kernel: {hardware!r} has no records of {kernel!r}; stored kernels: {listed(stored, len(stored))}"
+            )
         try:
             with partial.open("w", encoding="utf-8") as out:
                 count = write_bundle(store, hardware, out, kernel=kernel)
@@ -121,8 +139,8 @@ def export_command(
             raise BundleFileError(f"-o: {str(output)!r} can't be written ({exc.strerror})") from None
         finally:
             partial.unlink(missing_ok=True)
-        known = [h.hardware_id for h in store.list_hardware()] if count is None else []
-    if count is None:
+        known = listed(*store.hardware_ids()) if count is None else ""
+    if count is None:  # at most 50 ids, as the service's 404 lists
         raise BundleFileError(f"--hardware: {hardware!r} is unknown in {store.display_url}; it has {known}")
     typer.echo(f"{output}: {count} records for {hardware}")
 

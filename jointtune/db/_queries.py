@@ -243,6 +243,38 @@ def nearest_params(shape: dict[str, int], limit: int) -> dict[str, Any]:
     return params
 
 
+#: the columns `key_values` may read and filter on: the lookup index's, the version, and the hardware
+KEY_VALUE_COLUMNS = ("kernel", "hardware_id", "dtype", "world_size", "timing", "dims_signature", "kernel_version")
+
+
+@functools.lru_cache(maxsize=64)
+def key_values(columns: tuple[str, ...], filtered: tuple[str, ...]) -> sa.Select:
+    """The distinct values of `columns` among the records whose `filtered` columns equal their bound values,
+    in order, at most `limit` (bound) of them. Filters on a prefix of the lookup index read only its range."""
+    cols = [_RECORDS.c[name] for name in columns]
+    where = [_RECORDS.c[name] == sa.bindparam(name) for name in filtered]
+    return sa.select(*cols).where(*where).distinct().order_by(*cols).limit(sa.bindparam("limit", type_=sa.Integer()))
+
+
+@functools.lru_cache(maxsize=8)
+def names(table: str, of_kernel: bool) -> tuple[sa.Select, sa.Select]:
+    """(the first `limit` names, how many there are) of hardware profiles (`table` "hardware": all of them, or
+    those with records of the bound `kernel` where `of_kernel`) or of kernels with records ("kernels"). A name
+    is checked with one probe of the lookup index, whatever the number of records."""
+    records = _RECORDS.c
+    if table == "hardware":
+        column = HardwareRow.__table__.c.hardware_id
+        where = [sa.exists().where(records.kernel == sa.bindparam("kernel"), records.hardware_id == column)]
+        where = where if of_kernel else []
+    else:
+        column = KernelRow.__table__.c.name
+        where = [sa.exists().where(records.kernel == column)]
+    matching = sa.select(column).where(*where).distinct().subquery()
+    page = sa.select(matching.c[0]).order_by(matching.c[0]).limit(sa.bindparam("limit", type_=sa.Integer()))
+    total = sa.select(sa.func.count()).select_from(matching)
+    return page, total
+
+
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 

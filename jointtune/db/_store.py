@@ -40,7 +40,7 @@ from jointtune.db._engine import (
     store_error,
 )
 from jointtune.db._migrate import MigrationResult, current_revision, head_revision, upgrade
-from jointtune.db._models import RECORD_KEY, HardwareRow, KernelRow, RecordRow
+from jointtune.db._models import LIST_ORDER, RECORD_KEY, HardwareRow, KernelRow, RecordRow
 from jointtune.db._url import backend_name, is_memory_sqlite, redact_url, resolve_db_url
 from jointtune.db._values import HardwareProfile, KernelInfo
 from jointtune.db.record import NewRecord, Record
@@ -288,21 +288,8 @@ class Store:
         """Records matching every given filter, in a stable order (kernel, hardware, dtype, shape, id)."""
         check_page(limit, offset)
         where = _filters(kernel, kernel_version, hardware_id, dtype, world_size, timing)
-        stmt = (
-            sa.select(RecordRow)
-            .where(*where)
-            .order_by(
-                RecordRow.kernel,
-                RecordRow.kernel_version,
-                RecordRow.hardware_id,
-                RecordRow.dtype,
-                RecordRow.world_size,
-                RecordRow.shape_key,
-                RecordRow.id,
-            )
-            .limit(limit)
-            .offset(offset)
-        )
+        order = [getattr(RecordRow, name) for name in LIST_ORDER]  # the index ix_jt_records_list
+        stmt = sa.select(RecordRow).where(*where).order_by(*order).limit(limit).offset(offset)
         rows = self._run("listing records", lambda s: s.scalars(stmt).all(), write=False)
         return [q.to_record(row) for row in rows]
 
@@ -319,6 +306,52 @@ class Store:
         where = _filters(kernel, kernel_version, hardware_id, dtype, world_size, timing)
         stmt = sa.select(sa.func.count()).select_from(RecordRow).where(*where)
         return self._run("counting records", lambda s: int(s.execute(stmt).scalar_one()), write=False)
+
+    def key_values(
+        self,
+        columns: Sequence[str],
+        *,
+        kernel: str,
+        hardware_id: str | None = None,
+        dtype: str | None = None,
+        world_size: int | None = None,
+        limit: int = 100,
+    ) -> list[tuple[Any, ...]]:
+        """The distinct values of some key `columns` among a kernel's records (optionally of one hardware, dtype
+        and world size), in order, at most `limit` of them: what a lookup's miss says the store has nearby.
+
+        The filters are a prefix of the lookup index, so the database reads that index's range instead of
+        whole records (a miss's explanation loaded up to 1,000 full records: 100-270 ms)."""
+        check_page(limit, 0)
+        unknown = [name for name in columns if name not in q.KEY_VALUE_COLUMNS]
+        if unknown or not columns:
+            raise ValueError(f"columns: {unknown or columns!r} is not allowed; use some of {q.KEY_VALUE_COLUMNS}")
+        given = {"kernel": kernel, "hardware_id": hardware_id, "dtype": _dtype(dtype), "world_size": world_size}
+        params = {name: value for name, value in given.items() if value is not None}
+        stmt = q.key_values(tuple(columns), tuple(params))
+        return self._lookup(
+            "reading a kernel's keys", lambda c: [tuple(r) for r in c.execute(stmt, {**params, "limit": limit})]
+        )
+
+    def hardware_ids(self, *, kernel: str | None = None, limit: int = 50) -> tuple[list[str], int]:
+        """The first `limit` hardware ids (those with records of `kernel` where given), by name, and how many there
+        are in all: what an unknown hardware's and a miss's messages list."""
+        return self._names("hardware", kernel, limit)
+
+    def kernel_names(self, *, limit: int = 50) -> tuple[list[str], int]:
+        """The first `limit` kernel names with records, by name, and how many there are in all."""
+        return self._names("kernels", None, limit)
+
+    def _names(self, table: str, kernel: str | None, limit: int) -> tuple[list[str], int]:
+        check_page(limit, 0)
+        page, total = q.names(table, kernel is not None)
+        params = {"limit": limit, **({"kernel": kernel} if kernel is not None else {})}
+
+        def run(conn: sa.Connection) -> tuple[list[str], int]:
+            found = list(conn.execute(page, params).scalars())
+            return found, len(found) if len(found) < limit else int(conn.execute(total, params).scalar_one())
+
+        return self._lookup(f"listing {table} names", run)
 
     def delete_record(self, record_id: int) -> bool:
         """Delete one record; False when no record has this id."""

@@ -271,6 +271,16 @@ Timing = Annotated[
 ]
 
 
+#: Rules across fields, which JSON Schema can't state, stated beside it in the schema of the object they bind:
+#: `x-jointtune-ordered` lists properties that, where given (not null), never decrease in that order;
+#: `x-jointtune-equal` lists JSON pointers (`*`: every item of an array) whose values are all equal. A client
+#: or a test generator reads them from the OpenAPI document to build bodies the service takes.
+ORDERED = "x-jointtune-ordered"
+EQUAL = "x-jointtune-equal"
+#: a record's latencies, in the order they may not decrease
+LATENCY_ORDER = ("latency_p10_us", "latency_p50_us", "latency_p90_us")
+
+
 # The one definition of a record's published fields: names, order, types, limits and defaults are declared
 # here only; `jointtune.db.record` builds NewRecord, Record and the lookup's answer from them. Each rule lives
 # in a field's Annotated type (never in `= Field(...)`, which the built types would not carry), and
@@ -278,10 +288,13 @@ Timing = Annotated[
 class RecordIn(BaseModel):
     """A tuning result to publish, checked strictly.
 
-    `latency_p10_us <= latency_p50_us <= latency_p90_us` where given; the store derives `speedup`.
+    `latency_p10_us <= latency_p50_us <= latency_p90_us` where given (the schema's `x-jointtune-ordered`); the
+    store derives `speedup`.
     """
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(
+        strict=True, extra="forbid", frozen=True, json_schema_extra={ORDERED: list(LATENCY_ORDER)}
+    )
 
     kernel: Name128
     kernel_version: Name64
@@ -303,8 +316,9 @@ class RecordIn(BaseModel):
 
     @model_validator(mode="after")
     def _ordered(self) -> RecordIn:
-        p10, p50, p90 = self.latency_p10_us, self.latency_p50_us, self.latency_p90_us
-        if (p10 is not None and p10 > p50) or (p90 is not None and p90 < p50):
+        p10, p50, p90 = (getattr(self, name) for name in LATENCY_ORDER)
+        given = [value for value in (p10, p50, p90) if value is not None]
+        if given != sorted(given):
             raise _error("latency_order", f"p10={p10}, p50={p50}, p90={p90} must satisfy p10 <= p50 <= p90")
         return self
 

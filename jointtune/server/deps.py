@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from typing import Annotated
 
@@ -25,6 +26,8 @@ def get_store(request: Request) -> Store:
             if store is None:
                 store = open_store(state.settings.db_url)
                 state.store = store
+                if getattr(state, "freeze_gc", False):  # a worker's app (`app_from_env`): the store lives as long
+                    gc.freeze()
     return store
 
 
@@ -46,9 +49,9 @@ def _query_names(dependant: Dependant) -> set[str]:
     return names
 
 
-def declared_query_only(request: Request) -> None:
+async def declared_query_only(request: Request) -> None:
     """A query parameter the route doesn't declare is a 422: a misspelt filter (`?kernal=ag_gemm`) would
-    otherwise be ignored and answer every record."""
+    otherwise be ignored and answer every record. A coroutine: a few set lookups, not worth a thread hop."""
     route = request.scope.get("route")
     if route is None:
         return

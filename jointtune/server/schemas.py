@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from jointtune.db import HardwareIn, Record, RecordIn
-from jointtune.db.schema import Integral
+from jointtune.db.schema import EQUAL, Integral
 
 SCHEMA_VERSION = 1
 
@@ -69,9 +69,15 @@ class HardwareOut(BaseModel):
 
 class BundleIn(BaseModel):
     """One hardware profile and its records: a page of `GET /v1/bundles/{hardware_id}` as it was
-    served, or a file of `jointtune export`. Every record must be of the bundle's hardware."""
+    served, or a file of `jointtune export`. Every record must be of the bundle's hardware (the schema's
+    `x-jointtune-equal`)."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(
+        strict=True,
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={EQUAL: ["/hardware/hardware_id", "/records/*/hardware_id"]},
+    )
 
     schema_version: Annotated[Literal[1], Integral]
     hardware: HardwareIn
@@ -136,7 +142,8 @@ _DESCRIPTIONS: dict[int, tuple[type[BaseModel], str, dict[str, Any] | None]] = {
     422: (Invalid, "Parameters or body not allowed: each item names the field and what is allowed", None),
     429: (
         Message,
-        "Too many exports at once (JOINTTUNE_EXPORT_CONCURRENCY per worker); retry after Retry-After seconds",
+        "Too many reads of this kind at once in this worker (exports: JOINTTUNE_EXPORT_CONCURRENCY; listings and "
+        "dashboard pages: JOINTTUNE_LIST_CONCURRENCY); retry after Retry-After seconds",
         {"Retry-After": {"description": "seconds", "schema": {"type": "string"}}},
     ),
     503: (Message, "The tuning store can't be reached; try again later", None),

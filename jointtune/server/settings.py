@@ -27,7 +27,10 @@ class Settings(BaseSettings):
     `tokens_file` holds one "role:token" per line. Both may be given; their tokens are merged.
     An export page is at most `export_page_bytes` (and so always fits in a request body: a page can
     be posted back as it is); each worker builds at most `export_concurrency` pages at once and
-    spends at most `export_share` of its time on exports (`ExportGate`).
+    spends at most `export_share` of its time on exports; `list_concurrency` and `list_share` are the same
+    for the dashboard and record listings (`CostGate`). A worker holds at most `max_connections` open
+    connections (uvicorn answers 503 beyond them), and closes one whose request has not arrived whole,
+    headers and body, within `read_timeout_s` of its start (`jointtune.server.serving`).
     """
 
     model_config = SettingsConfigDict(env_prefix="JOINTTUNE_", extra="ignore")
@@ -40,6 +43,10 @@ class Settings(BaseSettings):
     export_page_bytes: int = Field(default=512 * 1024, ge=MAX_RECORD_BYTES)
     export_concurrency: int = Field(default=1, ge=1, le=64)
     export_share: float = Field(default=0.1, gt=0, le=1)
+    list_concurrency: int = Field(default=1, ge=1, le=64)
+    list_share: float = Field(default=0.1, gt=0, le=1)
+    max_connections: int = Field(default=1000, ge=1, le=1_000_000)
+    read_timeout_s: float = Field(default=10.0, gt=0, le=3600)
 
     @model_validator(mode="after")
     def _page_fits_a_body(self) -> Settings:

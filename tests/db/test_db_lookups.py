@@ -69,3 +69,32 @@ def test_lookups_leave_pooled_connections_transactional(pg_url: str, make_record
         assert store.engine.pool.checkedin() == 1  # the one connection, used by the lookups, is back
         with store.engine.connect() as conn:
             assert conn.connection.driver_connection.autocommit is False
+
+
+def test_what_a_miss_reads_equals_the_records(store: Store, make_record: MakeRecord) -> None:
+    """`key_values`, `hardware_ids` and `kernel_names` (a miss's explanation, unknown-id messages) answer what the
+    records hold, ordered and cut to `limit`, from the index rather than the records."""
+    for hw, dtype, world, timing, version, shape in [
+        ("h200x2-nvl", "bfloat16", 2, "gpu", "v1", {"M": 8, "N": 8, "K": 8}),
+        ("h200x2-nvl", "bfloat16", 2, "eager", "v2", {"M": 8, "N": 8}),
+        ("h200x2-nvl", "float16", 4, "gpu", "v1", {"M": 8, "N": 8, "K": 8}),
+        ("a100x8", "bfloat16", 2, "gpu", "v1", {"M": 8, "N": 8, "K": 8}),
+    ]:
+        store.upsert_record(make_record(hardware_id=hw, dtype=dtype, world_size=world, timing=timing,
+                                        kernel_version=version, shape=shape))  # fmt: skip
+    store.upsert_record(make_record(kernel="gemm_rs", hardware_id="mi300x8"))
+    store.upsert_hardware(hardware_id="b200x8", name="no records", fingerprint={})
+    on_hw = {"kernel": "ag_gemm", "hardware_id": "h200x2-nvl"}
+    assert store.key_values(("dtype", "world_size"), **on_hw) == [("bfloat16", 2), ("float16", 4)]
+    assert store.key_values(("timing", "kernel_version", "dims_signature"), **on_hw, dtype="bf16", world_size=2) == [
+        ("eager", "v2", "M,N"), ("gpu", "v1", "K,M,N"),
+    ]  # fmt: skip
+    assert store.key_values(("dtype",), **on_hw, limit=1) == [("bfloat16",)]
+    assert store.key_values(("dtype",), kernel="nope") == []
+    with pytest.raises(ValueError, match="config"):
+        store.key_values(("config",), kernel="ag_gemm")
+    assert store.hardware_ids(kernel="ag_gemm") == (["a100x8", "h200x2-nvl"], 2)
+    assert store.hardware_ids(kernel="ag_gemm", limit=1) == (["a100x8"], 2)
+    assert store.hardware_ids() == (["a100x8", "b200x8", "h200x2-nvl", "mi300x8"], 4)  # every profile
+    assert store.kernel_names() == (["ag_gemm", "gemm_rs"], 2)
+    assert store.kernel_names(limit=1) == (["ag_gemm"], 2)

@@ -112,14 +112,18 @@ def test_bad_input_is_4xx_and_writes_nothing(server: LiveServer) -> None:
 
 
 def test_read_token_required(sqlite_url: str) -> None:
+    """Every read needs a token, /metrics included; the probes and the API's document stay open (README)."""
     for live in serve(sqlite_url, read_token_required=True):
         with live.client() as http:
             assert http.get("/v1/kernels").status_code == 401
-            assert http.get("/healthz").status_code == 200
+            assert http.get("/metrics").status_code == 401
+            assert [http.get(path).status_code for path in ("/healthz", "/readyz", "/openapi.json")] == [200] * 3
         with live.client(READ) as http:
             assert http.get("/v1/kernels").status_code == 200
+            assert http.get("/metrics").text.startswith("# HELP")
             doc = http.get("/openapi.json").json()  # the document says reads need a token now
         assert doc["paths"]["/v1/configs"]["get"]["security"] == [{"bearer": []}]
+        assert doc["paths"]["/metrics"]["get"]["security"] == [{"bearer": []}]
 
 
 def test_tokens_parse_from_env_and_file(tmp_path, monkeypatch) -> None:

@@ -1,4 +1,4 @@
-"""The dashboard page: one self-contained HTML document (inline CSS, inline SVG, a small filter script).
+"""A dashboard page: one self-contained HTML document (inline CSS, inline SVG, a small filter script).
 
 No CDN and no external assets: the page must work on machines without internet access, and the
 service must not make a browser fetch anything from elsewhere.
@@ -40,6 +40,7 @@ svg .curve-pt{fill:#0969da}svg .axis{fill:#57606a}
 .curves .card{margin:0}.curves h3{margin:0 0 4px;color:#1f2328;word-break:break-all}
 #filter{padding:5px 9px;border:1px solid #d0d7de;border-radius:6px;width:280px;margin-left:auto}
 .good{color:#1a7f37;font-weight:600}.bad{color:#cf222e;font-weight:600}
+.pager{margin:14px 0 0}.pager a{color:#0969da;text-decoration:none}
 """
 
 # Filters the config tables as the user types; rows carry their text in data-search.
@@ -138,16 +139,30 @@ def _curves(data: DashboardData) -> str:
     return f'<h2 style="margin-top:26px">Tuning curves <span class="muted">best latency vs trial</span></h2>{body}'
 
 
+def _pager(data: DashboardData) -> str:
+    """Where this page's records are among all, and links to the pages beside it."""
+    if data.pages == 1:
+        return ""
+    first = (data.page - 1) * data.per_page + 1
+    last = first + len(data.records) - 1
+    links = []
+    if data.page > 1:
+        links.append(f'<a rel="prev" href="?page={data.page - 1}">‹ page {data.page - 1}</a>')
+    if data.page < data.pages:
+        links.append(f'<a rel="next" href="?page={data.page + 1}">page {data.page + 1} ›</a>')
+    return (
+        f'<nav class="pager muted">configs {first:,}–{last:,} of {data.total_records:,} · page {data.page} of '
+        f"{data.pages:,} · {' · '.join(links)}</nav>"
+    )
+
+
 def render_page(data: DashboardData, *, backend: str) -> str:
-    """The whole dashboard as one HTML string."""
+    """One page of the dashboard as one HTML string."""
     groups = data.groups()
-    kernels = {k for (k, _), _ in groups}
-    hardware = {h for (_, h), _ in groups}
-    shown = "" if data.total_records == len(data.records) else f" (showing {len(data.records):,})"
     stats = (
-        _stat(f"{data.total_records:,}", "tuned configs" + shown)
-        + _stat(len(kernels), "kernels")
-        + _stat(len(hardware), "hardware")
+        _stat(f"{data.total_records:,}", "tuned configs")
+        + _stat(data.kernels, "kernels")
+        + _stat(data.hardware, "hardware")
         + _stat(data.total_studies, "studies")
     )
     if groups:
@@ -163,10 +178,13 @@ def render_page(data: DashboardData, *, backend: str) -> str:
         if groups
         else ""
     )
+    curves = _curves(data) if data.page == 1 else ""
+    pager = _pager(data)
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>jointtune dashboard</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head><body>'
         f'<header><h1>jointtune</h1><span class="muted">config service {escape(__version__)} · '
         f"{escape(backend)} store</span>{search}</header>"
-        f'<main><div class="stats">{stats}</div>{body}{_curves(data)}</main><script>{_SCRIPT}</script></body></html>'
+        f'<main><div class="stats">{stats}</div>{pager}{body}{pager}{curves}</main><script>{_SCRIPT}</script>'
+        "</body></html>"
     )

@@ -7,7 +7,6 @@ nearby, so a user can tell a typo'd dtype from a shape nobody has tuned yet.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -16,12 +15,12 @@ from fastapi import HTTPException
 
 from jointtune.db import Store, shape_key
 from jointtune.db.schema import DIM_NAME_RE, MAX_DIM, MAX_DIMS, printable
+from jointtune.server.limits import MAX_LISTED_IDS, listed
 
 if TYPE_CHECKING:
     from jointtune.search_spaces import Space
 
 _DIM_NAME = re.compile(DIM_NAME_RE)
-_SCAN = 1000
 
 
 def _error(name: str, msg: str) -> dict[str, Any]:
@@ -81,37 +80,46 @@ def keyed_shape(space: Space | None, shape: dict[str, int], dtype: str, world_si
         return shape
 
 
-def _log_distance(a: dict[str, int], b: dict[str, int]) -> float:
-    return math.sqrt(sum((math.log2(a[k]) - math.log2(b[k])) ** 2 for k in a))
+#: how many of each kind of stored value a miss's message lists
+SHOWN = 10
 
 
 def explain_miss(store: Store, *, kernel: str, shape: dict[str, int], query: dict[str, Any]) -> str:
-    """A 404 message that says what exists for this kernel: the closest shapes, dtypes, world sizes."""
+    """A 404 message that says what exists for this kernel: hardware, dtypes and world sizes, timing policies,
+    kernel versions, dims, the closest shapes (for a kernel without records: the kernels that have some).
+    Each part is one bounded read of the lookup index's range for the key's prefix (`Store.key_values`,
+    `Store.hardware_ids`), never the records themselves: an anonymous client can ask for misses as fast as
+    for hits."""
     asked = ", ".join(f"{k}={v}" for k, v in query.items() if v is not None)
     base = f"no stored config for kernel {kernel!r} with {asked} and shape {shape_key(shape)}"
-    on_hw = store.list_records(kernel=kernel, hardware_id=query["hardware_id"], limit=_SCAN)
-    if not on_hw:
-        hardware = sorted({r.hardware_id for r in store.list_records(kernel=kernel, limit=_SCAN)})
-        return f"{base}; kernel {kernel!r} has records only for hardware {hardware}"
-    same = [r for r in on_hw if r.dtype == query["dtype"] and r.world_size == query["world_size"]]
-    timed = [r for r in same if r.timing == query["timing"]]
-    if same and not timed:
-        policies = sorted({r.timing for r in same})
-        return f"{base}; no record was measured with timing {query['timing']!r}; these policies have: {policies}"
-    same = timed
-    if query.get("kernel_version") is not None:
-        versioned = [r for r in same if r.kernel_version == query["kernel_version"]]
-        if same and not versioned:
-            versions = sorted({r.kernel_version for r in same})
-            return f"{base}; kernel_version {query['kernel_version']!r} has none, these do: {versions}"
-        same = versioned
+    hardware_id, dtype, world_size = query["hardware_id"], query["dtype"], query["world_size"]
+    same = store.key_values(("timing", "kernel_version", "dims_signature"), kernel=kernel, hardware_id=hardware_id,
+                            dtype=dtype, world_size=world_size)  # fmt: skip
     if not same:
-        combos = sorted({(r.dtype, r.world_size) for r in on_hw})
-        listed = ", ".join(f"dtype={d} world_size={w}" for d, w in combos[:10])
-        return f"{base}; on this hardware the kernel has records for: {listed}"
-    comparable = [r for r in same if set(r.shape) == set(shape)]
-    if not comparable:
-        dims = " or ".join(sorted({",".join(sorted(r.shape)) for r in same}))
-        return f"{base}; stored shapes have dims {dims}, the query has {','.join(sorted(shape))}"
-    closest = sorted(comparable, key=lambda r: _log_distance(shape, r.shape))[:3]
-    return f"{base}; closest stored shapes: " + "; ".join(shape_key(r.shape) for r in closest)
+        combos = store.key_values(("dtype", "world_size"), kernel=kernel, hardware_id=hardware_id, limit=SHOWN)
+        if not combos:
+            ids, total = store.hardware_ids(kernel=kernel, limit=MAX_LISTED_IDS)
+            if not ids:
+                names = listed(*store.kernel_names(limit=MAX_LISTED_IDS))
+                return f"kernel {kernel!r} is unknown; the store has records for {names}"
+            return f"{base}; kernel {kernel!r} has records only for hardware {listed(ids, total)}"
+        shown = ", ".join(f"dtype={d} world_size={w}" for d, w in combos)
+        return f"{base}; on this hardware the kernel has records for: {shown}"
+    timed = [s for s in same if s[0] == query["timing"]]
+    if not timed:
+        policies = sorted({s[0] for s in same})
+        return f"{base}; no record was measured with timing {query['timing']!r}; these policies have: {policies}"
+    if query.get("kernel_version") is not None:
+        versioned = [s for s in timed if s[1] == query["kernel_version"]]
+        if not versioned:
+            versions = sorted({s[1] for s in timed})[:SHOWN]
+            return f"{base}; kernel_version {query['kernel_version']!r} has none, these do: {versions}"
+        timed = versioned
+    signature = ",".join(sorted(shape))
+    if signature not in {s[2] for s in timed}:
+        dims = " or ".join(sorted({s[2] for s in timed})[:SHOWN])
+        return f"{base}; stored shapes have dims {dims}, the query has {signature}"
+    key = {"kernel": kernel, "kernel_version": query.get("kernel_version"), "dtype": dtype, "world_size": world_size,
+           "hardware_id": hardware_id, "timing": query["timing"]}  # fmt: skip
+    closest = store.nearest(**key, shape=shape, limit=3)
+    return f"{base}; closest stored shapes: " + "; ".join(shape_key(r.shape) for r, _ in closest)

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from jointtune.db.schema import MAX_INT32, Name128
 from jointtune.server.auth import AuthDep, ReadAuthDep
 from jointtune.server.bundle import MAX_PAGE_RECORDS, export_page, import_bundle
 from jointtune.server.deps import StoreDep, declared_query_only
+from jointtune.server.limits import listed
 from jointtune.server.routing import ServiceRoute
 from jointtune.server.schemas import BundleIn, BundleOut, ImportOut, responses
 
@@ -22,7 +24,7 @@ router = APIRouter(prefix="/v1/bundles", tags=["bundles"], route_class=ServiceRo
     responses=responses(401, 404, 422, 429, 503),
     dependencies=[Depends(declared_query_only)],
 )
-def export(
+async def export(
     request: Request,
     store: StoreDep,
     _role: ReadAuthDep,
@@ -34,14 +36,16 @@ def export(
     """One page of the hardware profile and its records (optionally of one kernel), ready for
     `POST /v1/bundles` as it is. Pages hold at most `limit` records and JOINTTUNE_EXPORT_PAGE_BYTES
     of them; fetch the next with `after=next_after` until `next_after` is null."""
-    settings = request.app.state.settings
-    with request.app.state.export_gate.enter():
-        page = export_page(
-            store, hardware_id, kernel=kernel, after=after, limit=limit, max_bytes=settings.export_page_bytes
-        )
+    max_bytes = request.app.state.settings.export_page_bytes
+
+    def build() -> bytes | None:
+        return export_page(store, hardware_id, kernel=kernel, after=after, limit=limit, max_bytes=max_bytes)
+
+    async with request.app.state.export_gate.enter_async():  # on the event loop: a refusal holds no thread
+        page = await run_in_threadpool(build)
     if page is None:
-        known = [h.hardware_id for h in store.list_hardware()]
-        raise HTTPException(404, f"hardware_id: {hardware_id!r} is unknown; the store has {known[:50]}")
+        known = listed(*await run_in_threadpool(store.hardware_ids))
+        raise HTTPException(404, f"hardware_id: {hardware_id!r} is unknown; the store has {known}")
     return Response(page, media_type="application/json")
 
 

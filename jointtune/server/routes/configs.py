@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from jointtune.db import LookupOut, NewRecord, RecordIn
 from jointtune.db.schema import (
@@ -68,30 +69,23 @@ def lookup(
     dims = parse_dims(request.query_params.multi_items(), set(RESERVED_DIM_NAMES), space.dims if space else None)
     shape = keyed_shape(space, dims, dtype, world_size)
     lookups = request.app.state.metrics.lookups
-    nearest_first = store.nearest(
-        kernel=kernel,
-        kernel_version=kernel_version,
-        shape=shape,
-        dtype=dtype,
-        world_size=world_size,
-        hardware_id=hardware_id,
-        limit=1,
-        timing=timing,
-    )
-    found = nearest_first[0] if nearest_first else None
+    key = {"kernel": kernel, "shape": shape, "dtype": dtype, "world_size": world_size, "hardware_id": hardware_id,
+           "timing": timing}  # fmt: skip
+    if nearest or kernel_version is None:
+        nearest_first = store.nearest(**key, kernel_version=kernel_version, limit=1)
+        found = nearest_first[0] if nearest_first else None
+    else:  # only the exact shape will do: one probe of the unique key, not a ranking of the shapes
+        exact = store.best(**key, kernel_version=kernel_version)
+        found = None if exact is None else (exact, 0.0)
     if found and (nearest or found[1] == 0):
         record, distance = found
         lookups.labels(result="exact" if distance == 0 else "nearest").inc()
         return LookupOut.of(record, distance)
-    if not store.list_kernels(name=kernel):  # only on a miss: a hit proves the kernel exists
-        lookups.labels(result="miss").inc()
-        known = sorted({k.name for k in store.list_kernels()})
-        raise HTTPException(404, f"kernel {kernel[:128]!r} is unknown; the store has records for {known}")
     lookups.labels(result="miss").inc()
     query = {"kernel_version": kernel_version, "dtype": dtype, "world_size": world_size, "hardware_id": hardware_id,
              "timing": timing}  # fmt: skip
     message = explain_miss(store, kernel=kernel, shape=shape, query=query)
-    if found:
+    if not nearest and "closest stored shapes" in message:
         message += " (nearest=false: only exact shapes are returned)"
     raise HTTPException(404, message)
 
@@ -104,9 +98,10 @@ def publish(store: StoreDep, _role: AuthDep, body: RecordIn) -> dict[str, Any]:
 
 
 @router.get(
-    "", response_model=RecordPage, responses=responses(401, 422, 503), dependencies=[Depends(declared_query_only)]
+    "", response_model=RecordPage, responses=responses(401, 422, 429, 503), dependencies=[Depends(declared_query_only)]
 )
-def list_configs(
+async def list_configs(
+    request: Request,
     store: StoreDep,
     _role: ReadAuthDep,
     kernel: Annotated[Name128 | None, Query()] = None,
@@ -117,8 +112,10 @@ def list_configs(
     timing: Annotated[Timing | None, Query(description="only records of this timing policy")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_INT32)] = 0,
-) -> dict[str, Any]:
-    """Stored records matching every given filter, a page at a time, with the total count."""
+) -> Response:
+    """Stored records matching every given filter, a page at a time, with the total count. A read that grows with
+    the offset: a worker answers JOINTTUNE_LIST_CONCURRENCY listings at once (the dashboard's pages among them) and
+    429 beyond them."""
     filters = {
         "kernel": kernel,
         "kernel_version": kernel_version,
@@ -127,6 +124,12 @@ def list_configs(
         "world_size": world_size,
         "timing": timing,
     }
-    items = store.list_records(**filters, limit=limit, offset=offset)
-    total = store.count_records(**filters)
-    return {"total": total, "limit": limit, "offset": offset, "items": [r.to_json() for r in items]}
+
+    def read() -> Response:  # serialised here too: a page of 1000 records would hold the event loop
+        items = store.list_records(**filters, limit=limit, offset=offset)
+        total = store.count_records(**filters)
+        page = {"total": total, "limit": limit, "offset": offset, "items": [r.to_json() for r in items]}
+        return Response(RecordPage.model_validate(page).model_dump_json(), media_type="application/json")
+
+    async with request.app.state.list_gate.enter_async():  # on the event loop: a refusal costs no thread hop
+        return await run_in_threadpool(read)

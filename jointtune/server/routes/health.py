@@ -1,4 +1,9 @@
-"""`/healthz` (the process answers), `/readyz` (the database answers, at the newest schema), `/metrics`."""
+"""`/healthz` (the process answers), `/readyz` (the database answers, at the newest schema), `/metrics`.
+
+The probes answer without a token whatever the settings: orchestrators and load balancers ask them
+without one, and they say only whether the service can answer (and the store's backend and schema
+revision). `/metrics` is a read like the others.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,10 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from jointtune.errors import StoreError
+from jointtune.server.auth import ReadAuthDep
 from jointtune.server.deps import get_store
 from jointtune.server.routing import ServiceRoute
-from jointtune.server.schemas import HealthOut, ReadyOut
+from jointtune.server.schemas import HealthOut, ReadyOut, responses
 
 router = APIRouter(tags=["health"], route_class=ServiceRoute)
 
@@ -40,9 +46,14 @@ def readyz(request: Request) -> Response:
 @router.get(
     "/metrics",
     response_class=PlainTextResponse,
-    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"}},
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"},
+        **responses(401),
+    },
 )
-def metrics(request: Request) -> Response:
-    """Prometheus metrics: request latency per method, route and status, and lookups by result."""
+def metrics(request: Request, _role: ReadAuthDep) -> Response:
+    """Prometheus metrics: request latency per method, route and status, and lookups by result. A read like
+    any other (they tell who uses the service how): a token is needed where the service requires read
+    tokens."""
     body, content_type = request.app.state.metrics.render()
     return Response(body, media_type=content_type)
