@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from typing import Any
 
 import torch
 
+from jointtune._warnings import warn
 from jointtune.errors import KernelError
 from jointtune.kernels._runtime import capturing
 
@@ -200,11 +200,10 @@ class EagerGraphs:
         except Exception as exc:
             self._direct.add(site)
             self._on_failed_capture()
-            warnings.warn(
+            warn(
                 f"{site[0][0]}: this call can't be captured for cheap eager repeats ({type(exc).__name__}: {exc}); "
                 "it runs directly from now on",
                 RuntimeWarning,
-                stacklevel=4,
             )
             return None
         self._replays[site] = replay

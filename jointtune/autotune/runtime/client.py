@@ -26,7 +26,6 @@ import numbers
 import os
 import threading
 import time
-import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
@@ -34,6 +33,7 @@ from urllib.parse import quote, urlsplit
 import httpcore
 import httpx
 
+from jointtune._warnings import warn
 from jointtune.errors import ServiceError
 
 if TYPE_CHECKING:
@@ -308,8 +308,7 @@ class ConfigClient:
     def _warn(self, cause: str, message: str) -> None:
         if cause not in self._warned:
             self._warned.add(cause)
-            # attributed to the code that called lookup/find (their helper `_answer` calls this)
-            warnings.warn(f"config service {self.base_url}: {message}; falling back", ServiceWarning, stacklevel=4)
+            warn(f"config service {self.base_url}: {message}; falling back", ServiceWarning)
 
     def _exchange(
         self, method: str, path: str, seconds: float, *, body_of: Any = None, **kwargs: Any

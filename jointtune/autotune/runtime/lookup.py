@@ -26,11 +26,11 @@ import math
 import numbers
 import threading
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from jointtune._warnings import warn
 from jointtune.errors import JointtuneError, StoreError, TuningError
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def warn_once(cause: str, message: str, category: type[Warning] = LookupWarning)
     """Warn once per cause per process: a broken source costs one line, not a log flood."""
     if cause not in _WARNED:
         _WARNED.add(cause)
-        warnings.warn(message, category, stacklevel=3)
+        warn(message, category)
 
 
 def check_store_timeout(value: Any) -> float:
