@@ -72,8 +72,8 @@ def list_command(
     limit: Annotated[int, typer.Option(help="rows to show")] = 50,
     offset: Annotated[int, typer.Option(help="rows to skip", min=0, max=2**31 - 1)] = 0,
 ) -> None:
-    """Show stored records as a table: the best config per key, with its latency, speed-up and study's trial
-    count."""
+    """Show stored records as a table: the best config per key, with its latency, speed-up and its study's trial
+    count (the record's own `trials`, as REST, bundles and the dashboard show it)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -88,16 +88,9 @@ def list_command(
             raise UnknownNameError(f"--kernel: {kernel!r} has no records in this store; stored kernels: {stored}")
         records = store.list_records(**filters, limit=limit, offset=offset)
         total = store.count_records(**filters)
-        url = store.url
-    studies = [r.study_name for r in records if r.study_name]
-    trials = {}
-    if studies:
-        from jointtune.autotune.tuner.studies import counted_trials
-
-        trials = counted_trials(url, studies)
     table = Table(title=f"{store.display_url}: {len(records)} of {total} records", title_justify="left")
-    columns = ("id", "kernel", "version", "shape", "dtype", "ws", "timing", "hardware", "p50 µs", "speedup", "trials",
-               "config")  # fmt: skip
+    columns = ("id", "kernel", "kernel version", "shape", "dtype", "ws", "timing", "hardware", "p50 µs", "speedup",
+               "trials", "config")  # fmt: skip
     for name in columns:
         table.add_column(name, justify="right" if name in {"id", "ws", "p50 µs", "speedup", "trials"} else "left",
                          min_width=24 if name == "config" else None)  # fmt: skip
@@ -113,7 +106,7 @@ def list_command(
             rec.hardware_id,
             f"{rec.latency_p50_us:.1f}",
             "-" if rec.speedup is None else f"{rec.speedup:.2f}x",
-            str(trials.get(rec.study_name or "", rec.trials)),
+            str(rec.trials),
             config_text(rec.kernel, rec.config),  # wraps between fields
         )
     console = Console()

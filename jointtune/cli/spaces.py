@@ -127,7 +127,7 @@ def list_spaces(as_json: AsJson = False) -> None:
         _print_json(rows)
         return
     table = Table(
-        "space", "version", "revision", "dims", "params", "constraints", "kernel", title="search spaces",
+        "space", "space version", "revision", "dims", "params", "constraints", "kernel", title="search spaces",
         caption="kernel: the family that runs the space; without one a space can be counted and validated, not tuned",
     )  # fmt: skip
     for row in rows:
@@ -153,7 +153,8 @@ def show(name: Annotated[str, typer.Argument(help="Space name.")], as_json: AsJs
         return
     console = Console()
     console.print(
-        f"[bold]{space.name}[/bold]  version {space.version}  revision {space.revision}  dims {'x'.join(space.dims)}"
+        f"[bold]{space.name}[/bold]  space version {space.version}  revision {space.revision}  "
+        f"dims {'x'.join(space.dims)}"
     )
     kernels = kernels_by_space().get(space.name, [])
     if kernels:

@@ -173,6 +173,22 @@ def _key_clauses(versioned: bool) -> list[sa.ColumnElement[bool]]:
 #: the record stored for exactly one key (the unique index answers it)
 EXACT = sa.select(_RECORDS).where(*_key_clauses(True), _RECORDS.c.shape_key == sa.bindparam("shape_key"))
 
+#: a key's record made by study `k_study_name`, its trial count raised to `new_trials` (never lowered: the
+#: groups of one study tell their trials in any order); `updated_at` stays when the record was replaced.
+#: Values: `key_params` with every name prefixed `k_` (an UPDATE reserves the column names for its SET).
+RAISE_TRIALS = (
+    sa.update(_RECORDS)
+    .where(
+        *(
+            _RECORDS.c[name] == sa.bindparam(f"k_{name}")
+            for name in ("kernel", "kernel_version", "dtype", "world_size", "hardware_id", "timing", "shape_key")
+        ),
+        _RECORDS.c.study_name == sa.bindparam("k_study_name"),
+        _RECORDS.c.trials < sa.bindparam("new_trials"),
+    )
+    .values(trials=sa.bindparam("new_trials"))
+)
+
 
 def key_params(
     *,

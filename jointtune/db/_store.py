@@ -2,9 +2,11 @@
 
 Publishing keeps the better record: a new record replaces the stored one for its key only when
 its `latency_p50_us` is strictly lower; ties keep the existing record. Trials are not added up: a
-record's `trials` is the size of the study that found its config. Summing would make a retried
-publish (the same record sent twice, e.g. after a client timeout) count twice and break
-idempotency; the full history stays in the Optuna study named by `study_name`.
+record's `trials` is the count of its study (`StudyState.trial_count`), which the tuner raises as
+the study goes on (`note_trials`), so every view of the record (`db list`, REST, bundles, the
+dashboard) shows the number the sweep's table shows. Summing would make a retried publish (the same
+record sent twice, e.g. after a client timeout) count twice and break idempotency; the full history
+stays in the Optuna study named by `study_name`.
 
 Longer than our usual module because it is the store's whole public surface, one short method
 per operation; the SQL lives in `_queries`, argument checks in `_checks`, migrations in `_migrate`.
@@ -160,6 +162,26 @@ class Store:
             return q.to_record(session.execute(q.EXACT, params).one()), stored_id is not None
 
         return self._run("publishing a record", run, write=True)
+
+    def note_trials(
+        self,
+        *,
+        kernel: str,
+        kernel_version: str,
+        shape: dict[str, int],
+        dtype: str,
+        world_size: int,
+        hardware_id: str,
+        timing: str,
+        study_name: str,
+        trials: int,
+    ) -> bool:
+        """Raise the trial count of the key's record to `trials` if study `study_name` made it (a record
+        kept from another study keeps its own count). Returns whether a record changed."""
+        params = _checked_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, timing, versioned=True)
+        params = {f"k_{name}": value for name, value in params.items()}
+        params.update(k_study_name=study_name, new_trials=int(trials))
+        return self._run("counting trials", lambda s: s.execute(q.RAISE_TRIALS, params).rowcount > 0, write=True)
 
     def import_records(
         self, records: Sequence[NewRecord], *, hardware: Sequence[dict[str, Any]] = ()

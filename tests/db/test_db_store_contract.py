@@ -101,6 +101,19 @@ class TestStoreContract:
         assert not stored and replay == first
         assert store.count_records() == 1
 
+    def test_note_trials_raises_only_its_studys_record(self, store: Store, make_record: MakeRecord) -> None:
+        """The tuner raises its record's trial count as its study goes on; never lowers it, never touches a
+        record another study made, and leaves `updated_at` (when a faster record replaced it) alone."""
+        record, _ = store.upsert_record(make_record(study_name="study-a", trials=3))
+        key = {name: getattr(record, name) for name in ("kernel", "kernel_version", "shape", "dtype", "world_size",
+                                                         "hardware_id", "timing")}  # fmt: skip
+        assert store.note_trials(**key, study_name="study-a", trials=8)
+        assert not store.note_trials(**key, study_name="study-a", trials=5)  # a late report of an earlier count
+        assert not store.note_trials(**key, study_name="study-b", trials=20)  # not its record
+        assert not store.note_trials(**{**key, "dtype": "float16"}, study_name="study-a", trials=20)  # no record
+        now = store.get_record(record.id)
+        assert now.trials == 8 and now.updated_at == record.updated_at and now.latency_p50_us == record.latency_p50_us
+
     def test_best_matches_the_exact_key_only(self, store: Store, make_record: MakeRecord) -> None:
         record, _ = store.upsert_record(make_record())
         shape = {"K": 12288, "N": 4096, "M": 8192}  # dim order does not matter

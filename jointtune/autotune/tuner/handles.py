@@ -5,7 +5,8 @@ serves the job meets in the same study. The first group to open it (under the st
 its warm-start queue: the baseline, the space default and the best configs of the nearest shapes
 already in the store (or, for exhaustive studies, every valid config). When a trial becomes the
 study's best, the record goes to the store right away, so a sweep killed half way still leaves
-its best configs behind.
+its best configs behind; every later trial raises that record's trial count (`note_trials`), so the
+record says as many trials as the sweep's table.
 
 Example:
     >>> h = StudyHandle.open(job, url=url, storage=storage, store=store, limits=limits,
@@ -180,8 +181,22 @@ class StudyHandle:
             latency_p50_us=float(best.value),
             latency_p90_us=best.user_attrs.get(ATTR_P90),
             baseline_us=state.baseline_us,
-            trials=len(state.counted),
+            trials=state.trial_count,
             timing=self.key.timing,
             study_name=self.name,
         )
         store.upsert_record(record)
+
+    def note_trials(self, state: StudyState, *, store: Store) -> None:
+        """Raise the trial count of the record this study made for its key to the study's count."""
+        store.note_trials(
+            kernel=self.key.kernel,
+            kernel_version=self.key.kernel_version,
+            shape=self.key.shape_dict,
+            dtype=self.key.dtype,
+            world_size=self.key.world_size,
+            hardware_id=self.key.hardware_id,
+            timing=self.key.timing,
+            study_name=self.name,
+            trials=state.trial_count,
+        )

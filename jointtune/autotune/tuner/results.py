@@ -74,7 +74,8 @@ class JobResult:
 
     @property
     def counted(self) -> int:
-        return len(self.state.counted)
+        """Its trials: `StudyState.trial_count`, the number its record reports too."""
+        return self.state.trial_count
 
     @property
     def budget(self) -> int:

@@ -195,6 +195,13 @@ class StudyState:
         return state
 
     @property
+    def trial_count(self) -> int:
+        """The study's trials as every view reports them (the sweep's table, a record's `trials`, so `db
+        list`, REST, bundles and the dashboard): configs that ran, measured or failed; invalid suggestions,
+        cached repeats and interrupted attempts are not trials. Computed here only."""
+        return len(self.counted)
+
+    @property
     def running(self) -> int:
         return self.kinds["running"]
 
@@ -208,7 +215,7 @@ class StudyState:
 
     def budget(self, settings: TuneSettings) -> int:
         if self.exhaustive:
-            return len(self.counted) + self.running + self.waiting
+            return self.trial_count + self.running + self.waiting
         return settings.trials
 
     def done(self, settings: TuneSettings) -> str | None:
@@ -217,7 +224,7 @@ class StudyState:
             return self.stopped
         if self.exhaustive:
             return "exhausted" if self.waiting == 0 and self.running == 0 and self.counted else None
-        if len(self.counted) >= settings.trials:
+        if self.trial_count >= settings.trials:
             return "trials"
         if settings.time_budget_s is not None and self.elapsed_s >= settings.time_budget_s:
             return "time"
@@ -231,39 +238,4 @@ class StudyState:
             return 0
         if self.exhaustive:
             return self.waiting
-        return max(0, settings.trials - len(self.counted) - self.running)
-
-
-def counted_trials(url: str, names: Sequence[str]) -> dict[str, int]:
-    """Trials counted so far by each named study that exists on `url` (what sweeps show as trials).
-
-    A record's own `trials` is its study's size when the record's config was found: later trials
-    that found nothing better don't rewrite it. Read-only: Optuna's tables are never created here
-    (a store filled from bundles has none), and studies that are gone are simply left out.
-    """
-    import sqlalchemy as sa
-
-    from jointtune.db import open_store
-
-    store = open_store(url)
-    engine = sa.create_engine(url, **store.optuna_engine_kwargs())
-    try:
-        if not sa.inspect(engine).has_table("studies"):
-            return {}
-    finally:
-        engine.dispose()
-    with quiet_optuna():
-        storage = optuna.storages.RDBStorage(
-            url, engine_kwargs=store.optuna_engine_kwargs(), skip_table_creation=True, skip_compatibility_check=True
-        )
-    wanted = set(names)
-    out = {}
-    try:
-        for summary in storage.get_all_studies():
-            if summary.study_name in wanted:
-                trials = storage.get_all_trials(summary._study_id, deepcopy=False)
-                out[summary.study_name] = len(StudyState.of(trials, attrs=summary.user_attrs).counted)
-    finally:
-        storage.remove_session()
-        storage.engine.dispose()
-    return out
+        return max(0, settings.trials - self.trial_count - self.running)

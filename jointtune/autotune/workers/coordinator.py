@@ -44,6 +44,7 @@ from jointtune.autotune.tuner.studies import (
     ATTR_P50,
     ATTR_P90,
     ATTR_REASON,
+    COUNTED_FAILURES,
     STUDY_STOPPED,
     StudyState,
     open_storage,
@@ -284,7 +285,8 @@ class Coordinator:
         h.study.tell(p.trial, state=TrialState.PRUNED)
 
     def finish(self, h: StudyHandle, p: Proposal, outcome: Outcome) -> None:
-        """Tell Optuna the outcome; publish the study's best to the store when this trial is it."""
+        """Tell Optuna the outcome; publish the study's best to the store when this trial is it, else raise the
+        trial count of the record the study made."""
         try:
             if outcome.ok:
                 p.trial.set_user_attr(ATTR_P10, outcome.p10)
@@ -301,10 +303,12 @@ class Coordinator:
             self.heartbeat.discard(p.trial._trial_id)
         result = f"p50 {outcome.p50:,.1f} µs" if outcome.ok else f"failed: {outcome.reason}"
         log.info("%s: trial %d %s: %s", h.name, p.number, p.key, result)
-        if outcome.ok:
+        if outcome.ok or outcome.reason in COUNTED_FAILURES:  # a trial: its record's count moves with it
             state = h.state()
             if state.best is not None and state.best.number == p.number:
                 h.publish(state, store=self.store, limits=self.limits)
+            elif state.best is not None:
+                h.note_trials(state, store=self.store)
 
     def release(self, h: StudyHandle, p: Proposal, *, retry: bool = True) -> None:
         """Give back a claimed trial that never ran: FAIL it (and enqueue its config again)."""
