@@ -20,6 +20,7 @@ from typing import Any
 
 from jointtune.canonical import shape_key
 from jointtune.search_spaces import Problem
+from jointtune.timings import measured_as
 
 #: Prefix of every study this tuner creates (the sweep registry uses its own prefix).
 STUDY_PREFIX = "jointtune:"
@@ -45,6 +46,9 @@ class TuningKey:
 
     @classmethod
     def of(cls, kernel: str, kernel_version: str, problem: Problem, hardware_id: str, timing: str = "gpu") -> TuningKey:
+        """The key of tuning `problem` under `timing` on `hardware_id`: on the CPU interpreter its policy is what
+        the interpreter measures, interp (`jointtune.timings.measured_as`), whatever was asked."""
+        timing = measured_as(timing, hardware_id)
         return cls(kernel, kernel_version, problem.shape, problem.dtype, problem.world_size, hardware_id, timing)
 
     @property
@@ -57,12 +61,14 @@ class TuningKey:
 
     def study_name(self, *, space_version: str, exhaustive: bool = False) -> str:
         """One study per key, timing policy and space version; exhaustive runs (ground truth) get their
-        own. GPU-timed studies keep the names they had before policies existed, so they resume."""
+        own. GPU-timed studies keep the names they had before policies existed, so they resume, and so do the
+        interpreter's (interp since its records say so; the hardware id in the name tells it apart)."""
         name = (
             f"{STUDY_PREFIX}{self.kernel}@{self.kernel_version}:{shape_text(self.shape_dict)}:"
             f"{self.dtype}:w{self.world_size}:{self.hardware_id}:s{space_version}"
         )
-        timing = "" if self.timing == "gpu" else f":t{self.timing}"
+        kept = ("gpu", measured_as("gpu", self.hardware_id))  # gpu; and interp, on the interpreter's hardware only
+        timing = "" if self.timing in kept else f":t{self.timing}"
         return name + timing + (":exhaustive" if exhaustive else "")
 
     def to_json(self) -> dict[str, Any]:

@@ -69,7 +69,10 @@ def print_header(
     _say(console, f"  database: {redact_url(url)}")
     hardware = f"  hardware: {hardware_id}"
     if hardware_id.startswith(CPU_NAME):
-        hardware += " (no GPU: Triton's CPU interpreter with simulated ranks; fused modes run slowly there)"
+        hardware += (
+            " (no GPU: Triton's CPU interpreter with simulated ranks; fused modes run slowly there; "
+            "timing interp: the interpreter's wall time, not GPU time)"
+        )
     _say(console, hardware)
     done = [r for r in results if r.done_reason is not None]
     if done and len(done) == len(results):

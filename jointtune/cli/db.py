@@ -68,7 +68,7 @@ def list_command(
     hardware: Annotated[str | None, typer.Option(help="only this hardware id")] = None,
     dtype: Annotated[str | None, typer.Option(help="only this dtype")] = None,
     world_size: Annotated[int | None, typer.Option(help="only this world size")] = None,
-    timing: Annotated[str | None, typer.Option(help="only this timing policy (gpu, eager, graph)")] = None,
+    timing: Annotated[str | None, typer.Option(help="only this timing policy (gpu, eager, graph, interp)")] = None,
     limit: Annotated[int, typer.Option(help="rows to show")] = 50,
     offset: Annotated[int, typer.Option(help="rows to skip", min=0, max=2**31 - 1)] = 0,
 ) -> None:

@@ -126,6 +126,7 @@ def _tune_and_summarise(
 
     console = _console()
     hardware_id = detect().hardware_id
+    jobs = _distinct(jobs, hardware_id)
     already: list[str] = []
 
     def on_start(results: Sequence[JobResult], parallel: int) -> None:
@@ -148,6 +149,24 @@ def _tune_and_summarise(
             epilogue(results)
 
 
+def _distinct(jobs: Sequence[Job], hardware_id: str) -> list[Job]:
+    """The jobs with a study of their own here: on the CPU interpreter a sweep's gpu and eager jobs of one shape
+    measure the same thing (interp) in one study, so the first of them stands for both."""
+    import dataclasses
+
+    from jointtune.timings import measured_as
+
+    seen: set[Job] = set()
+    out = []
+    for job in jobs:
+        measured = job.settings.replace(timing=measured_as(job.settings.timing, hardware_id))
+        same = dataclasses.replace(job, settings=measured)
+        if same not in seen:
+            seen.add(same)
+            out.append(job)
+    return out
+
+
 def tune(
     kernel: Annotated[str | None, typer.Option("--kernel", help="kernel family, e.g. ag_gemm")] = None,
     shape: Annotated[str | None, typer.Option("--shape", help="e.g. 8192x4096x12288 or M=8192,N=4096,K=12288")] = None,
@@ -161,7 +180,8 @@ def tune(
         str,
         typer.Option(
             help="how trials are timed: gpu (GPU time behind a hold), eager (wall time of calls back to back, "
-            "host included) or graph (replays of a captured CUDA graph; needs a GPU)"
+            "host included) or graph (replays of a captured CUDA graph; needs a GPU); without a GPU every policy "
+            "times the CPU interpreter's wall time, recorded as interp"
         ),
     ] = "gpu",
     seed: Annotated[int, typer.Option(help="sampler seed", min=0, max=2**32 - 1)] = 0,
@@ -248,8 +268,15 @@ def tune(
         raise TuningError(text) from None
     options = _options(None, None)
     url = resolve_db_url(db)
-    if not prepare_interpreter() and timing == "graph":
-        raise TuningError("--timing: 'graph' needs CUDA graphs, and no GPU is visible here; allowed here: gpu, eager")
+    on_gpu = prepare_interpreter()
+    if not on_gpu and timing == "graph":
+        raise TuningError(
+            "--timing: 'graph' needs CUDA graphs, and no GPU is visible here; allowed here: gpu, eager, interp "
+            "(each times the CPU interpreter's wall time, recorded as interp)"
+        )
+    if on_gpu and timing == "interp":
+        raise TuningError("--timing: 'interp' is the CPU interpreter's wall time, and a GPU runs the kernels here; "
+                          "allowed here: gpu, eager, graph")  # fmt: skip
     _import_all(imports or [])
     if model is not None:
         _tune_model(model, kernel=kernel, shape=shape, restrict=restrict, tp=tp, tokens=tokens, kv_lens=kv_lens,

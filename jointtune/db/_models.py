@@ -111,7 +111,7 @@ class RecordRow(Base):
         sa.String(128), sa.ForeignKey("jt_hardware_profiles.hardware_id"), index=True
     )
     triton_version: Mapped[str] = mapped_column(sa.String(16))
-    #: the timing policy the latency was measured under (gpu, eager, graph): part of the key
+    #: the timing policy the latency was measured under (gpu, eager, graph, interp): part of the key
     timing: Mapped[str] = mapped_column(sa.String(8), server_default="gpu")
     config: Mapped[dict[str, Any]]
     config_hash: Mapped[str] = mapped_column(sa.String(64))

@@ -146,9 +146,10 @@ NewRecord = _dataclass(
     "NewRecord",
     """A tuning result to publish: the key, the winning config and how fast it ran (`RecordIn`'s fields).
 
-    `trials` counts the trials of the study that found this config. `baseline_us` is the unfused
-    path's latency; the store derives `speedup = baseline_us / latency_p50_us` from it. `timing` says how
-    the latency was measured (gpu, eager or graph); the store keeps one record per policy.
+    `trials` counts the trials of the study that found this config (all of them, as the tuner keeps it up to
+    date). `baseline_us` is the unfused path's latency; the store derives `speedup = baseline_us / latency_p50_us`
+    from it. `timing` says how the latency was measured (gpu, eager, graph, or interp: the wall time of Triton's CPU
+    interpreter); the store keeps one record per policy.
 
     Example:
         >>> NewRecord.from_json(record.to_json()) == record.validate()                  # doctest: +SKIP

@@ -263,8 +263,8 @@ JsonObject = Annotated[
 
 
 #: how a record's latency was measured: one of `jointtune.timings.TIMINGS` (the tuner's policies: GPU time
-#: behind a hold, wall time of calls issued back to back, or replays of a captured CUDA graph); records made
-#: before policies existed are gpu
+#: behind a hold, wall time of calls issued back to back, replays of a captured CUDA graph, or the wall time of
+#: Triton's CPU interpreter); records made before policies existed are gpu
 Timing = Annotated[
     Literal[TIMINGS],
     WithJsonSchema({"type": "string", "enum": list(TIMINGS), "description": "how the latency was measured"}),

@@ -272,6 +272,9 @@ def stored_best(url: str, family: Family, m: int = 64) -> Any:
     tuning run of it published, or None."""
     from jointtune.db import open_store
     from jointtune.hardware import detect
+    from jointtune.timings import measured_as
 
+    hardware_id = detect().hardware_id
+    timing = measured_as("gpu", hardware_id)  # a run with the default (gpu) policy: interp in the CPU interpreter
     return open_store(url).best(kernel=family.name, kernel_version=family.version, shape={"M": m}, dtype="float32",
-                                world_size=2, hardware_id=detect().hardware_id)  # fmt: skip
+                                world_size=2, hardware_id=hardware_id, timing=timing)  # fmt: skip

@@ -121,3 +121,40 @@ def test_revision_0004_keeps_sqlite_ids_unique(tmp_path, make_record: Callable[.
     with Store(url) as store:
         new, _ = store.upsert_record(make_record(timing="eager"))
         assert new.id > ids[-1], (new.id, ids)
+
+
+def test_revision_0005_labels_the_interpreters_records_interp(
+    db_url: str, make_record: Callable[..., NewRecord]
+) -> None:
+    """Records a CPU-only machine stored as gpu or eager become interp; a key with both keeps the faster; a GPU's
+    records are untouched. Downgrading makes them gpu again."""
+    from alembic import command
+
+    from jointtune.db._engine import make_engine
+    from jointtune.db._migrate import alembic_config
+
+    cpu = "cpu-interpreter-x1-none-1a2b3c4d"
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        config = alembic_config()
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0004")
+    engine.dispose()
+    with Store(db_url, migrate=False) as old:
+        old.upsert_record(make_record(hardware_id=cpu, latency_p50_us=600.0, config={"mode": "push"}))
+        old.upsert_record(make_record(hardware_id=cpu, latency_p50_us=500.0, config={"mode": "ce"}, timing="eager"))
+        old.upsert_record(make_record(hardware_id=cpu, shape={"M": 64, "N": 64, "K": 64}, latency_p50_us=90.0))
+        old.upsert_record(make_record(latency_p50_us=610.0))  # a GPU's
+    with Store(db_url) as store:
+        records = {(r.hardware_id, r.shape["M"]): r for r in store.list_records()}
+        assert store.count_records() == 3
+        assert (records[cpu, 8192].timing, records[cpu, 8192].config) == ("interp", {"mode": "ce"})
+        assert records[cpu, 64].timing == "interp" and records["h200x2-nvl", 8192].timing == "gpu"
+        assert store.best(**{**KEY, "hardware_id": cpu}, shape=SHAPE, timing="interp").latency_p50_us == 500.0
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        config = alembic_config()
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0004")
+        assert {row[0] for row in conn.execute(sa.text("SELECT timing FROM jt_records"))} == {"gpu"}
+    engine.dispose()

@@ -31,6 +31,7 @@ resolution of a new key share its caches (`cache`, `sources`, the graph misses) 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import reprlib
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +42,7 @@ from jointtune.autotune.runtime import agreement, policies
 from jointtune.autotune.runtime.lookup import DEFAULT_STORE_TIMEOUT_S, Found, Identity, Sources, make_client, warn_once
 from jointtune.autotune.runtime.rules import NoConfigError, candidate, env_mode, print_enabled
 from jointtune.errors import JointtuneError, TuningError
-from jointtune.timings import TIMINGS
+from jointtune.timings import TIMINGS, measured_as
 
 if TYPE_CHECKING:
     from jointtune.autotune.settings import TuneSettings
@@ -307,7 +308,7 @@ class JointAutotuned:
     def _find(self, ident: Identity, problem: Any, accept: Any, policy: str, limits: Any) -> Found:
         sources = self.sources_for()
         shape = problem.dims
-        chain = policies.chain(ident.timing, self.timing_fallback)
+        chain = policies.chain(ident.timing, self.timing_fallback, hardware_id=ident.hardware_id)
         local = candidate(sources, ident, shape, accept, nearest=policy == "nearest", chain=chain)
         found = agreement.agree(local)
         if found is not None:
@@ -316,7 +317,7 @@ class JointAutotuned:
             raise NoConfigError(
                 f"{self.kernel}: no tuned config for shape {shape}, dtype {ident.dtype}, world_size "
                 f"{ident.world_size} on {ident.hardware_id}, timing {' or '.join(chain)} (on_miss='error'); "
-                f"tune it with `jointtune tune --timing {ident.timing}`"
+                f"tune it with `jointtune tune --timing {measured_as(ident.timing, ident.hardware_id)}`"
             )
         if policy == "tune":
             tuned = self._tune(ident, problem, accept)
@@ -351,7 +352,9 @@ class JointAutotuned:
             error = None
         except Exception as exc:  # tuning must not kill the job; fall back to the default
             error = f"{type(exc).__name__}: {exc}"
-        local = None
+        local, asked = None, ident.timing
+        # what the tuner stored it as: interp in the CPU interpreter, whatever the call asked for
+        ident = dataclasses.replace(ident, timing=measured_as(asked, ident.hardware_id))
         if error is None:
             sources.retry_store()  # the tuner just wrote it: read it back even after a hiccup
             local = sources.store_exact(ident, problem.dims, accept)
@@ -367,4 +370,4 @@ class JointAutotuned:
             record = sources.store_record(ident, problem.dims)  # within store_timeout_s, never raising
             if record is not None:
                 sources.publish(NewRecord.from_json(record.to_json()))
-        return Found(found.config, "tune", 0.0, found.latency_us, timing=ident.timing)
+        return Found(found.config, "tune", 0.0, found.latency_us, timing=asked)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from jointtune._warnings import warn
 from jointtune.errors import JointtuneError, StoreError, TuningError
+from jointtune.timings import INTERP
 
 if TYPE_CHECKING:
     from jointtune.autotune.runtime.client import ConfigClient
@@ -165,9 +166,12 @@ class Found:
         return Found(self.config, self.source, self.distance, self.latency_us, self.detail, timing, fallback)
 
     def source_for(self, asked: str) -> str:
-        """`source`, naming the record's policy when it stands in for the `asked` one."""
+        """`source`, naming the record's policy when it stands in for the `asked` one (an interp record is what the
+        CPU interpreter measures for any policy: named, not a fallback)."""
         if self.timing is None or self.timing == asked:
             return self.source
+        if self.timing == INTERP:
+            return f"{self.source} [interp record]"
         return f"{self.source} [{self.timing} record, fallback for {asked}]"
 
 

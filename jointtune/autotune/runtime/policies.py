@@ -10,9 +10,14 @@ During capture nothing may run but the op itself: no store, no service, no tunin
 an HTTP call inside `torch.cuda.graph` breaks the capture, as tuning inside it does: triton#10596).
 A key first seen there raises `CaptureMissError` before anything is queued.
 
+In Triton's CPU interpreter every measurement is `interp` (`jointtune.timings.measured_as`): a call there
+looks for an interp record first, then for one of its own policy and that policy's fallbacks.
+
 Example:
     >>> fallbacks("eager:gpu;graph:gpu,eager")
-    {'gpu': (), 'eager': ('gpu',), 'graph': ('gpu', 'eager')}
+    {'gpu': (), 'eager': ('gpu',), 'graph': ('gpu', 'eager'), 'interp': ()}
+    >>> chain("eager", hardware_id="cpu-interpreter-x1-none-1a2b3c4d")
+    ('interp', 'eager', 'gpu')
 """
 
 from __future__ import annotations
@@ -22,11 +27,11 @@ import os
 from collections.abc import Mapping, Sequence
 
 from jointtune.errors import TuningError
-from jointtune.timings import TIMINGS
+from jointtune.timings import INTERP, TIMINGS, measured_as
 
 ENV_FALLBACK = "JOINTTUNE_TIMING_FALLBACK"
 #: what each policy may use when it has no record of its own, in order
-DEFAULT_FALLBACKS: dict[str, tuple[str, ...]] = {"gpu": (), "eager": ("gpu",), "graph": ("gpu", "eager")}
+DEFAULT_FALLBACKS: dict[str, tuple[str, ...]] = {"gpu": (), "eager": ("gpu",), "graph": ("gpu", "eager"), "interp": ()}
 
 
 class CaptureMissError(TuningError):
@@ -56,9 +61,14 @@ def call_timing(forced: str | None) -> str:
     return forced or ("graph" if capturing() else "eager")
 
 
-def chain(timing: str, setting: Mapping[str, Sequence[str]] | str | None = None) -> tuple[str, ...]:
-    """`timing` and the policies it may fall back to, in the order they are tried."""
-    return (timing, *fallbacks(setting)[timing])
+def chain(
+    timing: str, setting: Mapping[str, Sequence[str]] | str | None = None, *, hardware_id: str = ""
+) -> tuple[str, ...]:
+    """`timing` and the policies it may fall back to, in the order they are tried; on the CPU interpreter's
+    `hardware_id`, interp (what every measurement there is) before them."""
+    own = (timing, *fallbacks(setting)[timing])
+    measured = measured_as(timing, hardware_id)
+    return own if measured == timing else (measured, *(t for t in own if t != INTERP))
 
 
 def check_timing(timing: str | None, setting: Mapping[str, Sequence[str]] | str | None) -> None:

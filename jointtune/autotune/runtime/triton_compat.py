@@ -48,7 +48,7 @@ from jointtune.autotune.runtime.lookup import DEFAULT_STORE_TIMEOUT_S, Identity,
 from jointtune.autotune.runtime.rules import NoConfigError, candidate, env_mode, print_enabled
 from jointtune.db.schema import is_dtype
 from jointtune.errors import TuningError
-from jointtune.timings import EAGER_CALLS
+from jointtune.timings import EAGER_CALLS, INTERP, measured_as
 
 TRITON_ON_MISS = ("benchmark", "nearest", "error")
 
@@ -254,7 +254,7 @@ class JointAutotuner(Autotuner):
             return False
         ident, shape = self._identity(key)
         nearest = self.on_miss == "nearest" and env_mode() != "tune"
-        chain = policies.chain(ident.timing, self.timing_fallback)
+        chain = policies.chain(ident.timing, self.timing_fallback, hardware_id=ident.hardware_id)
         found = agreement.agree(
             candidate(self._sources_for(), ident, shape, self._accept, nearest=nearest, chain=chain)
         )
@@ -330,16 +330,19 @@ class JointAutotuner(Autotuner):
                 kernel=ident.kernel, kernel_version=ident.kernel_version, space_version=ident.space_version,
                 shape=dict(shape), dtype=ident.dtype, world_size=ident.world_size, hardware_id=ident.hardware_id,
                 triton_version=triton_version(), config=_as_json(config), latency_p50_us=ms * 1e3,
-                trials=len(timings), timing=self._measured_as(ident.timing), study_name=None,
+                trials=len(timings), timing=self._measured_as(ident.timing, ident.hardware_id), study_name=None,
             )  # fmt: skip
             sources = self._sources_for()
             sources.save(record)
             if not agreement.distributed() or _rank() == 0:
                 sources.publish(record)
 
-    def _measured_as(self, policy: str) -> str:
-        """The policy a benchmark really measured: a `do_bench` of the user's (or Triton's `use_cuda_graph`,
-        `warmup`, `rep` options) times with device events or graph replays, never host included."""
+    def _measured_as(self, policy: str, hardware_id: str) -> str:
+        """The policy a benchmark really measured: interp in the CPU interpreter; a `do_bench` of the user's (or
+        Triton's `use_cuda_graph`, `warmup`, `rep` options) times with device events or graph replays, never host
+        included."""
+        if measured_as(policy, hardware_id) == INTERP:
+            return INTERP
         if self._do_bench is None:
             return policy
         return "graph" if getattr(self, "use_cuda_graph", False) else "gpu"

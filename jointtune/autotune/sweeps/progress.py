@@ -72,7 +72,7 @@ def _row_label(result: JobResult, *, with_kernel: bool, with_timing: bool = Fals
     parts = [job.kernel] if with_kernel else []
     parts += [shape_label(job), _SHORT_DTYPES.get(job.dtype, job.dtype), f"w{job.world_size}"]
     if with_timing:  # a sweep of several policies has a job per policy: the rows would read alike
-        parts.append(job.settings.timing)
+        parts.append(result.timing)
     return " ".join(parts)
 
 
@@ -85,7 +85,7 @@ def progress_table(
 ) -> Table:
     """One row per job: a bar of its trials, best and baseline latency, speed-up, ETA, status."""
     kernels = sorted({r.job.kernel for r in results})
-    several_timings = len({r.job.settings.timing for r in results}) > 1
+    several_timings = len({r.timing for r in results}) > 1
     if len(kernels) == 1:
         title = f"{title} · {kernels[0]}"
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
@@ -136,7 +136,7 @@ def summary_table(results: Sequence[JobResult], *, title: str = "tuned configs")
             shape_label(r.job),
             r.job.dtype,
             str(r.job.world_size),
-            r.job.settings.timing,
+            r.timing,
             str(r.counted),
             _us(r.best_us),
             _us(r.baseline_us),

@@ -19,6 +19,7 @@ import optuna
 from jointtune.autotune.keys import TuningKey
 from jointtune.autotune.settings import Job
 from jointtune.autotune.tuner.studies import ATTR_HOST, ATTR_P10, ATTR_P90, StudyState, trial_config, trial_kind
+from jointtune.timings import measured_as
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -71,6 +72,13 @@ class JobResult:
     study_name: str
     trials: list[FrozenTrial] = field(default_factory=list)
     state: StudyState = field(default_factory=StudyState)
+    #: where it is tuned: its measurements are interp on the CPU interpreter, whatever the job asked
+    hardware_id: str = ""
+
+    @property
+    def timing(self) -> str:
+        """The timing policy its study measures (and its record says): `measured_as` the job's."""
+        return measured_as(self.job.settings.timing, self.hardware_id)
 
     @property
     def counted(self) -> int:
@@ -128,6 +136,7 @@ class JobResult:
         return {
             "job": self.job.to_json(),
             "study": self.study_name,
+            "timing": self.timing,
             "trials": self.counted,
             "budget": self.budget,
             "status": self.done_reason or "running",
@@ -148,7 +157,7 @@ def collect(storage: optuna.storages.BaseStorage, jobs: Sequence[Job], *, hardwa
     results = []
     for job in jobs:
         name = study_name_for(job, hardware_id)
-        result = JobResult(job, name)
+        result = JobResult(job, name, hardware_id=hardware_id)
         summary = names.get(name)
         if summary is not None:
             result.trials = storage.get_all_trials(summary._study_id, deepcopy=False)

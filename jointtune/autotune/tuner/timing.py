@@ -11,8 +11,9 @@ differs between them (a config with many launches wins on the GPU and loses when
 - graph: replays of a CUDA graph holding `GRAPH_CALLS` calls of the config, each replay between two
   device events after a hold (the host queues every replay first). Needs a GPU world.
 
-On the local world (CPU interpreter) a call is synchronous: gpu and eager are the wall clock around
-`run` plus `world.synchronize()`, and graph is refused (there are no graphs to capture).
+On the local world (CPU interpreter) a call is synchronous: gpu, eager and interp are the wall clock around
+`run` plus `world.synchronize()`, recorded as interp (`jointtune.timings.measured_as`: the key of a study on the
+interpreter says so), and graph is refused (there are no graphs to capture). interp is refused on CUDA.
 
 Repeat counts are fixed by the caller and never adapted per rank: a rank that ran more iterations
 than its peers would wait forever in a push/pull kernel whose peers have stopped launching.
@@ -30,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jointtune.errors import TuningError
-from jointtune.timings import EAGER_CALLS, GRAPH_CALLS, TIMINGS
+from jointtune.timings import EAGER_CALLS, GRAPH_CALLS, INTERP, TIMINGS
 
 if TYPE_CHECKING:
     from jointtune.kernels.world import World
@@ -70,7 +71,12 @@ def measure(run: Callable[[], Any], world: World, *, warmup: int, iters: int, ti
     if timing == "graph" and world.device.type != "cuda":
         raise TuningError(
             f"timing: 'graph' needs CUDA graphs, and this world runs on {world.device.type} (the CPU interpreter); "
-            "use gpu or eager here"
+            "use gpu, eager or interp here (all three time the interpreter's wall time, recorded as interp)"
+        )
+    if timing == INTERP and world.device.type == "cuda":
+        raise TuningError(
+            "timing: 'interp' is the wall time of Triton's CPU interpreter, and this world runs on cuda; "
+            "use gpu, eager or graph here"
         )
     if world.device.type == "cuda":
         # Every candidate starts from no eager graphs (`jointtune/kernels/_eager_graph.py`): a world holds a bounded

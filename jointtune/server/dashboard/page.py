@@ -79,8 +79,8 @@ def _config_text(config: dict[str, object]) -> str:
 
 def _table(records: list[Record]) -> str:
     head = (
-        "<tr><th>version</th><th>shape</th><th>dtype</th><th>world</th><th>timing</th><th>config</th><th>p50 µs</th>"
-        "<th>baseline µs</th><th>speedup</th><th>trials</th><th>study</th><th>updated</th></tr>"
+        "<tr><th>kernel version</th><th>shape</th><th>dtype</th><th>world</th><th>timing</th><th>config</th>"
+        "<th>p50 µs</th><th>baseline µs</th><th>speedup</th><th>trials</th><th>study</th><th>updated</th></tr>"
     )
     rows = []
     ordered = sorted(records, key=lambda r: (r.kernel_version, shape_order(r.shape), r.dtype, r.world_size, r.timing))

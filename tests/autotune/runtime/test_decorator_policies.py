@@ -135,7 +135,7 @@ def test_bad_policy_settings_are_refused_naming_the_field(monkeypatch) -> None:
     with pytest.raises(TuningError, match=f"{policies.ENV_FALLBACK}: 'eager=gpu' is not allowed; write policy:"):
         policies.fallbacks()
     monkeypatch.setenv(policies.ENV_FALLBACK, "none")
-    assert policies.fallbacks() == {"gpu": (), "eager": (), "graph": ()}
+    assert policies.fallbacks() == {"gpu": (), "eager": (), "graph": (), "interp": ()}
     monkeypatch.delenv(policies.ENV_FALLBACK)
     assert policies.fallbacks() == policies.DEFAULT_FALLBACKS
 
@@ -162,6 +162,19 @@ def test_a_graph_miss_never_fails_the_eager_call_and_shows_at_capture(tmp_path: 
     launch(torch.ones(64), world=World(2))
     assert launch.seen == [BEST]
     _capturing(monkeypatch, True)
-    with pytest.raises(NoConfigError, match=r"timing graph.*on_miss='error'.*first seen, outside capture"):
+    with pytest.raises(NoConfigError, match=r"timing (interp or )?graph.*on_miss='error'.*first seen, outside capture"):
         launch(torch.ones(64), world=World(2))
     assert launch.seen == [BEST]
+
+
+def test_in_the_interpreter_an_interp_record_answers_first_and_is_named(tmp_path: Path, monkeypatch) -> None:
+    """What the CPU interpreter measures is interp, whatever a call asks: its record comes before the asked policy's
+    own and is named as what it is, not as a fallback; without one, the asked policy's chain is used as before."""
+    from jointtune.hardware import detect
+
+    assert detect().hardware_id.startswith("cpu-interpreter-"), "kernels run in the interpreter in these tests"
+    db = _db(tmp_path, sleep_record(64, OTHER, timing="eager"), sleep_record(64, BEST, timing="interp"))
+    _capturing(monkeypatch, False)
+    launch = make_launcher(db, timing_fallback="none")
+    launch(torch.ones(64), world=World(2))
+    assert launch.seen == [BEST] and source_of(launch, 64) == "store [interp record]"

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from jointtune.autotune.decorator import NoConfigError, joint_autotune
 from jointtune.db import open_store
+from jointtune.timings import measured_as
 
 CONFIGS = [triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64})]
 
@@ -59,6 +60,11 @@ def add(kernel, n: int = 100):
     torch.testing.assert_close(out, x + y)
 
 
+def _stands_in(timing: str) -> str:
+    """How a record of `timing` is named when it answers an eager call (interp: the CPU interpreter's)."""
+    return "[interp record]" if timing == "interp" else f"[{timing} record, fallback for eager]"
+
+
 def test_benchmarks_like_triton_then_the_store_answers_a_fresh_process(db: str) -> None:
     bench = Ladder([3.0, 1.0, 2.0])
     kernel = joint_autotune(configs=CONFIGS, key=["n"], do_bench=bench, db_url=db)(_add_kernel)
@@ -70,11 +76,12 @@ def test_benchmarks_like_triton_then_the_store_answers_a_fresh_process(db: str) 
     assert bench.calls == 3
     (record,) = open_store(db).list_records()
     assert record.config["BLOCK"] == 32 and record.shape == {"n": 100} and record.latency_p50_us == 1000.0
-    assert record.timing == "gpu"  # a do_bench of the user's times the device, not the host: not an eager record
+    # a do_bench of the user's times the device, not the host: not an eager record (interp in the CPU interpreter)
+    assert record.timing == measured_as("gpu", record.hardware_id)
     fresh = joint_autotune(configs=CONFIGS, key=["n"], do_bench=Ladder([5.0]), db_url=db)(_add_kernel)
     add(fresh)
     assert fresh.best_config == CONFIGS[1] and fresh.sources_by_key == {
-        (100, "torch.float32", "torch.float32", "torch.float32"): "store [gpu record, fallback for eager]"
+        (100, "torch.float32", "torch.float32", "torch.float32"): f"store {_stands_in(record.timing)}"
     }
     assert not hasattr(fresh, "configs_timings")  # nothing was benchmarked
 
@@ -84,7 +91,8 @@ def test_nearest_and_error_policies(db: str) -> None:
     near = joint_autotune(configs=CONFIGS, key=["n"], on_miss="nearest", db_url=db)(_add_kernel)
     add(near, 120)
     assert near.best_config == CONFIGS[0]
-    assert list(near.sources_by_key.values()) == ["nearest-store [gpu record, fallback for eager]"]
+    (record,) = open_store(db).list_records()
+    assert list(near.sources_by_key.values()) == [f"nearest-store {_stands_in(record.timing)}"]
     strict = joint_autotune(configs=CONFIGS, key=["n"], on_miss="error", db_url=db)(_add_kernel)
     with pytest.raises(NoConfigError, match="no tuned config"):
         add(strict, 120)
@@ -178,7 +186,7 @@ def test_timing_policies_in_the_drop_in(db: str, monkeypatch: pytest.MonkeyPatch
     kernel = joint_autotune(configs=CONFIGS, key=["n"], db_url=db)(_add_kernel)
     add(kernel)
     (record,) = open_store(db).list_records()
-    assert record.timing == "eager"
+    assert record.timing == measured_as("eager", record.hardware_id)
     assert kernel.sources_by_key[((100, "torch.float32", "torch.float32", "torch.float32"), "graph")] == (
         "eager config [fallback for graph]"
     )
