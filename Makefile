@@ -10,6 +10,7 @@ SWEEP ?= examples/sweep.yaml
 # A machine that already has torch (the GPU images) keeps it: the venv sees the system packages.
 # Without torch and without a GPU, pip takes the CPU wheel torch 2.13.0 (never a multi-GB CUDA build).
 $(STAMP): pyproject.toml
+	@echo "make: installing jointtune and its dependencies into $(VENV) (minutes the first time, quiet meanwhile)"
 	@if $(PY) -c "import torch" 2>/dev/null; then $(PY) -m venv --system-site-packages $(VENV); \
 	 else $(PY) -m venv $(VENV); fi
 	@if ! $(BIN)/python -c "import torch" 2>/dev/null; then \
@@ -17,6 +18,7 @@ $(STAMP): pyproject.toml
 	   else $(BIN)/pip install -q "torch==2.13.0"; fi; fi
 	$(BIN)/pip install -q -e '.[dev,postgres]'
 	@touch $(STAMP)
+	@echo "make: jointtune is $(BIN)/jointtune; '. $(BIN)/activate' puts it on this shell's PATH (README, Set-up)"
 
 # The GPU image's Triton, beside the venv's: tests compile the kernel for sm_90 with both versions.
 GPU_TRITON := $(VENV)/gpu-triton/.installed
@@ -39,7 +41,7 @@ test: $(STAMP) $(GPU_TRITON)
 	@command -v chromium >/dev/null 2>&1 || { echo "make test: installing Debian's chromium with apt-get (as root)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "chromium could not be installed: the dashboard's browser test will be skipped"
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -3,28 +3,34 @@
 The header says what runs where before anything starts: the sweep (or shape), the profile, the
 database and the hardware, and which shapes a re-run finds already tuned. The summary says how it
 went, where the results are, and what to run next (`jointtune db list`, `jointtune serve` and its
-dashboard, `--report`). On the CPU it also says why the unfused baseline wins most shapes there:
+dashboard, `--report`), each written as this shell can run it (`jointtune_command`: `.venv/bin/jointtune`
+until the venv is activated). On the CPU it also says why the unfused baseline wins most shapes there:
 the fused modes run in Triton's interpreter.
 
 Example:
-    >>> next_commands("sqlite:////tmp/jt.db", default_url="sqlite:////tmp/jt.db", report_hint=None)[0]
+    >>> next_commands("sqlite:////tmp/jt.db", default_url="sqlite:////tmp/jt.db", report_hint=None)[0]  # doctest: +SKIP
     ('jointtune db list', 'the stored configs: the best one per shape')
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from jointtune._command import jointtune_command
 from jointtune.errors import TuningError
 
 if TYPE_CHECKING:
     from jointtune.autotune.tuner.results import JobResult
 
 DASHBOARD = "http://127.0.0.1:8000/dashboard"
+#: a shape whose dims multiply to more than this is a GPU's work: minutes per trial in the CPU interpreter
+#: (the cpu profile's largest, 512x512x512, is 2^27)
+GPU_SIZED = 2**28
 #: why a study is done, as a sentence ends ("3 used their trial budget")
 _DONE = {
     "trials": "used their trial budget",
@@ -60,6 +66,7 @@ def print_header(
     profile: str | None = None,
 ) -> None:
     """What is about to run and where; which shapes a re-run finds already tuned."""
+    from jointtune.autotune.tuner.results import job_label
     from jointtune.db import redact_url
     from jointtune.hardware import CPU_NAME
 
@@ -74,6 +81,12 @@ def print_header(
             "timing interp: the interpreter's wall time, not GPU time)"
         )
     _say(console, hardware)
+    if hardware_id.startswith(CPU_NAME):
+        for r in results:
+            if r.done_reason is None and math.prod(dict(r.job.shape).values()) > GPU_SIZED:
+                _say(console, f"  note: {job_label(r.job)} is GPU-sized: in the CPU interpreter one trial of it can "
+                              "take many minutes (the bars move when a trial ends); shapes such as 256x256x256 take "
+                              "seconds (examples/sweep.yaml, profile cpu)")  # fmt: skip
     done = [r for r in results if r.done_reason is not None]
     if done and len(done) == len(results):
         _say(console, f"  nothing to tune: every shape is already tuned in this database ({_reasons(done)})")
@@ -91,14 +104,28 @@ def _reasons(results: Sequence[JobResult]) -> str:
 
 def next_commands(url: str, *, default_url: str, report_hint: str | None) -> list[tuple[str, str]]:
     """(command, what it does) to run after tuning."""
-    db = _db_flag(url, default_url)
+    db, command = _db_flag(url, default_url), jointtune_command()
     out = [
-        (f"jointtune db list{db}", "the stored configs: the best one per shape"),
-        (f"jointtune serve{db}", f"the config service for @joint_autotune and REST; dashboard at {DASHBOARD}"),
+        (f"{command} db list{db}", "the stored configs: the best one per shape"),
+        (f"{command} serve{db}", f"the config service for @joint_autotune and REST; dashboard at {DASHBOARD}"),
     ]
     if report_hint:
         out.append((report_hint, "tuning curves (PNG) and results.json per shape"))
     return out
+
+
+def print_interrupted(
+    console: Console, results: Sequence[JobResult], *, url: str, elapsed_s: float, again: str
+) -> None:
+    """What a Ctrl-C leaves: the finished trials and best configs are stored, and the same command resumes."""
+    from jointtune.autotune.sweeps.eta import fmt_duration
+    from jointtune.db import redact_url
+
+    trials = sum(r.counted for r in results)
+    tuned = sum(r.best_us is not None for r in results)
+    _say(console, f"interrupted after {fmt_duration(elapsed_s)}: {plural(trials, 'trial')} finished; the best config "
+                  f"of {plural(tuned, 'shape')} so far is in the store at {redact_url(url)}", style="bold")  # fmt: skip
+    _say(console, f"to resume where it stopped, run the same command again: {again}")
 
 
 def write_report_now(results: Sequence[JobResult], report: Path) -> list[Path]:

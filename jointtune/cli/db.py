@@ -43,17 +43,19 @@ def upgrade_command(db: DbOption = None) -> None:
 @db_app.command("info")
 def info_command(db: DbOption = None) -> None:
     """Show the URL (password hidden), backend, schema revision and how much the store holds."""
+    from jointtune._command import jointtune_command
     from jointtune.cli._checks import existing_store_url
     from jointtune.db import Store
 
     with Store(existing_store_url(db), migrate=False) as store:
         revision, head = store.revision(), store.head_revision()
+        upgrade = f"{jointtune_command()} db upgrade" + ("" if db is None else f" --db {store.display_url}")
         typer.echo(f"url:      {store.display_url}")
         typer.echo(f"backend:  {store.backend}")
         if revision is None:
-            typer.echo(f"revision: none (empty; head is {head}, applied on first use or by `jointtune db upgrade`)")
+            typer.echo(f"revision: none (empty; head is {head}, applied on first use or by `{upgrade}`)")
             return
-        state = "head" if revision == head else f"behind head {head}; run `jointtune db upgrade`"
+        state = "head" if revision == head else f"behind head {head}; run `{upgrade}`"
         typer.echo(f"revision: {revision} ({state})")
         if revision == head:
             typer.echo(f"records:  {store.count_records()}")

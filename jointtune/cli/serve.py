@@ -52,10 +52,12 @@ def serve_command(
     url = resolve_db_url(db)
     os.environ["JOINTTUNE_DB_URL"] = url  # workers build their app from the environment
     settings = _settings()  # bad JOINTTUNE_* settings fail here, once, not in every worker
-    TokenSet.load(settings.tokens, settings.tokens_file)
+    tokens = TokenSet.load(settings.tokens, settings.tokens_file)
     sock = _listen(host, port)  # a host or port we can't have fails before the store is created or migrated
     try:
-        open_store(url).close()
+        store = open_store(url)
+        where = store.display_url
+        store.close()
     except BaseException:
         sock.close()
         raise
@@ -70,6 +72,8 @@ def serve_command(
         "request (JOINTTUNE_READ_TIMEOUT_S)",
         err=True,
     )
+    for line in _announcement(host, port, where, writable=len(tokens) > 0):
+        typer.echo(line)
     config = uvicorn_config(settings, host=host, port=port, workers=workers)
     if workers == 1:
         uvicorn.Server(config).run(sockets=[sock])
@@ -77,6 +81,24 @@ def serve_command(
     from uvicorn.supervisors import Multiprocess
 
     Multiprocess(config, sockets=[sock]).run()
+
+
+def _announcement(host: str, port: int, store: str, *, writable: bool) -> list[str]:
+    """What `serve` says before it starts (beside its workers, on stderr): where to reach it, what it serves, from
+    which store."""
+    wildcard = host in ("0.0.0.0", "::", "")
+    shown = "127.0.0.1" if wildcard else host
+    base = f"http://{f'[{shown}]' if ':' in shown else shown}:{port}"
+    listens = f"{base} (and every other interface of this machine)" if wildcard else base
+    writes = "writes need a bearer token (JOINTTUNE_TOKENS)" if writable else (
+        "no tokens configured (JOINTTUNE_TOKENS): reads only, publishes and imports are refused"
+    )  # fmt: skip
+    return [
+        f"jointtune serve: listening on {listens}; {writes}",
+        f"  store:     {store}",
+        f"  dashboard: {base}/dashboard   API docs: {base}/docs   metrics: {base}/metrics",
+        f"  ready when {base}/readyz answers; Ctrl-C stops it",
+    ]
 
 
 def _settings() -> Settings:
@@ -142,7 +164,11 @@ def export_command(
         known = listed(*store.hardware_ids()) if count is None else ""
     if count is None:  # at most 50 ids, as the service's 404 lists
         raise BundleFileError(f"--hardware: {hardware!r} is unknown in {store.display_url}; it has {known}")
-    typer.echo(f"{output}: {count} records for {hardware}")
+    typer.echo(f"{output}: {_records(count)} for {hardware}")
+
+
+def _records(count: int) -> str:
+    return f"{count} record{'' if count == 1 else 's'}"
 
 
 def import_command(
@@ -166,9 +192,11 @@ def import_command(
     with Store(db) as store:
         counts = import_bundles(store, parsed)
     names = ", ".join(str(path) for path in bundles)
+    kept = counts["unchanged"]
+    why = " (the store's record for its key was as fast or faster: identical, or better)" if kept else ""
     typer.echo(
-        f"{names}: {counts['records']} records for {counts['hardware_id']}: "
-        f"{counts['changed']} stored, {counts['unchanged']} kept the existing better record"
+        f"{names}: {_records(counts['records'])} for {counts['hardware_id']}: {counts['changed']} stored, "
+        f"{kept} left as they were{why}"
     )
 
 

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jointtune._command import jointtune_command
 from jointtune.errors import JointtuneError, SpaceError
 from jointtune.search_spaces import (
     ANCHOR_DTYPE,
@@ -158,7 +159,10 @@ def show(name: Annotated[str, typer.Argument(help="Space name.")], as_json: AsJs
     )
     kernels = kernels_by_space().get(space.name, [])
     if kernels:
-        console.print(f"kernel: {', '.join(kernels)} (tune it with `jointtune tune --kernel {kernels[0]} ...`)")
+        tune = f"{jointtune_command()} tune --kernel {kernels[0]} ..."
+        console.print(
+            f"kernel: {', '.join(kernels)} (tune it with `{tune}`)", markup=False, highlight=False, soft_wrap=True
+        )
     else:
         console.print("kernel: none yet; the space can be counted and validated, not tuned or run", markup=False)
     if space.doc:

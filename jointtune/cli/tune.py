@@ -15,6 +15,7 @@ a shape could not be tuned at all (every trial failed).
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -121,7 +122,7 @@ def _tune_and_summarise(
     """Header, live progress, tuned table and closing summary around one `run_jobs` (then `epilogue(results)`, also
     when the summary exits 1 for a shape that could not be tuned)."""
     from jointtune.autotune.workers.runner import run_jobs
-    from jointtune.cli._summary import print_header, print_summary
+    from jointtune.cli._summary import print_header, print_interrupted, print_summary
     from jointtune.hardware import detect
 
     console = _console()
@@ -135,10 +136,18 @@ def _tune_and_summarise(
                      groups=parallel)  # fmt: skip
 
     start = time.monotonic()
-    results = run_jobs(
-        jobs, url=url, imports=imports, groups=groups, console=console, options=options, sweep=sweep_name,
-        profile=profile if sweep_name else None, title=what, on_start=on_start,
-    )  # fmt: skip
+    try:
+        results = run_jobs(
+            jobs, url=url, imports=imports, groups=groups, console=console, options=options, sweep=sweep_name,
+            profile=profile if sweep_name else None, title=what, on_start=on_start,
+        )  # fmt: skip
+    except KeyboardInterrupt:  # Ctrl-C: the groups are stopped; say what is kept and how to go on
+        from jointtune.autotune.tuner.results import collect
+        from jointtune.autotune.tuner.studies import open_storage
+
+        done = collect(open_storage(url), jobs, hardware_id=hardware_id)
+        print_interrupted(console, done, url=url, elapsed_s=time.monotonic() - start, again=this_command())
+        raise SystemExit(130) from None
     try:
         print_summary(
             console, results, url=url, elapsed_s=time.monotonic() - start, already=already, report=report,
@@ -147,6 +156,13 @@ def _tune_and_summarise(
     finally:
         if epilogue is not None:
             epilogue(results)
+
+
+def this_command() -> str:
+    """The command line this process runs, as the caller's shell can run it again."""
+    from jointtune._command import jointtune_command
+
+    return " ".join([jointtune_command(), *map(shlex.quote, sys.argv[1:])])
 
 
 def _distinct(jobs: Sequence[Job], hardware_id: str) -> list[Job]:
@@ -301,7 +317,7 @@ def tune(
     open_store(url)  # reachable and migrated, before any work
     _tune_and_summarise(
         [job], what=f"jointtune tune {job_label(job)}", url=url, imports=imports or [], groups=groups,
-        options=options, report=report, report_hint="(the same command) --report DIR",
+        options=options, report=report, report_hint=f"{this_command()} --report DIR",
     )  # fmt: skip
 
 
@@ -322,10 +338,9 @@ def _tune_model(model: str, *, kernel: str | None, shape: str | None, restrict: 
     export_path = check_export_path(export)
     report_dir = prepare_report_dir(report)
     open_store(url)
-    again = f"jointtune tune --model {model} --tp {tp} --tokens {tokens}" + (f" --kv-lens {kv_lens}" if kv_lens else "")
     _tune_and_summarise(
         plan.jobs, what=describe(plan), url=url, imports=imports, groups=groups, options=options, report=report_dir,
-        report_hint=again + " --report DIR",
+        report_hint=f"{this_command()} --report DIR",
         epilogue=model_epilogue([plan], url=url, export=export_path, console=_console()),
     )  # fmt: skip
 
@@ -339,6 +354,7 @@ def sweep(
     register_only: Annotated[bool, typer.Option("--register-only", help="only register it for workers")] = False,
 ) -> None:
     """Tune every job of a sweep file's profile on this node (and register it for workers)."""
+    from jointtune._command import jointtune_command
     from jointtune.autotune.sweeps.registry import register_sweep
     from jointtune.autotune.sweeps.sweepfile import load_sweep_file
     from jointtune.autotune.tuner.studies import open_storage
@@ -359,7 +375,8 @@ def sweep(
         count = sum(map(len, spec.profiles.values()))
         _console().print(f"registered sweep {spec.name!r}: {count} jobs", markup=False, highlight=False)
         return
-    again = f"jointtune sweep {file}" + ("" if db is None else f" --db {redact_url(url)}") + " --report DIR"
+    again = f"{jointtune_command()} sweep {shlex.quote(str(file))}"
+    again += ("" if db is None else f" --db {redact_url(url)}") + " --report DIR"
     plans = spec.models.get(chosen, ())
     epilogue = None
     if plans:

@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 
 from jointtune import __version__
 from jointtune.db import InvalidRecordError
@@ -54,7 +55,8 @@ item, are equal).
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the store is opened (and migrated) on the first request that needs it."""
     settings = settings or Settings()
-    app = FastAPI(title="jointtune config service", version=__version__, description=DESCRIPTION)
+    # /docs and /redoc from files in the package (fastapi-offline), not a CDN: GPU clusters are often air-gapped
+    app = FastAPIOffline(title="jointtune config service", version=__version__, description=DESCRIPTION)
     app.state.settings = settings
     app.state.tokens = TokenSet.load(settings.tokens, settings.tokens_file)
     app.state.metrics = Metrics()

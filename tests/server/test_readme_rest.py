@@ -1,7 +1,8 @@
-"""The README's REST example runs as written: its tokens, `jointtune serve`, curl, export and import.
+"""The README's REST example runs as pasted, whole: `jointtune serve` on a scratch store, a wait for /readyz,
+curl, export, import, and the service stopped at the end; the user's own default store is never touched.
 
-Only the port changes (the README's 8000 may be taken on a shared machine), and the script waits
-for the service to answer before its first request, as a person typing it does.
+Only the port changes (the README's 8000 may be taken on a shared machine). The block runs under
+`set -eu -o pipefail`, so any command of it that fails fails the test.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ import pytest
 from jointtune.server import TokenSet
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+HARDWARE = "h200-sxm-sm90-x2-nvlink-a434a073"
 
 
 def _rest_block() -> str:
@@ -33,29 +36,39 @@ def test_the_readme_token_example_is_accepted() -> None:
     assert len(parsed) == 2 and {parsed.role_of(t.partition(":")[2]) for t in tokens.split(",")} == {"write", "admin"}
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
-def test_the_readme_rest_example_runs_as_written(tmp_path: Path) -> None:
+def test_the_readme_rest_example_runs_as_pasted(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    block = _rest_block().replace("127.0.0.1:8000", f"127.0.0.1:{port}")
-    block = block.replace("jointtune serve &\n", f"jointtune serve --port {port} &\n")
-    wait = f"for i in $(seq 1 600); do curl -sf http://127.0.0.1:{port}/readyz >/dev/null && break; sleep 0.1; done\n"
-    serve_line = f"jointtune serve --port {port} &\n"
-    assert serve_line in block
-    script = "trap 'kill $(jobs -p) 2>/dev/null' EXIT\n" + block.replace(serve_line, serve_line + wait)
+    block = _rest_block()
+    assert block.count("8000") >= 4 and "/readyz" in block and "kill $SERVER" in block
+    script = "set -eu -o pipefail\n" + block.replace("8000", str(port))
+    home = tmp_path / "home"
     env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "JOINTTUNE_DB_URL": f"sqlite:///{tmp_path / 'readme.db'}",
-        "XDG_DATA_HOME": str(tmp_path / "data"),
+        **{k: v for k, v in os.environ.items() if k not in ("JOINTTUNE_DB_URL", "JOINTTUNE_TOKENS")},
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # jointtune on the PATH
+        "XDG_DATA_HOME": str(home / ".local" / "share"),  # where the default store would be
+        "HOME": str(home),
+        "TMPDIR": str(tmp_path),
     }
-    env.pop("JOINTTUNE_TOKENS", None)
-    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     out = done.stdout
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"jointtune serve: listening on http://127.0.0.1:{port}" in out
     assert '"changed":true' in out  # the publish
     assert '"match":"exact"' in out and '"dtype":"bfloat16"' in out  # the lookup, by the CLI's dtype name
-    assert '"next_after":null' in out  # the bundle page
-    assert "bundle.json: 1 records for h200-sxm-sm90-x2-nvlink-a434a073" in out
-    assert "1 records for h200-sxm-sm90-x2-nvlink-a434a073: 0 stored, 1 kept the existing better record" in out
+    assert '"trials":64' in out and '"next_after":null' in out  # provenance, the bundle page
+    assert f"bundle.json: 1 record for {HARDWARE}" in out
+    assert f"1 record for {HARDWARE}: 0 stored, 1 left as they were" in out
+    assert not home.exists(), "the example wrote into the default store's place"
+    assert not any(tmp_path.iterdir()), "the scratch directory was left behind"
+    deadline = time.monotonic() + 30
+    while _listening(port) and time.monotonic() < deadline:  # SIGTERM: uvicorn finishes its shutdown
+        time.sleep(0.1)
+    assert not _listening(port), "the example left the service running"

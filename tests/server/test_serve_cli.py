@@ -25,7 +25,7 @@ def testserve_subprocess(tmp_path: Path) -> None:
     port = _free_port()
     env = {**os.environ, "JOINTTUNE_TOKENS": "write:serve-token-123"}
     cmd = [sys.executable, "-c", "from jointtune.cli import main; main()", "serve", "--port", str(port), "--db", db]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline, ready = time.monotonic() + 30, None
         while time.monotonic() < deadline and proc.poll() is None:
@@ -37,9 +37,13 @@ def testserve_subprocess(tmp_path: Path) -> None:
         assert ready is not None and ready.json()["status"] == "ready"
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        out, _ = proc.communicate(timeout=10)
     with Store(db, migrate=False) as store:
         assert store.revision() == store.head_revision()
+    # it says where it listens, what it serves and from which store, before it starts
+    base = f"http://127.0.0.1:{port}"
+    assert f"jointtune serve: listening on {base}; writes need a bearer token" in out, out
+    assert f"  store:     {db}\n" in out and f"dashboard: {base}/dashboard   API docs: {base}/docs" in out
 
 
 def testserve_refuses_bad_tokens(tmp_path: Path) -> None:

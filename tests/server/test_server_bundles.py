@@ -71,4 +71,10 @@ def test_offline_export_import(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert len(err) == 2 and "records[2].world_size" in err[0] and "can't be read" in err[1]
     with Store(empty) as store:
         assert store.count_records() == 0
+    capsys.readouterr()
+    assert _cli(["import", str(out), "--db", target]) == 0  # the same records again: identical, nothing stored
+    assert "3 records for h200x2-nvl: 0 stored, 3 left as they were (the store's record for its key was as fast or " \
+        "faster: identical, or better)" in capsys.readouterr().out  # fmt: skip
     assert _cli(["export", "--hardware", "nope", "--db", source, "-o", str(tmp_path / "x.json")]) == 2
+    assert "--hardware: 'nope' is unknown in" in capsys.readouterr().err
+

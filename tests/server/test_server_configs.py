@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from jt_server import ADMIN, LOOKUP, WRITE, LiveServer, record
 
 from jointtune.search_spaces import get_space
@@ -102,6 +104,23 @@ def test_health_ready_docs(server: LiveServer) -> None:
         assert ready["status"] == "ready" and ready["revision"]
         assert http.get("/docs").status_code == 200
         assert "/v1/configs/{kernel}" in http.get("/openapi.json").json()["paths"]
+
+
+def test_docs_load_nothing_from_outside_the_service(sqlite_server: LiveServer) -> None:
+    """/docs and /redoc work on an air-gapped cluster: every script, style sheet and icon they name is served
+    by the service itself (no CDN), and the Swagger UI served reads OpenAPI 3.1, the version FastAPI writes."""
+    with sqlite_server.client() as http:
+        assert http.get("/openapi.json").json()["openapi"].startswith("3.1")
+        for page in ("/docs", "/redoc"):
+            html = http.get(page).text
+            assets = re.findall(r"""(?:src|href)\s*[=:]\s*['"]([^'"]+)['"]""", html) + re.findall(
+                r"""url:\s*['"]([^'"]+)['"]""", html
+            )
+            assert assets and not [a for a in assets if "://" in a or a.startswith("//")], (page, assets)
+            for asset in assets:
+                assert http.get(asset).status_code == 200, (page, asset)
+        swagger = next(a for a in re.findall(r'src="([^"]+)"', http.get("/docs").text) if "swagger-ui-bundle" in a)
+        assert "openapi: 3.1" in http.get(swagger).text
 
 
 def test_flash_decode_records_by_their_five_dims_and_timing(server: LiveServer) -> None:

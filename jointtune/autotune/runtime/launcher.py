@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from jointtune._command import jointtune_command
 from jointtune.autotune.runtime import agreement, policies
 from jointtune.autotune.runtime.lookup import DEFAULT_STORE_TIMEOUT_S, Found, Identity, Sources, make_client, warn_once
 from jointtune.autotune.runtime.rules import NoConfigError, candidate, env_mode, print_enabled
@@ -317,7 +318,7 @@ class JointAutotuned:
             raise NoConfigError(
                 f"{self.kernel}: no tuned config for shape {shape}, dtype {ident.dtype}, world_size "
                 f"{ident.world_size} on {ident.hardware_id}, timing {' or '.join(chain)} (on_miss='error'); "
-                f"tune it with `jointtune tune --timing {measured_as(ident.timing, ident.hardware_id)}`"
+                f"tune it with `{jointtune_command()} tune --timing {measured_as(ident.timing, ident.hardware_id)}`"
             )
         if policy == "tune":
             tuned = self._tune(ident, problem, accept)

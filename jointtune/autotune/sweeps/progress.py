@@ -146,6 +146,10 @@ def summary_table(results: Sequence[JobResult], *, title: str = "tuned configs")
     return table
 
 
+#: seconds without a line after which a log hears that trials still run
+QUIET_S = 60.0
+
+
 class ProgressView:
     """Shows where `read()`'s jobs stand on each `refresh()`: live on a terminal, line by line in a log.
 
@@ -168,6 +172,7 @@ class ProgressView:
         self._seen: dict[str, tuple[int, str | None]] = {}
         self._start = time.monotonic()
         self._pace: tuple[float, int, float] | None = None  # (when, trials, trial seconds) at first progress
+        self._said = self._start  # when the log last got a line
 
     def __enter__(self) -> ProgressView:
         if self.console.is_terminal:
@@ -220,10 +225,17 @@ class ProgressView:
             )
             if r.done_reason:
                 self._line(self._sweep_line(results, total_eta))
+        if time.monotonic() - self._said >= QUIET_S:  # a long trial (a GPU-sized shape on the CPU): say it runs
+            running = sum(r.state.running for r in results)
+            self._line(
+                f"{self.title}: no trial finished in the last {fmt_duration(time.monotonic() - self._said)}, "
+                f"{running} running; Ctrl-C stops (finished trials stay stored; the same command resumes)"
+            )
         return results
 
     def _line(self, text: str) -> None:
         self.console.print(f"[{fmt_duration(self.elapsed_s())}] {text}", markup=False, highlight=False)
+        self._said = time.monotonic()
 
     def _sweep_line(self, results: Sequence[JobResult], eta: float | None) -> str:
         done = sum(r.done_reason is not None for r in results)

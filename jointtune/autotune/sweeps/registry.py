@@ -19,6 +19,7 @@ from typing import Any
 
 import optuna
 
+from jointtune._command import jointtune_command
 from jointtune.autotune.settings import Job
 from jointtune.errors import TuningError
 
@@ -80,7 +81,7 @@ def load_sweep(storage: optuna.storages.BaseStorage, name: str) -> RegisteredSwe
         raise TuningError(f"sweep: {name!r} is not registered in this storage; registered: {known}") from None
     data = study.user_attrs.get(_ATTR)
     if not data:
-        raise TuningError(f"sweep: {name!r} has no jobs stored; register it again with `jointtune sweep`")
+        raise TuningError(f"sweep: {name!r} has no jobs stored; register it again with `{jointtune_command()} sweep`")
     return RegisteredSweep.from_json(data)
 
 

@@ -147,6 +147,13 @@ def test_a_sweep_log_shows_progress_and_says_what_next_and_a_rerun_knows_what_is
     assert "dashboard at http://127.0.0.1:8000/dashboard" in out
     assert f"jointtune sweep {sweep} --db {url} --report DIR" in out
     assert "CPU: the fused modes ran in Triton's interpreter" in out
+    # each next command runs as printed, in the shell that ran the sweep (`jointtune` or the path of this script)
+    nexts = out[out.index("\nnext:\n") + 7 :].splitlines()
+    commands = [line.split("  # ")[0].strip() for line in nexts if line.startswith("  ") and "  # " in line]
+    listing = next(c for c in commands if " db list " in c)
+    assert all(c.startswith(listing.split(" db list ")[0] + " ") for c in commands), commands
+    listed = subprocess.run(["bash", "-c", listing], env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and "jt_sleep" in listed.stdout, listed.stderr
 
     # the same sweep again: nothing to tune, nothing started, said so
     again = _sweep(

@@ -82,6 +82,10 @@ def test_a_killed_cli_leaves_no_process_of_its_run(tmp_path, subprocess_env, how
 
         left = _wait_until_gone(marker)
         assert not left, f"{how} of the CLI left {describe(left)}"
+        if how == "Ctrl-C":  # not silent: what is kept, and how to go on
+            said = log.read_text()
+            assert cli.returncode == 130 and "interrupted after " in said, said
+            assert "to resume where it stopped, run the same command again: " in said and " tune --kernel " in said
     finally:
         if cli.poll() is None:
             cli.kill()
