@@ -3,9 +3,12 @@
 A job's remaining time is its trials left times its mean trial time (measured trials only: invalid
 suggestions never run) plus the time between trials that the live view observes (asking Optuna,
 storage writes), capped by what is left of its time budget (which counts trial time only). A job
-nobody has started yet borrows the mean trial time of the jobs that have. Patience may end a job
-sooner, so every estimate is an upper bound; the sweep's is the sum over unfinished jobs, divided
-by the groups that share them.
+nobody has started yet is estimated at its whole time budget where it has one: other shapes' trial
+times say little about a larger shape's or another kernel's (a CPU sweep's ETA said 4:48 left at
+0:46 from its smallest shapes' trials, and ran 6:32 more), and a job can't run past its budget by
+more than a trial. One without a budget borrows the mean trial time of the jobs that have started.
+Patience may end a job sooner; the sweep's estimate is the sum over unfinished jobs, divided by the
+groups that share them.
 
 Example:
     >>> fmt_duration(75.0), fmt_duration(3725.0), fmt_duration(None)
@@ -54,10 +57,12 @@ def job_eta_s(result: JobResult, *, fallback_trial_s: float | None = None, overh
     if left == 0:
         return 0.0
     per_trial = result.state.elapsed_s / result.counted if result.counted else fallback_trial_s
+    budget = result.job.settings.time_budget_s
+    if not result.counted and budget is not None:  # not started: its budget bounds it, a guess would not
+        return budget * ((per_trial + overhead_s) / per_trial if per_trial else 1.0)
     if per_trial is None:
         return None
     eta = left * (per_trial + overhead_s)
-    budget = result.job.settings.time_budget_s
     if budget is not None and per_trial > 0:
         eta = min(eta, max(0.0, budget - result.state.elapsed_s) * (per_trial + overhead_s) / per_trial)
     return eta
