@@ -158,3 +158,44 @@ def test_revision_0005_labels_the_interpreters_records_interp(
         command.downgrade(config, "0004")
         assert {row[0] for row in conn.execute(sa.text("SELECT timing FROM jt_records"))} == {"gpu"}
     engine.dispose()
+
+
+def test_revision_0006_gives_records_their_studys_trial_count(
+    db_url: str, make_record: Callable[..., NewRecord]
+) -> None:
+    """A record stored when its config was found (trial 1 of its study) gets the study's count on upgrade, by the
+    tuner's own rule (invalid suggestions and cached repeats are no trials); a record whose study is not in this
+    database, and one whose count is higher already, keep theirs."""
+    import optuna
+    from alembic import command
+    from optuna.trial import TrialState, create_trial
+
+    from jointtune.db._engine import make_engine
+    from jointtune.db._migrate import alembic_config
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        config = alembic_config()
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0005")
+    engine.dispose()
+    with Store(db_url, migrate=False) as old:
+        old.upsert_record(make_record(study_name="study-a", trials=1))
+        old.upsert_record(make_record(shape={"M": 64, "N": 64, "K": 64}, study_name="elsewhere", trials=2))
+        old.upsert_record(make_record(shape={"M": 128, "N": 64, "K": 64}, study_name="study-b", trials=50))
+        kwargs = old.optuna_engine_kwargs()
+    storage = optuna.storages.RDBStorage(db_url, engine_kwargs=kwargs)
+    try:
+        for name, trials in (("study-a", 6), ("study-b", 1)):
+            study = optuna.create_study(study_name=name, storage=storage)
+            for i in range(trials):
+                attrs = [{}, {}, {}, {"fail_reason": "compile"}, {"fail_reason": "invalid"}, {"jt_cached": 0}][i]
+                state = TrialState.PRUNED if "fail_reason" in attrs else TrialState.COMPLETE
+                study.add_trial(create_trial(state=state, value=None if state == TrialState.PRUNED else 1.0 + i,
+                                             user_attrs=attrs))  # fmt: skip
+    finally:
+        storage.remove_session()
+        storage.engine.dispose()
+    with Store(db_url) as store:
+        counts = {r.study_name: r.trials for r in store.list_records()}
+    assert counts == {"study-a": 4, "elsewhere": 2, "study-b": 50}  # 3 measured + 1 failed; the rest kept

@@ -206,12 +206,15 @@ def test_the_openapi_document_tells_the_truth(sqlite_server: LiveServer) -> None
 
 def test_a_full_export_round_trips_in_pages(sqlite_url: str, tmp_path: Path) -> None:
     """Item 8: an export of > ~3,000 records could not be posted back (1 MiB limit), an import
-    committed record by record, and anyone could pull a 34 MB export at once."""
-    records = [NewRecord(**record(shape={"M": m, "N": 4096, "K": 12288}, config={"pad": "x" * 200}))
-               for m in range(1, 3501)]  # fmt: skip
+    committed record by record, and anyone could pull a 34 MB export at once. What broke was the bytes,
+    not the count: 900 records of ~2 KiB (the 1.7 MB that 3,500 of ~0.5 KiB made) need more than three
+    512 KiB pages, and more than two import batches."""
+    n = 900
+    records = [NewRecord(**record(shape={"M": m, "N": 4096, "K": 12288}, config={"pad": "x" * 900, "pad2": "y" * 900}))
+               for m in range(1, n + 1)]  # fmt: skip
     with Store(sqlite_url) as store:
         store.upsert_hardware(hardware_id="h200x2-nvl", name="2x H200", fingerprint={"sms": 132})
-        assert store.import_records(records) == (3500, 3500)
+        assert store.import_records(records) == (n, n)
     target, files = f"sqlite:///{tmp_path / 'target.db'}", []
     for source in serve(sqlite_url):
         for sink in serve(target):
@@ -224,12 +227,12 @@ def test_a_full_export_round_trips_in_pages(sqlite_url: str, tmp_path: Path) -> 
                     files[-1].write_bytes(page.content)
                     assert post.post("/v1/bundles", content=page.content, headers=JSON).status_code == 200
                     after = page.json()["next_after"]
-                assert len(files) > 3  # 3,500 records of ~0.5 KiB: more than one body's worth
+                assert len(files) > 3  # 900 records of ~2 KiB: more than one body's worth
                 with source.app.state.export_gate.enter():  # a page being built: the next is refused
                     busy = get.get("/v1/bundles/h200x2-nvl")
                 assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
                 assert _locs(get.get("/v1/bundles/h200x2-nvl", params={"limit": 1001})) == [["query", "limit"]]
-    assert count(target) == 3500
+    assert count(target) == n
     pages_db = f"sqlite:///{tmp_path / 'pages.db'}"
     assert _cli(["import", *map(str, files), "--db", pages_db]) == 0  # every page, one transaction
     whole = tmp_path / "whole.json"
@@ -238,7 +241,7 @@ def test_a_full_export_round_trips_in_pages(sqlite_url: str, tmp_path: Path) -> 
     assert _cli(["import", str(whole), "--db", file_db]) == 0
     for url in (pages_db, file_db):
         with Store(url) as store:
-            assert store.count_records() == 3500 and store.get_hardware("h200x2-nvl").fingerprint == {"sms": 132}
+            assert store.count_records() == n and store.get_hardware("h200x2-nvl").fingerprint == {"sms": 132}
 
 
 def test_rest_takes_the_cli_dtype_names(server: LiveServer) -> None:
