@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -76,6 +77,7 @@ def write_bundle_of(url: str, jobs: Sequence[Job], path: Path, hardware_id: str)
     from jointtune.kernels import get_family
     from jointtune.server.bundle import parse_bundle
     from jointtune.server.schemas import SCHEMA_VERSION
+    from jointtune.timings import measured_as
 
     with Store(url) as store:
         profile = store.get_hardware(hardware_id)
@@ -83,7 +85,7 @@ def write_bundle_of(url: str, jobs: Sequence[Job], path: Path, hardware_id: str)
         for job in jobs:
             record = store.best(kernel=job.kernel, kernel_version=get_family(job.kernel).version, shape=dict(job.shape),
                                 dtype=job.dtype, world_size=job.world_size, hardware_id=hardware_id,
-                                timing=job.settings.timing)  # fmt: skip
+                                timing=measured_as(job.settings.timing, hardware_id))  # fmt: skip
             if record is not None:
                 records.append({name: getattr(record, name) for name in PUBLISHED})
     if profile is None:
@@ -113,6 +115,7 @@ def model_epilogue(plans: Sequence[ModelPlan], *, url: str, export: Path | None,
     """What a tuning run of models prints (and writes) last: each model's per-layer table, then the bundle."""
 
     def epilogue(results: Sequence[JobResult]) -> None:
+        from jointtune._command import jointtune_command
         from jointtune.hardware import detect
 
         for plan in plans:
@@ -122,8 +125,9 @@ def model_epilogue(plans: Sequence[ModelPlan], *, url: str, export: Path | None,
         if export is not None:
             jobs = list(dict.fromkeys(job for plan in plans for job in plan.jobs))
             count = write_bundle_of(url, jobs, export, detect().hardware_id)
-            console.print(f"exported: {count} of {len(jobs)} tuned records to {export} (jointtune import {export})",
-                          markup=False, highlight=False)  # fmt: skip
+            again = f"{jointtune_command()} import {shlex.quote(str(export))}"
+            console.print(f"exported: {count} of {len(jobs)} tuned records to {export} ({again})",
+                          markup=False, highlight=False, soft_wrap=True)  # fmt: skip
 
     return epilogue
 

@@ -33,6 +33,7 @@ def retune(
     ] = None,
 ) -> None:
     """List the keys whose best record is under an old kernel or space version, and re-tune those of this machine."""
+    from jointtune._command import jointtune_command
     from jointtune.autotune.tuner.stale import find_stale
     from jointtune.autotune.workers.runner import prepare_interpreter
     from jointtune.cli._checks import existing_store_url, prepare_report_dir
@@ -76,7 +77,7 @@ def retune(
         jobs = list(dict.fromkeys(key.job for key in stale if key.job is not None))  # two raw lengths, one bucket
         if list_only or not jobs:
             if jobs:
-                again = "jointtune retune" + ("" if db is None else f" --db {redact_url(url)}")
+                again = f"{jointtune_command()} retune" + ("" if db is None else f" --db {redact_url(url)}")
                 console.print(f"next: {again} (re-tunes the {len(jobs)} keys of this machine)",
                               markup=False, highlight=False)  # fmt: skip
             return

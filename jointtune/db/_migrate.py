@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 #: the newest revision in `migrations/versions`; a test checks it against Alembic's head. Kept as a
 #: constant so opening an up-to-date store never imports Alembic (a training job pays for imports).
-SCHEMA_HEAD = "0006"
+SCHEMA_HEAD = "0007"
 #: arbitrary constant naming our advisory lock (ASCII "jointtun"); any process migrating takes it
 PG_LOCK_KEY = int.from_bytes(b"jointtun", "big") & 0x7FFFFFFFFFFFFFFF
 

@@ -123,7 +123,7 @@ def test_revision_0004_keeps_sqlite_ids_unique(tmp_path, make_record: Callable[.
         assert new.id > ids[-1], (new.id, ids)
 
 
-def test_revision_0005_labels_the_interpreters_records_interp(
+def test_revision_0006_labels_the_interpreters_records_interp(
     db_url: str, make_record: Callable[..., NewRecord]
 ) -> None:
     """Records a CPU-only machine stored as gpu or eager become interp; a key with both keeps the faster; a GPU's
@@ -138,7 +138,7 @@ def test_revision_0005_labels_the_interpreters_records_interp(
     with engine.begin() as conn:
         config = alembic_config()
         config.attributes["connection"] = conn
-        command.upgrade(config, "0004")
+        command.upgrade(config, "0005")
     engine.dispose()
     with Store(db_url, migrate=False) as old:
         old.upsert_record(make_record(hardware_id=cpu, latency_p50_us=600.0, config={"mode": "push"}))
@@ -155,12 +155,12 @@ def test_revision_0005_labels_the_interpreters_records_interp(
     with engine.begin() as conn:
         config = alembic_config()
         config.attributes["connection"] = conn
-        command.downgrade(config, "0004")
+        command.downgrade(config, "0005")
         assert {row[0] for row in conn.execute(sa.text("SELECT timing FROM jt_records"))} == {"gpu"}
     engine.dispose()
 
 
-def test_revision_0006_gives_records_their_studys_trial_count(
+def test_revision_0007_gives_records_their_studys_trial_count(
     db_url: str, make_record: Callable[..., NewRecord]
 ) -> None:
     """A record stored when its config was found (trial 1 of its study) gets the study's count on upgrade, by the
@@ -177,7 +177,7 @@ def test_revision_0006_gives_records_their_studys_trial_count(
     with engine.begin() as conn:
         config = alembic_config()
         config.attributes["connection"] = conn
-        command.upgrade(config, "0005")
+        command.upgrade(config, "0006")
     engine.dispose()
     with Store(db_url, migrate=False) as old:
         old.upsert_record(make_record(study_name="study-a", trials=1))

@@ -77,4 +77,3 @@ def test_offline_export_import(tmp_path: Path, capsys: pytest.CaptureFixture[str
         "faster: identical, or better)" in capsys.readouterr().out  # fmt: skip
     assert _cli(["export", "--hardware", "nope", "--db", source, "-o", str(tmp_path / "x.json")]) == 2
     assert "--hardware: 'nope' is unknown in" in capsys.readouterr().err
-

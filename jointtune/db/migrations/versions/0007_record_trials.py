@@ -7,8 +7,8 @@ does it once for what is stored: each record whose study is in this database get
 (`StudyState.trial_count`, the one rule, read from Optuna's tables), never a lower one. Records without
 a study here (imported from bundles, published over REST) keep theirs. Nothing to undo on downgrade.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-11-26
 """
 
@@ -20,8 +20,8 @@ from collections import defaultdict
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

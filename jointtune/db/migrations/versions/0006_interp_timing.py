@@ -8,8 +8,8 @@ a gpu and an eager record there (the same measurement, twice), the faster stays 
 the other goes. Downgrading makes them gpu records again, as the older code wrote them (where the key has no
 gpu record already).
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-11-26
 """
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005"
-down_revision = "0004"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
