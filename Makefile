@@ -37,11 +37,13 @@ sweep: $(STAMP)
 # The dashboard's browser test needs Debian's chromium; install it when it's missing (as root).
 # README.md, "Set-up", says what this installs and how to skip it. Two pytest-xdist workers: CI has 2 cores, and
 # most tests are single-threaded Python (the Triton interpreter); every test has its own database, store and ports.
+# worksteal: a worker that runs out takes the other's pending tests (with `load` one sat idle for a minute at the
+# end). --durations=25: the slowest tests in CI's log, where a slow new test shows.
 test: $(STAMP) $(GPU_TRITON)
 	@command -v chromium >/dev/null 2>&1 || { echo "make test: installing Debian's chromium with apt-get (as root)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "chromium could not be installed: the dashboard's browser test will be skipped"
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --durations=25
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -161,7 +161,7 @@ ONE_ATOMIC = {"mode": "atomic", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GR
 def test_cli_tunes_atomic_end_to_end_with_the_flag(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     url = f"sqlite:///{tmp_path / 'jt.db'}"
     args = ["tune", "--kernel", "gemm_rs", "--shape", SHAPE_TEXT, "--world-size", str(W), "--strategy", "exhaustive"]
-    args += ["--trials", "2", "--warmup", "0", "--iters", "1", "--db", url, "--allow-nondeterministic"]
+    args += ["--trials", "3", "--warmup", "0", "--iters", "1", "--db", url, "--allow-nondeterministic"]
     for name, value in ONE_ATOMIC.items():
         args += ["--restrict", f"{name}={value}"]
     done = subprocess.run([*JOINTTUNE, *args], env=subprocess_env, capture_output=True, text=True, timeout=300)
