@@ -3,10 +3,10 @@
 A job's remaining time is its trials left times its mean trial time (measured trials only: invalid
 suggestions never run) plus the time between trials that the live view observes (asking Optuna,
 storage writes), capped by what is left of its time budget (which counts trial time only). A job
-nobody has started yet is estimated at its whole time budget where it has one: other shapes' trial
-times say little about a larger shape's or another kernel's (a CPU sweep's ETA said 4:48 left at
-0:46 from its smallest shapes' trials, and ran 6:32 more), and a job can't run past its budget by
-more than a trial. One without a budget borrows the mean trial time of the jobs that have started.
+nobody has started yet borrows the mean trial time of the started jobs of its kernel, capped by its
+budget; where no job of its kernel has started, it counts at its whole time budget (another kernel's
+trial times say little about its own: a CPU sweep's ETA said 4:48 left at 0:46 from its first kernel's
+trials and ran 6:32 more), and only without a budget at the mean trial time of all started jobs.
 Patience may end a job sooner; the sweep's estimate is the sum over unfinished jobs, divided by the
 groups that share them.
 
@@ -34,10 +34,11 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{hours}:{minutes:02}:{secs:02}" if hours else f"{minutes}:{secs:02}"
 
 
-def mean_trial_s(results: Sequence[JobResult]) -> float | None:
-    """Mean duration of a measured trial over every job (None before the first one ends)."""
-    count = sum(r.counted for r in results)
-    return sum(r.state.elapsed_s for r in results) / count if count else None
+def mean_trial_s(results: Sequence[JobResult], kernel: str | None = None) -> float | None:
+    """Mean duration of a measured trial over every job (or `kernel`'s jobs); None before the first one ends."""
+    mine = [r for r in results if kernel is None or r.job.kernel == kernel]
+    count = sum(r.counted for r in mine)
+    return sum(r.state.elapsed_s for r in mine) / count if count else None
 
 
 def trials_left(result: JobResult) -> int:
@@ -48,18 +49,30 @@ def trials_left(result: JobResult) -> int:
     return max(0, budget - result.counted)
 
 
-def job_eta_s(result: JobResult, *, fallback_trial_s: float | None = None, overhead_s: float = 0.0) -> float | None:
-    """Seconds the job has left at most; 0 when done, None when nothing has been timed yet.
+def job_eta_s(
+    result: JobResult,
+    *,
+    fallback_trial_s: float | None = None,
+    overhead_s: float = 0.0,
+    kernel_trial_s: float | None = None,
+) -> float | None:
+    """Seconds the job has left; 0 when done, None when nothing has been timed yet.
 
-    `overhead_s`: wall time per trial spent outside trials (between them).
+    `overhead_s`: wall time per trial spent outside trials (between them). `fallback_trial_s` and
+    `kernel_trial_s`: the mean trial time of every started job, and of the started jobs of this one's kernel.
     """
     left = trials_left(result)
     if left == 0:
         return 0.0
-    per_trial = result.state.elapsed_s / result.counted if result.counted else fallback_trial_s
     budget = result.job.settings.time_budget_s
-    if not result.counted and budget is not None:  # not started: its budget bounds it, a guess would not
-        return budget * ((per_trial + overhead_s) / per_trial if per_trial else 1.0)
+    if result.counted:
+        per_trial = result.state.elapsed_s / result.counted
+    elif kernel_trial_s is not None:
+        per_trial = kernel_trial_s
+    elif budget is not None:  # not started, nothing like it timed: its budget bounds it, a guess would not
+        return budget * ((fallback_trial_s + overhead_s) / fallback_trial_s if fallback_trial_s else 1.0)
+    else:
+        per_trial = fallback_trial_s
     if per_trial is None:
         return None
     eta = left * (per_trial + overhead_s)
@@ -70,8 +83,17 @@ def job_eta_s(result: JobResult, *, fallback_trial_s: float | None = None, overh
 
 def sweep_eta_s(results: Sequence[JobResult], *, parallel: int = 1, overhead_s: float = 0.0) -> float | None:
     """Seconds the sweep has left at most, its unfinished jobs shared by `parallel` groups."""
+    return total_eta_s(job_etas(results, overhead_s=overhead_s), parallel)
+
+
+def job_etas(results: Sequence[JobResult], *, overhead_s: float = 0.0) -> list[float | None]:
+    """Every job's `job_eta_s`, each given the mean trial times it borrows from the others."""
     fallback = mean_trial_s(results)
-    return total_eta_s([job_eta_s(r, fallback_trial_s=fallback, overhead_s=overhead_s) for r in results], parallel)
+    kernels = {kernel: mean_trial_s(results, kernel) for kernel in {r.job.kernel for r in results}}
+    return [
+        job_eta_s(r, fallback_trial_s=fallback, overhead_s=overhead_s, kernel_trial_s=kernels[r.job.kernel])
+        for r in results
+    ]
 
 
 def total_eta_s(etas: Sequence[float | None], parallel: int = 1) -> float | None:

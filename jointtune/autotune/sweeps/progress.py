@@ -26,7 +26,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from jointtune.autotune.sweeps.eta import fmt_duration, job_eta_s, mean_trial_s, total_eta_s
+from jointtune.autotune.sweeps.eta import fmt_duration, job_etas, total_eta_s
 from jointtune.autotune.tuner.results import JobResult, job_label, shape_label
 
 
@@ -206,8 +206,7 @@ class ProgressView:
     def refresh(self) -> Sequence[JobResult]:
         results = self.read()
         overhead = self._overhead_s(results)
-        fallback = mean_trial_s(results)
-        etas = [job_eta_s(r, fallback_trial_s=fallback, overhead_s=overhead) for r in results]
+        etas = job_etas(results, overhead_s=overhead)
         total_eta = total_eta_s(etas, self.parallel)
         if self._live is not None:
             table = progress_table(results, title=self.title, etas=etas, already=self.already)

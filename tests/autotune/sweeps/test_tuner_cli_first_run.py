@@ -235,8 +235,10 @@ def test_etas_come_from_trial_times_and_respect_time_budgets():
     assert job_eta_s(result(10, 4, 8.0, budget=10.0)) == pytest.approx(2.0)  # the time budget ends it first
     assert job_eta_s(result(10, 0, 0.0)) is None and job_eta_s(result(10, 0, 0.0), fallback_trial_s=3.0) == 30.0
     assert job_eta_s(result(4, 4, 8.0)) == 0.0
-    # not started, with a time budget: the budget (and the time between trials it implies), not the other shapes'
-    # trial times, which a larger shape's exceed
+    # not started, with a time budget: the mean trial time of its kernel's started jobs, capped by the budget; with
+    # none of its kernel started, the budget (and the time between trials it implies), not other kernels' trial times
+    assert job_eta_s(result(16, 0, 0.0, budget=45.0), kernel_trial_s=1.0) == pytest.approx(16.0)
+    assert job_eta_s(result(16, 0, 0.0, budget=45.0), kernel_trial_s=5.0) == pytest.approx(45.0)
     assert job_eta_s(result(16, 0, 0.0, budget=45.0), fallback_trial_s=1.0) == pytest.approx(45.0)
     assert job_eta_s(result(16, 0, 0.0, budget=45.0), fallback_trial_s=1.0, overhead_s=0.5) == pytest.approx(67.5)
     assert job_eta_s(result(16, 0, 0.0, budget=45.0)) == pytest.approx(45.0)  # nothing timed yet: still bounded
