@@ -12,9 +12,7 @@ It ends with a check that our fused ops still run right in the same process afte
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import statistics
 import sys
 import time
@@ -24,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ag_gemm_bench import device_label, init_cuda_world, spin_up
+from ag_gemm_bench import init_cuda_world, spin_up
+from ag_gemm_modes import run_header
 
 CALLS = 8  # calls per captured graph
 
@@ -221,16 +220,8 @@ def main() -> None:
     world = init_cuda_world()
     W, rank = world.world_size, world.rank
     group = dist.group.WORLD
-    import triton
-
-    result = {
-        "device": device_label(W), "world_size": W,
-        "versions": {"torch": torch.__version__, "triton": triton.__version__,
-                     "nccl": ".".join(map(str, torch.cuda.nccl.version())), "python": platform.python_version()},
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": f"torchrun --nproc-per-node={W} bench/collectives.py " + " ".join(sys.argv[1:]),
-        "dtype": "bfloat16", "calls_per_graph": CALLS, "sizes": [],
-    }  # fmt: skip
+    result = {**run_header(world, "bench/collectives.py"), "world_size": W, "calls_per_graph": CALLS, "sizes": []}
+    del result["shapes"]
     try:
         cfg = dist.ProcessGroupNCCL.Options().config
         result["nccl_config_fields"] = [n for n in dir(cfg) if not n.startswith("_")]
