@@ -37,7 +37,6 @@ class CudaCollectives:
         #: allocates a buffer of torch's symmetric memory (the world's own `_allocate`)
         self._symmetric = symmetric
         self._ce_group: Any = None
-        self._pools: list[Any] = []  # every registered pool, for the world's life
 
     def group_of(self, collective: str) -> Any:
         if collective != "nccl_ce":
@@ -64,7 +63,6 @@ class CudaCollectives:
                 tensor = torch.empty(max(numel, 1), dtype=dtype, device=self.device)
             torch.cuda.synchronize(self.device)
             backend.register_mem_pool(pool, symm=True)  # collective: every rank's plan allocates alike
-            self._pools.append((pool, tensor))
             _outlive_the_process(pool)
         elif collective in TORCH_SYMMETRIC:
             tensor = self._symmetric(max(numel, 1), dtype)

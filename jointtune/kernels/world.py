@@ -228,10 +228,15 @@ class World(ABC):
         """Tensors (one per local rank) that the baseline's `collective` variant reads and writes without a copy:
         in an NCCL symmetric window (nccl_symm, nccl_ce), torch's symmetric memory (torch_*), or plain (nccl)."""
         refuse_during_capture(self.device, f"a buffer of the {collective} collective")
-        out = [torch.empty(tuple(shape), dtype=dtype, device=self.device) for _ in self.local_ranks]
+        out = self._collective_tensors(tuple(int(s) for s in shape), dtype, collective)
         for t in out:
             self._homes[t.data_ptr()] = collective
         return out
+
+    def _collective_tensors(self, shape: tuple[int, ...], dtype: torch.dtype, collective: str) -> list[torch.Tensor]:
+        """The tensors `collective_empty` hands out: plain ones where ranks are simulated (every variant is one
+        collective there)."""
+        return [torch.empty(shape, dtype=dtype, device=self.device) for _ in self.local_ranks]
 
     def collective_home(self, tensor: torch.Tensor) -> str | None:
         """The variant whose buffer `tensor` starts, if `collective_empty` made it (else None: it is copied in)."""
@@ -475,13 +480,10 @@ class CudaWorld(World):
         self._refuse_gloo_capture("an all-reduce", collective)
         self.collectives.all_reduce(tensor, collective)
 
-    def collective_empty(self, shape: Sequence[int], dtype: torch.dtype, collective: str) -> list[torch.Tensor]:
-        refuse_during_capture(self.device, f"a buffer of the {collective} collective")
+    def _collective_tensors(self, shape: tuple[int, ...], dtype: torch.dtype, collective: str) -> list[torch.Tensor]:
         if self.shared_gpu:
             refuse_on_gloo(collective)
-        view = self.collectives.empty(tuple(int(s) for s in shape), dtype, collective)
-        self._homes[view.data_ptr()] = collective
-        return [view]
+        return [self.collectives.empty(shape, dtype, collective)]
 
     def _after_failed_capture(self) -> None:
         self._side_used = False  # a later capture must not join a side stream it never forked

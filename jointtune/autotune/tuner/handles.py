@@ -189,14 +189,4 @@ class StudyHandle:
 
     def note_trials(self, state: StudyState, *, store: Store) -> None:
         """Raise the trial count of the record this study made for its key to the study's count."""
-        store.note_trials(
-            kernel=self.key.kernel,
-            kernel_version=self.key.kernel_version,
-            shape=self.key.shape_dict,
-            dtype=self.key.dtype,
-            world_size=self.key.world_size,
-            hardware_id=self.key.hardware_id,
-            timing=self.key.timing,
-            study_name=self.name,
-            trials=state.trial_count,
-        )
+        store.note_trials(**self.key.to_json(), study_name=self.name, trials=state.trial_count)
