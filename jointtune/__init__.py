@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from jointtune.autotune.settings import TuneSettings
     from jointtune.kernels.ag_gemm import ag_gemm
     from jointtune.kernels.flash_decode import flash_decode
+    from jointtune.kernels.gemm_ar import gemm_ar, gemm_ar_rmsnorm
     from jointtune.kernels.gemm_rs import gemm_rs
     from jointtune.kernels.world import World, create_world
 
@@ -44,6 +45,8 @@ _EXPORTS: dict[str, tuple[str, bool]] = {
     "ag_gemm": ("jointtune.kernels.ag_gemm", True),
     "gemm_rs": ("jointtune.kernels.gemm_rs", True),
     "flash_decode": ("jointtune.kernels.flash_decode", True),
+    "gemm_ar": ("jointtune.kernels.gemm_ar", True),
+    "gemm_ar_rmsnorm": ("jointtune.kernels.gemm_ar", True),
     "create_world": ("jointtune.kernels.world", True),
     "World": ("jointtune.kernels.world", True),
 }
@@ -59,6 +62,8 @@ __all__ = [
     "ag_gemm",
     "create_world",
     "flash_decode",
+    "gemm_ar",
+    "gemm_ar_rmsnorm",
     "gemm_rs",
     "joint_autotune",
 ]

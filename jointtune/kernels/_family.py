@@ -147,7 +147,8 @@ def _load_builtin_families() -> None:
     # Imported lazily: kernel modules import triton, and the CLI should start without it.
     import importlib
 
-    for module in ("jointtune.kernels.ag_gemm", "jointtune.kernels.gemm_rs", "jointtune.kernels.flash_decode"):
+    for module in ("jointtune.kernels.ag_gemm", "jointtune.kernels.gemm_rs", "jointtune.kernels.flash_decode",
+                   "jointtune.kernels.gemm_ar"):  # fmt: skip
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

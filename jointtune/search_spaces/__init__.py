@@ -31,9 +31,10 @@ from jointtune.search_spaces._shape import parse_shape
 from jointtune.search_spaces._space import Space
 from jointtune.search_spaces.ag_gemm import AG_GEMM
 from jointtune.search_spaces.flash_decode import FLASH_DECODE
+from jointtune.search_spaces.gemm_ar import GEMM_AR
 from jointtune.search_spaces.gemm_rs import GEMM_RS
 
-for _space in (AG_GEMM, GEMM_RS, FLASH_DECODE):
+for _space in (AG_GEMM, GEMM_RS, FLASH_DECODE, GEMM_AR):
     register_space(_space)
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "ANCHOR_WORLD_SIZE",
     "DTYPE_BYTES",
     "FLASH_DECODE",
+    "GEMM_AR",
     "GEMM_RS",
     "Condition",
     "Constraint",

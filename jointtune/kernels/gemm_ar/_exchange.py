@@ -1,0 +1,120 @@
+"""The exchange side of `gemm_ar_kernel` (its module doc says how the pieces fit): where a finished tile goes, how
+its chunk's flag is counted and released, which flags a reduce item waits for, and the tile order those share."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from jointtune.kernels._tiles import grouped_tile
+
+# ---- tiles and flags --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def tile_index(pm, pn, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    # the tile order's index of tile (pm, pn): the inverse of `grouped_tile`
+    first_m = (pm // GROUP_M) * GROUP_M
+    group_m = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m * tiles_n + pn * group_m + (pm - first_m)
+
+
+@triton.jit
+def _chunk_owners(chunk, n_tiles, tiles_m, tiles_n, M, rows_per_owner, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
+                  TILES_PER_FLAG: tl.constexpr):  # fmt: skip
+    # (first, last) rank owning rows of the chunk's tiles (two-shot)
+    lo = M
+    hi = 0
+    for t in range(chunk * TILES_PER_FLAG, tl.minimum(chunk * TILES_PER_FLAG + TILES_PER_FLAG, n_tiles)):
+        pm, _ = grouped_tile(t, tiles_m, tiles_n, GROUP_M)
+        lo = tl.minimum(lo, pm * BLOCK_M)
+        hi = tl.maximum(hi, tl.minimum(M, pm * BLOCK_M + BLOCK_M))
+    return lo // rows_per_owner, (hi - 1) // rows_per_owner
+
+
+@triton.jit
+def _release(flag_ptrs_ptr, index, epoch, first, last, skip):
+    # flag `index` := epoch at ranks first..last but `skip`, publishing the program's earlier writes, all threads'
+    # (system scope)
+    tl.debug_barrier()
+    for p in range(first, last + 1):
+        if p != skip:
+            flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
+            tl.atomic_xchg(flags + index, epoch, sem="release", scope="sys")
+
+
+@triton.jit
+def _wait_sources(flags_ptr, flag_stride, pm, pn_lo, pn_hi, tiles_m, tiles_n, epoch, WORLD: tl.constexpr,
+                  WORLD_P2: tl.constexpr, WAIT_C: tl.constexpr, GROUP_M: tl.constexpr,
+                  TILES_PER_FLAG: tl.constexpr):  # fmt: skip
+    # Every rank's flags of the chunks holding tiles (pm, pn_lo..pn_hi): exactly those (in two-shot a chunk of other
+    # rows is never released to this rank), polled and acquired as one vector, a flag per thread: one round trip for
+    # them all, not one per flag. The acquires' values are used, so Triton keeps them (`_signals.wait_flag`), and the
+    # barrier after hands them to every thread of the program.
+    srcs = tl.arange(0, WORLD_P2)
+    for p0 in range(pn_lo, pn_hi + 1, WAIT_C):
+        pns = p0 + tl.arange(0, WAIT_C)
+        chunks = tile_index(pm, pns, tiles_m, tiles_n, GROUP_M) // TILES_PER_FLAG
+        ptrs = flags_ptr + srcs[:, None] * flag_stride + chunks[None, :]
+        mask = (srcs < WORLD)[:, None] & (pns <= pn_hi)[None, :]
+        while tl.min(tl.where(mask, tl.load(ptrs, mask=mask, other=0, volatile=True), epoch)) < epoch:
+            pass
+        while tl.min(tl.where(mask, tl.atomic_add(ptrs, 0, mask=mask, sem="acquire", scope="sys"), epoch)) < epoch:
+            pass
+    tl.debug_barrier()
+
+
+# ---- produce ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _send(val, offs_m, offs_n, mmask, nmask, send_ptr, send_deltas_ptr, half, N, rank, rows_per_owner, row_lo, row_hi,
+          WORLD: tl.constexpr, TWO_SHOT: tl.constexpr, PUSH: tl.constexpr):  # fmt: skip
+    # A finished tile [rows offs_m, columns offs_n] where its readers find it (module doc). Every slot is 16-element
+    # aligned (`_symm.ALIGN`): deltas are rounded so the compiler may vectorise.
+    mask = mmask[:, None] & nmask[None, :]
+    cols = offs_n[None, :]
+    if PUSH:
+        if TWO_SHOT:  # each owner's rows into its inbox, slot `rank`, rows counted from its first
+            owner = offs_m // rows_per_owner
+            for o in range(row_lo // rows_per_owner, row_hi // rows_per_owner + 1):
+                delta = (tl.load(send_deltas_ptr + o) // 16) * 16
+                rows = (offs_m - o * rows_per_owner).to(tl.int64) * N
+                tl.store(send_ptr + half + delta + rows[:, None] + cols, val, mask=mask & (owner == o)[:, None])
+        else:  # every rank's inbox, slot `rank` (the peers first, this rank's own last)
+            rows = offs_m.to(tl.int64)[:, None] * N
+            for j in range(1, WORLD + 1):
+                delta = (tl.load(send_deltas_ptr + (rank + j) % WORLD) // 16) * 16
+                tl.store(send_ptr + half + delta + rows + cols, val, mask=mask)
+    else:  # this rank's own buffer: the readers pull
+        tl.store(send_ptr + half + offs_m.to(tl.int64)[:, None] * N + cols, val, mask=mask)
+
+
+@triton.jit
+def _finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, tiles_m, tiles_n, M, rows_per_owner,
+                 row_lo, row_hi, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
+                 TILES_PER_FLAG: tl.constexpr, TWO_SHOT: tl.constexpr):  # fmt: skip
+    # Count tile t towards its chunk; the tile completing the chunk releases the chunk's flag to its readers (every
+    # rank, or in two-shot the owners of its rows). The count is acq_rel after a barrier: it carries every thread's
+    # stores of every counted tile (`_signals` doc).
+    chunk = t // TILES_PER_FLAG
+    first = 0
+    last = WORLD - 1
+    if TILES_PER_FLAG == 1:
+        if TWO_SHOT:
+            first = row_lo // rows_per_owner
+            last = row_hi // rows_per_owner
+        _release(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1)
+    else:
+        expected = tl.minimum(TILES_PER_FLAG, n_tiles - chunk * TILES_PER_FLAG)
+        tl.debug_barrier()
+        done = tl.atomic_add(done_ptr + chunk, 1, sem="acq_rel", scope="sys")
+        if done == expected - 1:
+            tl.store(done_ptr + chunk, 0)  # back at zero for the next call
+            if TWO_SHOT:
+                first, last = _chunk_owners(chunk, n_tiles, tiles_m, tiles_n, M, rows_per_owner, BLOCK_M, GROUP_M,
+                                            TILES_PER_FLAG)  # fmt: skip
+            _release(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1)
+
+
+__all__ = ["_chunk_owners", "_finish_tile", "_release", "_send", "_wait_sources", "tile_index", "triton"]

@@ -1,0 +1,174 @@
+"""GEMM+AR's launch plans, built once per (world, shapes, dtype, epilogue, config), then called with the call's tensors
+`(a, b, out, residual, weight, h_out)` per local rank (residual, weight and h_out None where the call has none).
+
+- baseline (`BaselinePlan`): cuBLAS into a plan-owned partial (in the memory the config's all-reduce variant reads
+  without a copy), the all-reduce in place, then the epilogue in torch: the residual add, and RMSNorm in float32. No
+  cross-call state.
+- one_shot, two_shot (`FusedPlan`): one `gemm_ar_kernel` launch per call on a world whose ranks run at once (the tile
+  GEMM, the exchange and the epilogue), or cuBLAS into a private partial and one launch that copies its tiles out and
+  does the rest (`gemm=cublas`). Its buffers alternate halves by the device epoch, so nothing is handed back between
+  calls and a captured call replays correctly. On a world whose ranks launch one after another, every rank's produce
+  launch comes before any rank's reduce launch, and every reduce before any gather (two-shot).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from jointtune.kernels._launch import Launch
+from jointtune.kernels._runtime import num_sms
+from jointtune.kernels._symm import ALIGN, call_state, flags, offset, slot_elems
+from jointtune.kernels.gemm_ar._args import ArShape, GemmArConfig, Work, kernel_args
+from jointtune.kernels.gemm_ar._kernel import gemm_ar_kernel
+from jointtune.kernels.world import SymmetricBuffer, World
+
+Tensors = list[torch.Tensor]
+
+
+def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of every row of `h` in float32 (rounded once to h's dtype): what the fused epilogue computes."""
+    x = h.float()
+    return (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight.float()).to(h.dtype)
+
+
+class BaselinePlan:
+    """cuBLAS computes the whole partial, an all-reduce (NCCL's default kernels or another variant) sums it in place,
+    torch adds the residual and normalises."""
+
+    def __init__(self, world: World, s: ArShape, collective: str, eps: float) -> None:
+        self.world, self.collective, self.s, self.eps = world, collective, s, eps
+        #: where the sum is formed when it can't be formed in the caller's output (an epilogue follows, or the variant
+        #: reads its operand from special memory the output is not in)
+        self.sums = world.collective_empty((s.M, s.N), s.dtype, collective)
+
+    def __call__(self, a: Tensors, b: Tensors, out: Tensors, res: Tensors | None, weight: Tensors | None,
+                 h_out: Tensors | None) -> None:  # fmt: skip
+        home = self.collective == "nccl" or all(self.world.collective_home(o) == self.collective for o in out)
+        sums = out if home and res is None and weight is None else self.sums
+        for ai, bi, si in zip(a, b, sums):
+            torch.mm(ai, bi, out=si)
+        self.world.all_reduce(sums, collective=self.collective)
+        for i, (si, oi) in enumerate(zip(sums, out)):
+            if weight is None:
+                if res is not None:
+                    torch.add(si, res[i], out=oi)
+                elif si is not oi:
+                    oi.copy_(si)
+                continue
+            assert h_out is not None
+            if res is None:
+                h_out[i].copy_(si)
+            else:
+                torch.add(si, res[i], out=h_out[i])  # elementwise: h_out may be the residual itself
+            oi.copy_(rms_norm(h_out[i], weight[i], self.eps))
+
+
+def _deltas(world: World, buf: SymmetricBuffer, i: int, extra: int = 0) -> torch.Tensor:
+    """Element offsets from local rank index i's buffer to every rank's, plus `extra`, as a device table."""
+    own, elem = buf.tensors[i].data_ptr(), buf.tensors[i].element_size()
+    return world.int_table(
+        tuple(offset(buf.peers[i][p].data_ptr(), own, elem) + extra for p in range(world.world_size))
+    )
+
+
+def _halved(world: World, name: str, slot: int, dtype: torch.dtype) -> tuple[SymmetricBuffer, int]:
+    """A two-half symmetric buffer of `slot` elements per half, and its half stride (a larger buffer grown by an
+    earlier call keeps its halves at the middle)."""
+    buf = world.symmetric(name, (2 * slot,), dtype)
+    return buf, buf.numel // 2 // ALIGN * ALIGN
+
+
+class FusedPlan:
+    """one_shot or two_shot: the partial's tiles exchanged as they are produced, summed in rank order on every rank
+    (one_shot) or by their owner and handed out (two_shot), in one launch per call (plus cuBLAS with gemm=cublas)."""
+
+    def __init__(self, world: World, s: ArShape, cfg: GemmArConfig, eps: float) -> None:
+        W, M, N = s.W, s.M, s.N
+        self.world = world
+        w = Work.of(cfg, s, num_sms(world.device))
+        two_shot, push = cfg.mode == "two_shot", cfg.transport == "push"
+        dev = world.device
+        if push:  # inbox: slot p holds rank p's partial (two-shot: of the owner's rows only)
+            slot = slot_elems(s.rows_per_owner if two_shot else M, N)
+            buf, half_stride = _halved(world, "gemm_ar.inbox", W * slot, s.dtype)
+        else:  # this rank's own partial, read by the others
+            slot = slot_elems(M, N)
+            buf, half_stride = _halved(world, "gemm_ar.partial", slot, s.dtype)
+        gather = rms = None
+        ghalf = rhalf = 0
+        if two_shot:
+            gather, ghalf = _halved(world, "gemm_ar.gather", slot_elems(M, N), s.dtype)
+            if s.norm:
+                rms, rhalf = _halved(world, "gemm_ar.rms", slot_elems(M, 1), torch.float32)
+        fl = flags(world, "gemm_ar", w.flag_stride)
+        state = call_state(world)
+        self.cublas = cfg.gemm == "cublas"
+        self.partials = [torch.empty((M, N), dtype=s.dtype, device=dev) for _ in world.local_ranks] if self.cublas \
+            else None  # fmt: skip
+        dummy = world.int_table((0,))
+        # (PRODUCE, REDUCE, GATHER, EPOCH, grid, first comm program, comm programs) of each launch per rank
+        steps = [(True, True, two_shot, 1, w.grid, w.comm_lo, w.comm)]
+        if not world.concurrent:
+            steps = [(True, False, False, 1, w.produce, 0, w.comm), (False, True, False, 2, w.comm, 0, w.comm)]
+            if two_shot:
+                steps.append((False, False, True, 2, w.comm, 0, w.comm))
+        self.slots = ("a_ptr", "b_ptr", "out_ptr", *(("res_ptr",) if s.residual else ()),
+                      *(("w_ptr", "hout_ptr") if s.norm else ()))  # fmt: skip
+        self.phases: list[list[Launch]] = [[] for _ in steps]
+        for i, r in enumerate(world.local_ranks):
+            stand_in = torch.empty(1, dtype=s.dtype, device=dev)
+            a = torch.empty((1, 1), dtype=s.dtype, device=dev)
+            b = torch.empty_strided((1, 1), s.b_stride, dtype=s.dtype, device=dev)
+            if push:
+                send_deltas = _deltas(world, buf, i, r * slot)
+                recv_deltas = world.int_table(tuple(p * slot for p in range(W)))
+            else:
+                send_deltas, recv_deltas = dummy, _deltas(world, buf, i)
+            ws, counts = self._split_k(world, w, i)
+            gat_deltas = _deltas(world, gather, i) if gather else dummy
+            rms_deltas = _deltas(world, rms, i) if rms else dummy
+            done = world.scratch("gemm_ar.done", w.n_chunks, torch.int32)[i]
+            for n, (produce, reduce, gathers, epoch, grid, comm_lo, comm) in enumerate(steps):
+                args = kernel_args(
+                    cfg, s, w, a=a, b=b, part=self.partials[i] if self.cublas else stand_in, res=stand_in,
+                    weight=stand_in, out=stand_in, hout=stand_in, send=buf.tensors[i], send_deltas=send_deltas,
+                    recv=buf.tensors[i], recv_deltas=recv_deltas, gat=gather.tensors[i] if gather else stand_in,
+                    gat_deltas=gat_deltas, rms=rms.tensors[i] if rms else stand_in.float(), rms_deltas=rms_deltas,
+                    flags_local=fl.local(i), flag_ptrs=fl.ptrs(i), done=done, state=state.counters[i], ws=ws,
+                    counts=counts, half_stride=half_stride, ghalf_stride=ghalf, rhalf_stride=rhalf, rank=r,
+                    produce=produce, reduce=reduce, gather=gathers, epoch=epoch, grid=grid, comm_lo=comm_lo,
+                    comm=comm, eps=eps,
+                )  # fmt: skip
+                self.phases[n].append(Launch(gemm_ar_kernel, grid, args, slots=self.slots))
+
+    @staticmethod
+    def _split_k(world: World, w: Work, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The split-K workspace and arrival counters (zero at rest: the last split hands them back so)."""
+        if w.split_k == 1:
+            dummy = world.scratch("gemm_ar.no_split", 1, torch.float32)[i]
+            return dummy, world.scratch("gemm_ar.no_split_counts", 1, torch.int32)[i]
+        ws = world.scratch("gemm_ar.splitk", w.n_tiles * w.block_m * w.block_n, torch.float32)[i]
+        return ws, world.scratch("gemm_ar.splitk_counts", w.n_tiles, torch.int32)[i]
+
+    def __call__(self, a: Tensors, b: Tensors, out: Tensors, res: Tensors | None, weight: Tensors | None,
+                 h_out: Tensors | None) -> None:  # fmt: skip
+        if self.partials is not None:
+            for ai, bi, pi in zip(a, b, self.partials):
+                torch.mm(ai, bi, out=pi)
+        for phase in self.phases:
+            for i, launch in enumerate(phase):
+                values: list[Any] = [a[i], b[i], out[i]]
+                if res is not None:
+                    values.append(res[i])
+                if weight is not None and h_out is not None:
+                    values += [weight[i], h_out[i]]
+                launch(*values)
+
+
+def build_plan(world: World, s: ArShape, cfg: GemmArConfig, eps: float) -> BaselinePlan | FusedPlan:
+    """The plan of `cfg`'s mode for shape `s` (and its epilogue) on `world`."""
+    if cfg.mode == "baseline":
+        return BaselinePlan(world, s, cfg.collective, eps)
+    return FusedPlan(world, s, cfg, eps)

@@ -1,0 +1,112 @@
+"""The reduce and gather side of `gemm_ar_kernel` (its module doc says how the pieces fit): summing every rank's
+partial in rank order, the residual + RMSNorm epilogue on whole rows, and an owner's rows handed to the others."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from jointtune.kernels.gemm_ar._exchange import _release
+
+# ---- reduce and gather ------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _sum_sources(recv_ptr, recv_deltas_ptr, half, offs, mask, WORLD: tl.constexpr, SHAPE: tl.constexpr):
+    # float32 sum of every rank's partial at element offsets `offs` of its slot, in rank order
+    total = tl.zeros(SHAPE, dtype=tl.float32)
+    for s in range(0, WORLD):
+        delta = (tl.load(recv_deltas_ptr + s) // 16) * 16
+        total += tl.load(recv_ptr + half + delta + offs, mask=mask, other=0.0).to(tl.float32)
+    return total
+
+
+@triton.jit
+def _hand_out(val, offs, mask, dest_ptr, dest_deltas_ptr, half, rank, WORLD: tl.constexpr, PUSH: tl.constexpr):
+    # an owner's reduced values to the other ranks: into each one's buffer (push) or its own for them to read (pull)
+    if PUSH:
+        for j in range(1, WORLD):
+            delta = (tl.load(dest_deltas_ptr + (rank + j) % WORLD) // 16) * 16
+            tl.store(dest_ptr + half + delta + offs, val, mask=mask)
+    else:
+        tl.store(dest_ptr + half + offs, val, mask=mask)
+
+
+@triton.jit
+def _reduce_block(kr, kc, M, N, row_lo, row_hi, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, out_ptr, gat_ptr,
+                  gat_deltas_ptr, ghalf, rank, WORLD: tl.constexpr, RED_M: tl.constexpr, RED_N: tl.constexpr,
+                  RESIDUAL: tl.constexpr, TWO_SHOT: tl.constexpr, PUSH: tl.constexpr):  # fmt: skip
+    # rows [kr * RED_M, +RED_M) within [row_lo, row_hi), columns [kc * RED_N, +RED_N): summed, stored, handed out
+    rws = kr * RED_M + tl.arange(0, RED_M)
+    cols = kc * RED_N + tl.arange(0, RED_N)
+    mask = ((rws >= row_lo) & (rws < row_hi))[:, None] & (cols < N)[None, :]
+    at = rws.to(tl.int64)[:, None] * N + cols[None, :]
+    total = _sum_sources(recv_ptr, recv_deltas_ptr, half, at - recv_row0 * N, mask, WORLD, (RED_M, RED_N))
+    if RESIDUAL:
+        total += tl.load(res_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    val = total.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + at, val, mask=mask)
+    if TWO_SHOT:
+        _hand_out(val, at, mask, gat_ptr, gat_deltas_ptr, ghalf, rank, WORLD, PUSH)
+
+
+@triton.jit
+def _reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w_ptr, out_ptr, hout_ptr, gat_ptr,
+                gat_deltas_ptr, ghalf, rms_ptr, rms_deltas_ptr, rhalf, flag_ptrs_ptr, flag_index, epoch, rank,
+                WORLD: tl.constexpr, RED_N: tl.constexpr, RESIDUAL: tl.constexpr, TWO_SHOT: tl.constexpr,
+                PUSH: tl.constexpr):  # fmt: skip
+    # One whole row with the RMSNorm epilogue: pass 1 sums every source (+ residual) into h, stored rounded (the new
+    # residual, and the value normalised: what the next layer reads), and accumulates h^2; pass 2 scales by 1/rms and
+    # the weight. Two-shot: h and 1/rms go to the other ranks, and the item's flag, before pass 2.
+    row = m.to(tl.int64) * N
+    sq = tl.zeros((RED_N,), dtype=tl.float32)
+    for c0 in range(0, N, RED_N):
+        cols = c0 + tl.arange(0, RED_N)
+        mask = cols < N
+        total = _sum_sources(recv_ptr, recv_deltas_ptr, half, row - recv_row0 * N + cols, mask, WORLD, (RED_N,))
+        if RESIDUAL:
+            total += tl.load(res_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
+        h = total.to(hout_ptr.dtype.element_ty)
+        tl.store(hout_ptr + row + cols, h, mask=mask)
+        if TWO_SHOT:
+            _hand_out(h, row + cols, mask, gat_ptr, gat_deltas_ptr, ghalf, rank, WORLD, PUSH)
+        hf = h.to(tl.float32)
+        sq += hf * hf
+    inv = tl.rsqrt(tl.sum(sq, axis=0) / N + eps)
+    if TWO_SHOT:
+        if PUSH:
+            for j in range(1, WORLD):
+                delta = (tl.load(rms_deltas_ptr + (rank + j) % WORLD) // 16) * 16
+                tl.store(rms_ptr + rhalf + delta + m, inv)
+        else:
+            tl.store(rms_ptr + rhalf + m, inv)
+        _release(flag_ptrs_ptr, flag_index, epoch, 0, WORLD - 1, rank)
+    tl.debug_barrier()  # pass 2 reads the h every thread stored
+    _scale_row(row, N, inv, hout_ptr, w_ptr, out_ptr, RED_N)
+
+
+@triton.jit
+def _gather_row(m, N, src_ptr, inv, w_ptr, out_ptr, hout_ptr, RED_N: tl.constexpr):
+    # a row another rank owns: its h (the new residual) copied, and normed from it with the owner's 1/rms
+    row = m.to(tl.int64) * N
+    for c0 in range(0, N, RED_N):
+        cols = c0 + tl.arange(0, RED_N)
+        mask = cols < N
+        h = tl.load(src_ptr + row + cols, mask=mask, other=0.0)
+        tl.store(hout_ptr + row + cols, h, mask=mask)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row + cols, (h.to(tl.float32) * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scale_row(row, N, inv, h_ptr, w_ptr, out_ptr, RED_N: tl.constexpr):
+    # normed = h * 1/rms * weight, rounded once
+    for c0 in range(0, N, RED_N):
+        cols = c0 + tl.arange(0, RED_N)
+        mask = cols < N
+        h = tl.load(h_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row + cols, (h * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+__all__ = ["_gather_row", "_reduce_block", "_reduce_row", "triton"]

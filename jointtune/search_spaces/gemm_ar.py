@@ -1,0 +1,178 @@
+"""`gemm_ar`: GEMM + All-Reduce, row-parallel with a replicated output (the standard tensor-parallel layout's o_proj
+and down projection at decode sizes).
+
+Rank r holds A_r[M, K/W] and B_r[K/W, N], computes the partial P_r = A_r @ B_r of [M, N] and ends with all M rows of
+sum_r P_r, the same bits on every rank. Dims M, N, K are global; K_r = K / W (M needs no divisibility). Modes:
+  one_shot  every rank's partial tiles reach every rank (pushed into each peer's inbox, or pulled from the
+            producer's buffer), and every rank sums all W partials of every tile itself, in rank order;
+  two_shot  rows are owned: rank o owns rows [o * cdiv(M, W), (o + 1) * cdiv(M, W)); each partial tile's rows go to
+            their owner (a reduce-scatter in the GEMM's epilogue), the owner sums them, then hands the reduced rows
+            to every rank (an all-gather from the same launch): half the bytes of one_shot, one more hop;
+  baseline  one cuBLAS GEMM, then an all-reduce: the unfused path, its `collective` NCCL's default or symmetric
+            kernels or torch's symmetric-memory one-shot / two-shot, whichever the size favours.
+In the fused modes `gemm` picks who computes the partial: our tile GEMM in the same launch as the exchange (one launch
+per call), or cuBLAS followed by one launch that copies its tiles out and exchanges them (two launches). `transport`
+is push or pull; `tiles_per_flag` is the flag granularity (consecutive tiles of the partial per flag); `comm_sms` the
+programs given to the exchange: beside the tile GEMM, programs that only sum (0: the GEMM programs sum after their
+last tile); after cuBLAS, the programs of the exchange launch. Tiles are ag_gemm's; `SPLIT_K` splits the local k loop
+over K_r, each split at least two BLOCK_K steps deep. A residual add and RMSNorm epilogue is part of the call, never a
+knob (the `gemm_ar_rmsnorm` kernel tunes the same space under its own records).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from jointtune.search_spaces._collectives import ALL_REDUCE, collective_available, collective_param
+from jointtune.search_spaces._gemm import row_tile, sharded_problem, tile_constraints, tile_params
+from jointtune.search_spaces._params import Constraint, Context, Value, categorical, cdiv, choice, next_pow2, when
+from jointtune.search_spaces._space import Space
+
+_check_problem, _derive = sharded_problem("gemm_ar", ("K",), {"K_r": "K"})
+
+MODES = ("one_shot", "two_shot", "baseline")
+_FUSED = when(mode=("one_shot", "two_shot"))
+_TILES = when(mode=("one_shot", "two_shot"), gemm="triton")
+#: the flag granularities offered: consecutive tiles of the partial per flag
+TILES_PER_FLAG = (1, 2, 4, 8, 16, 32)
+COMM_SMS = (0, 4, 8, 16, 32, 64, 128)
+#: columns of one copied tile when cuBLAS computed the partial
+COPY_N = 256
+
+
+def copy_tile(M: int, N: int) -> tuple[int, int]:
+    """[rows, columns] of the tiles the exchange launch copies out of a cuBLAS partial: up to 16 rows (at least 2),
+    256 columns (fewer for a narrower N). The flags count these tiles as they count the tile GEMM's."""
+    return max(2, min(16, next_pow2(M))), min(COPY_N, max(16, next_pow2(N)))
+
+
+def partial_tiles(cfg: Mapping[str, Value], ctx: Context) -> int:
+    """Tiles of the partial a fused config produces: the tile GEMM's, or the copied tiles of a cuBLAS partial."""
+    if cfg["gemm"] == "triton":
+        bm, bn = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"])
+    else:
+        bm, bn = copy_tile(ctx["M"], ctx["N"])
+    return cdiv(ctx["M"], bm) * cdiv(ctx["N"], bn)
+
+
+def _flag_fit(cfg: Mapping[str, Value], tiles: int, what: str) -> str | None:
+    if cfg["tiles_per_flag"] <= next_pow2(tiles):
+        return None
+    return (
+        f"tiles_per_flag: {cfg['tiles_per_flag']} is not allowed for {tiles} tiles of the partial ({what}); "
+        f"allowed: <= next_pow2(tiles) = {next_pow2(tiles)}"
+    )
+
+
+def _flags_fit_tiles(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    tiles = cdiv(ctx["M"], int(cfg["BLOCK_M"])) * cdiv(ctx["N"], int(cfg["BLOCK_N"]))
+    return _flag_fit(cfg, tiles, f"BLOCK_M={cfg['BLOCK_M']}, BLOCK_N={cfg['BLOCK_N']}")
+
+
+def _flags_fit_copies(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    if cfg["gemm"] != "cublas":
+        return None
+    rows, cols = copy_tile(ctx["M"], ctx["N"])
+    return _flag_fit(cfg, partial_tiles(cfg, ctx), f'gemm="cublas": copied in [{rows}, {cols}] tiles')
+
+
+def _comm_sms(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    sms, limit = cfg["comm_sms"], ctx["num_sms"]
+    if cfg["gemm"] == "triton":
+        if sms <= limit // 4:
+            return None
+        return (
+            f'comm_sms: {sms} is not allowed with gemm="triton" and num_sms={limit}; allowed: <= num_sms // 4 = '
+            f"{limit // 4} (programs beside the tile GEMM; 0: the GEMM programs sum)"
+        )
+    if 1 <= sms <= limit:
+        return None
+    return (
+        f'comm_sms: {sms} is not allowed with gemm="cublas" and num_sms={limit}; allowed: 1 <= comm_sms <= num_sms '
+        f"= {limit} (the programs of the exchange launch)"
+    )
+
+
+def _default(ctx: Context) -> dict[str, Value]:
+    """cuBLAS + NCCL's all-reduce, valid for any shape: no fused mode has been measured on a GPU yet, so none is served
+    before a tuner has timed it against the baseline (the seeds below are its first candidates)."""
+    return {"mode": "baseline"}
+
+
+def _seeds(ctx: Context) -> list[dict[str, Value]]:
+    """One-launch candidates for a tuner's first trials where W > 1: up to 128 rows one row tile over every row (the
+    weight is read once; split-K in 4 where K_r is deep enough, so every SM streams it), pushed or pulled; and cuBLAS
+    followed by a pushed exchange on a quarter of the SMs. From 256 rows two-shot, whose bytes are half of one-shot's,
+    with 128 x 128 tiles grouped for L2 reuse of the weight."""
+    if ctx["W"] == 1:
+        return []
+    if ctx["M"] <= 128:
+        mode, tile = "one_shot", dict(row_tile(ctx["M"]), SPLIT_K=4 if ctx["K_r"] >= 8 * 128 else 1)
+    else:
+        group = 8 if cdiv(ctx["M"], 128) >= 8 else 1
+        mode, tile = "two_shot", dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=group, num_warps=8, num_stages=4,
+                                      SPLIT_K=1)  # fmt: skip
+    comm = 1 << (max(1, ctx["num_sms"] // 4).bit_length() - 1)
+    fused = {"mode": mode, "tiles_per_flag": 1}
+    return [
+        {**fused, "gemm": "triton", "transport": "push", "comm_sms": 0, **tile},
+        {**fused, "gemm": "cublas", "transport": "push", "comm_sms": comm},
+        {**fused, "gemm": "triton", "transport": "pull", "comm_sms": 0, **tile},
+    ]
+
+
+GEMM_AR = Space(
+    "gemm_ar",
+    dims=("M", "N", "K"),
+    example=(64, 8192, 8192),
+    revision=1,
+    doc=__doc__.split("\n\n")[0] if __doc__ else "",
+    params=[
+        categorical(
+            "mode", MODES, doc="how partial sums meet: one-shot (every rank sums all), two-shot (owners sum), cuBLAS+AR"
+        ),
+        collective_param(ALL_REDUCE, "all-reduce"),
+        categorical(
+            "gemm",
+            ("triton", "cublas"),
+            when=_FUSED,
+            doc="who computes the partial: the tile GEMM in the exchange's launch, or cuBLAS before it",
+        ),
+        categorical("transport", ("push", "pull"), when=_FUSED, doc="partials written into peers, or read from them"),
+        *tile_params(_TILES),
+        choice("tiles_per_flag", TILES_PER_FLAG, when=_FUSED, doc="consecutive tiles of the partial per flag"),
+        choice(
+            "comm_sms",
+            COMM_SMS,
+            when=_FUSED,
+            doc="programs that sum: beside the tile GEMM (0: its programs, after their tiles), or after cuBLAS",
+        ),
+    ],
+    constraints=[
+        *tile_constraints("N", "global columns", "K_r", "K / world_size"),
+        Constraint(
+            "flags_fit_tiles",
+            ("tiles_per_flag", "BLOCK_M", "BLOCK_N"),
+            "tiles_per_flag <= next_pow2(cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N))",
+            _flags_fit_tiles,
+        ),
+        Constraint(
+            "flags_fit_copies",
+            ("tiles_per_flag", "gemm"),
+            "gemm == triton or tiles_per_flag <= next_pow2(tiles copy_tile(M, N) cuts the cuBLAS partial into)",
+            _flags_fit_copies,
+        ),
+        Constraint(
+            "comm_sms_budget",
+            ("comm_sms", "gemm"),
+            "comm_sms <= num_sms // 4 beside the tile GEMM; 1 <= comm_sms <= num_sms after cuBLAS",
+            _comm_sms,
+        ),
+        collective_available(ALL_REDUCE),
+    ],
+    derive=_derive,
+    dtypes=("bfloat16", "float16"),
+    check_problem=_check_problem,
+    default=_default,
+    seeds=_seeds,
+)
