@@ -13,7 +13,8 @@ from jointtune.kernels._tiles import grouped_tile
 
 @triton.jit
 def tile_index(pm, pn, tiles_m, tiles_n, GROUP_M: tl.constexpr):
-    # the tile order's index of tile (pm, pn): the inverse of `grouped_tile`
+    # the tile order's index of tile (pm, pn): the inverse of `grouped_tile` (tests read it; the kernel writes it out,
+    # as the CPU interpreter pays about a millisecond per call of a jitted helper)
     first_m = (pm // GROUP_M) * GROUP_M
     group_m = tl.minimum(tiles_m - first_m, GROUP_M)
     return first_m * tiles_n + pn * group_m + (pm - first_m)
@@ -54,7 +55,10 @@ def _wait_sources(flags_ptr, flag_stride, pm, pn_lo, pn_hi, tiles_m, tiles_n, ep
     srcs = tl.arange(0, WORLD_P2)
     for p0 in range(pn_lo, pn_hi + 1, WAIT_C):
         pns = p0 + tl.arange(0, WAIT_C)
-        chunks = tile_index(pm, pns, tiles_m, tiles_n, GROUP_M) // TILES_PER_FLAG
+        # tile (pm, pns)'s index in the tile order: `grouped_tile` inverted (written out: see `tile_index`)
+        first_m = (pm // GROUP_M) * GROUP_M
+        group_m = tl.minimum(tiles_m - first_m, GROUP_M)
+        chunks = (first_m * tiles_n + pns * group_m + (pm - first_m)) // TILES_PER_FLAG
         ptrs = flags_ptr + srcs[:, None] * flag_stride + chunks[None, :]
         mask = (srcs < WORLD)[:, None] & (pns <= pn_hi)[None, :]
         while tl.min(tl.where(mask, tl.load(ptrs, mask=mask, other=0, volatile=True), epoch)) < epoch:

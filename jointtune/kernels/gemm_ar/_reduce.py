@@ -9,16 +9,8 @@ import triton.language as tl
 from jointtune.kernels.gemm_ar._exchange import _release
 
 # ---- reduce and gather ------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _sum_sources(recv_ptr, recv_deltas_ptr, half, offs, mask, WORLD: tl.constexpr, SHAPE: tl.constexpr):
-    # float32 sum of every rank's partial at element offsets `offs` of its slot, in rank order
-    total = tl.zeros(SHAPE, dtype=tl.float32)
-    for s in range(0, WORLD):
-        delta = (tl.load(recv_deltas_ptr + s) // 16) * 16
-        total += tl.load(recv_ptr + half + delta + offs, mask=mask, other=0.0).to(tl.float32)
-    return total
+# Loops over sources are written out in each function rather than in a helper: the CPU interpreter pays about a
+# millisecond per call of a jitted helper, and these run once per item.
 
 
 @triton.jit
@@ -41,7 +33,10 @@ def _reduce_block(kr, kc, M, N, row_lo, row_hi, recv_ptr, recv_deltas_ptr, half,
     cols = kc * RED_N + tl.arange(0, RED_N)
     mask = ((rws >= row_lo) & (rws < row_hi))[:, None] & (cols < N)[None, :]
     at = rws.to(tl.int64)[:, None] * N + cols[None, :]
-    total = _sum_sources(recv_ptr, recv_deltas_ptr, half, at - recv_row0 * N, mask, WORLD, (RED_M, RED_N))
+    total = tl.zeros((RED_M, RED_N), dtype=tl.float32)
+    for s in range(0, WORLD):  # every rank's partial, in rank order
+        delta = (tl.load(recv_deltas_ptr + s) // 16) * 16
+        total += tl.load(recv_ptr + half + delta - recv_row0 * N + at, mask=mask, other=0.0).to(tl.float32)
     if RESIDUAL:
         total += tl.load(res_ptr + at, mask=mask, other=0.0).to(tl.float32)
     val = total.to(out_ptr.dtype.element_ty)
@@ -63,7 +58,10 @@ def _reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, 
     for c0 in range(0, N, RED_N):
         cols = c0 + tl.arange(0, RED_N)
         mask = cols < N
-        total = _sum_sources(recv_ptr, recv_deltas_ptr, half, row - recv_row0 * N + cols, mask, WORLD, (RED_N,))
+        total = tl.zeros((RED_N,), dtype=tl.float32)
+        for s in range(0, WORLD):  # every rank's partial, in rank order
+            delta = (tl.load(recv_deltas_ptr + s) // 16) * 16
+            total += tl.load(recv_ptr + half + delta - recv_row0 * N + row + cols, mask=mask, other=0.0).to(tl.float32)
         if RESIDUAL:
             total += tl.load(res_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
         h = total.to(hout_ptr.dtype.element_ty)
@@ -82,7 +80,12 @@ def _reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, 
             tl.store(rms_ptr + rhalf + m, inv)
         _release(flag_ptrs_ptr, flag_index, epoch, 0, WORLD - 1, rank)
     tl.debug_barrier()  # pass 2 reads the h every thread stored
-    _scale_row(row, N, inv, hout_ptr, w_ptr, out_ptr, RED_N)
+    for c0 in range(0, N, RED_N):  # normed = h * 1/rms * weight, rounded once
+        cols = c0 + tl.arange(0, RED_N)
+        mask = cols < N
+        hf = tl.load(hout_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row + cols, (hf * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -96,17 +99,6 @@ def _gather_row(m, N, src_ptr, inv, w_ptr, out_ptr, hout_ptr, RED_N: tl.constexp
         tl.store(hout_ptr + row + cols, h, mask=mask)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + row + cols, (h.to(tl.float32) * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _scale_row(row, N, inv, h_ptr, w_ptr, out_ptr, RED_N: tl.constexpr):
-    # normed = h * 1/rms * weight, rounded once
-    for c0 in range(0, N, RED_N):
-        cols = c0 + tl.arange(0, RED_N)
-        mask = cols < N
-        h = tl.load(h_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row + cols, (h * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 __all__ = ["_gather_row", "_reduce_block", "_reduce_row", "triton"]

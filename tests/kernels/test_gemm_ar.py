@@ -1,0 +1,331 @@
+"""GEMM+AR on simulated ranks (CPU interpreter): every mode at W = 2, 3 and 4 against the float32 reference on ragged
+shapes, with and without the residual + RMSNorm epilogue; the same bits on every rank (and in every fused mode of one
+tile config); prepared launches and CPU-recorded graph replays re-issued with fresh inputs between eager calls of
+other modes and of GEMM+RS (one epoch counter for both); fewer rows than ranks; and the errors a caller meets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from capture import capture
+
+from jointtune.errors import ShapeError, SpaceError
+from jointtune.kernels import get_family
+from jointtune.kernels.gemm_ar import config_json, gemm_ar, gemm_ar_rmsnorm, prepare, reference, row_parallel
+from jointtune.kernels.gemm_rs import gemm_rs
+from jointtune.kernels.world import LocalWorld
+from jointtune.search_spaces import DeviceLimits, Problem, get_space
+
+TILES = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2, SPLIT_K=1)
+FUSED = dict(tiles_per_flag=1, comm_sms=0)
+CONFIGS = {
+    "baseline": dict(mode="baseline"),
+    # the GEMM programs sum after their last tile; a flag per tile
+    "one_shot_push": dict(mode="one_shot", gemm="triton", transport="push", **FUSED, **TILES),
+    # split-K, flags per 2 tiles, 4 programs that only sum beside the GEMM
+    "one_shot_pull_split_k": dict(
+        mode="one_shot", gemm="triton", transport="pull", tiles_per_flag=2, comm_sms=4, **dict(TILES, SPLIT_K=2)
+    ),
+    # grouped tile order (column-major over 4 row tiles), tiles holding several owners' rows
+    "two_shot_push_grouped": dict(
+        mode="two_shot", gemm="triton", transport="push", tiles_per_flag=4, comm_sms=0, **dict(TILES, GROUP_M=4)
+    ),
+    "two_shot_pull": dict(mode="two_shot", gemm="triton", transport="pull", tiles_per_flag=2, comm_sms=4, **TILES),
+    "one_shot_cublas_pull": dict(mode="one_shot", gemm="cublas", transport="pull", tiles_per_flag=2, comm_sms=8),
+    "two_shot_cublas_push": dict(mode="two_shot", gemm="cublas", transport="push", tiles_per_flag=1, comm_sms=4),
+}
+FLAGGED = set(CONFIGS) - {"baseline"}
+#: (M, N, K_r): rows no tile, owner or world size divides (a tile holds several owners' rows); N and K_r not multiples
+#: of the blocks
+SHAPE = (21, 40, 40)
+#: split-K needs each split two BLOCK_K steps deep; a tile group of 4 needs 4 row tiles
+SHAPES = {"one_shot_pull_split_k": (21, 40, 130), "two_shot_push_grouped": (50, 40, 24)}
+TOL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
+EPS = 1e-5
+
+
+def _shape(name: str) -> tuple[int, int, int]:
+    return SHAPES.get(name, SHAPE)
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm()).nan_to_num(float("inf")).item()
+
+
+class Call:
+    """Fixed tensors of one call site (what a captured graph reads and writes): A, B per rank; the residual and norm
+    weight, the same on every rank; the outputs, poisoned with NaN before every call."""
+
+    def __init__(self, world, M, N, K_r, seed, dtype=torch.bfloat16):
+        W = world.world_size
+        self.world, self.gen = world, torch.Generator().manual_seed(seed)
+        self.a = [torch.empty(M, K_r, dtype=dtype) for _ in range(W)]
+        self.b = [torch.empty(K_r, N, dtype=dtype) for _ in range(W)]
+        self.res = [torch.empty(M, N, dtype=dtype) for _ in range(W)]
+        self.weight = [torch.empty(N, dtype=dtype) for _ in range(W)]
+        self.out = [torch.empty(M, N, dtype=dtype) for _ in range(W)]
+        self.h = [torch.empty(M, N, dtype=dtype) for _ in range(W)]
+        self.fresh()
+
+    def fresh(self):
+        for x in self.a + self.b:
+            x.copy_(torch.randn(x.shape, generator=self.gen) / x.shape[-1] ** 0.25)
+        res, weight = torch.randn(self.res[0].shape, generator=self.gen), 1 + torch.rand(self.weight[0].shape)
+        for r, w in zip(self.res, self.weight):
+            r.copy_(res)
+            w.copy_(weight)
+        for o in self.out + self.h:
+            o.fill_(float("nan"))
+
+    def plain(self, config, residual=False):
+        return gemm_ar(self.a, self.b, world=self.world, config=config, residual=self.res if residual else None,
+                       out=self.out)  # fmt: skip
+
+    def norm(self, config):
+        return gemm_ar_rmsnorm(self.a, self.b, self.res, self.weight, eps=EPS, world=self.world, config=config,
+                               out=(self.out, self.h))  # fmt: skip
+
+    def check(self, *, residual=False, norm=False):
+        """Every rank's outputs against the float32 reference, and the same bits on every rank."""
+        if norm:
+            want_normed, want_h = reference(self.a, self.b, self.res[0], self.weight[0], EPS)
+            got = [(self.out, want_normed), (self.h, want_h)]
+        else:
+            got = [(self.out, reference(self.a, self.b, self.res[0] if residual else None))]
+        for outs, want in got:
+            assert max(_rel(o, want) for o in outs) < TOL[outs[0].dtype]
+            assert all(torch.equal(o, outs[0]) for o in outs[1:]), "ranks differ"
+
+
+def _flag_high(world):
+    return max((int(t.max()) for (n, _), buf in world._buffers.items() if ".flags." in n for t in buf.tensors),
+               default=0)  # fmt: skip
+
+
+#: every config at W = 3; one-shot, two-shot and the baseline (with each GEMM and transport) at W = 2 and 4
+CASES = (
+    [(name, 3) for name in CONFIGS]
+    + [(name, 2) for name in ("baseline", "one_shot_push", "two_shot_pull", "one_shot_cublas_pull")]
+    + [(name, 4) for name in ("baseline", "one_shot_pull_split_k", "two_shot_push_grouped", "two_shot_cublas_push")]
+)
+
+
+@pytest.mark.parametrize(("name", "W"), CASES)
+def test_every_mode_matches_the_reference_on_ragged_shapes(name, W):
+    world = LocalWorld(world_size=W)
+    call = Call(world, *_shape(name), seed=W)
+    result = call.plain(CONFIGS[name])
+    assert all(x is y for x, y in zip(result, call.out))
+    call.check()
+    call.fresh()  # a second call, fresh inputs: buffers, counters and flags were handed back ready
+    normed, h = call.norm(CONFIGS[name])
+    assert all(x is y for x, y in zip(normed, call.out)) and all(x is y for x, y in zip(h, call.h))
+    call.check(norm=True)
+
+
+@pytest.mark.parametrize("name", ["one_shot_push", "two_shot_pull", "two_shot_cublas_push", "baseline"])
+def test_residual_without_norm_and_the_residual_updated_in_place(name):
+    world = LocalWorld(world_size=3)
+    call = Call(world, *_shape(name), seed=5)
+    call.plain(CONFIGS[name], residual=True)
+    call.check(residual=True)
+    call.fresh()
+    want_normed, want_h = reference(call.a, call.b, call.res[0], call.weight[0], EPS)
+    normed, h = gemm_ar_rmsnorm(call.a, call.b, call.res, call.weight, eps=EPS, world=world, config=CONFIGS[name],
+                                out=(call.out, call.res))  # fmt: skip
+    assert all(x is y for x, y in zip(h, call.res))
+    assert max(_rel(x, want_h) for x in h) < TOL[torch.bfloat16]
+    assert max(_rel(x, want_normed) for x in normed) < TOL[torch.bfloat16]
+
+
+def test_fused_modes_of_one_tile_config_give_the_same_bits():
+    # partials rounded once where they travel, summed in rank order: one-shot, two-shot, push and pull agree exactly
+    world = LocalWorld(world_size=2)
+    call = Call(world, *SHAPE, seed=8)
+    for form in ("plain", "norm"):
+        seen = []
+        for mode in ("one_shot", "two_shot"):
+            for transport in ("push", "pull"):
+                config = dict(CONFIGS["one_shot_push"], mode=mode, transport=transport)
+                call.plain(config) if form == "plain" else call.norm(config)
+                seen.append([x.clone() for x in call.out + call.h[: 2 if form == "norm" else 0]])
+        assert all(torch.equal(x, y) for other in seen[1:] for x, y in zip(seen[0], other)), form
+
+
+@pytest.mark.parametrize(("M", "W"), [(1, 4), (2, 3), (3, 4)])
+def test_fewer_rows_than_ranks(M, W):
+    # two-shot: the last ranks own no rows, they only send and copy
+    world = LocalWorld(world_size=W)
+    call = Call(world, M, 40, 24, seed=M)
+    for name in ("two_shot_pull", "two_shot_cublas_push", "one_shot_push"):
+        config = CONFIGS[name]
+        call.fresh()
+        call.norm(config)
+        call.check(norm=True)
+        call.fresh()
+        call.plain(config)
+        call.check()
+
+
+#: every config replays, at W = 2, 3 or 4; with the norm epilogue, or without
+REPLAYS = [("baseline", 4, True), ("one_shot_push", 2, True), ("one_shot_pull_split_k", 3, False),
+           ("two_shot_push_grouped", 4, False), ("two_shot_pull", 3, True), ("one_shot_cublas_pull", 4, False),
+           ("two_shot_cublas_push", 2, True)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "W", "norm"), REPLAYS)
+def test_replays_arm_their_waits_and_stay_correct(name, W, norm):
+    world = LocalWorld(world_size=W)
+    call = Call(world, *_shape(name), seed=11)
+    run = call.norm if norm else call.plain
+    run(CONFIGS[name])  # warm-up: the plan is built before capture, as on a GPU
+    call.fresh()
+    with capture() as graph:
+        run(CONFIGS[name])
+    for _ in range(2):
+        call.fresh()
+        high = _flag_high(world)
+        graph.replay()
+        call.check(norm=norm)
+        if name in FLAGGED:
+            assert _flag_high(world) > high, f"{name}: a replay's flags kept an earlier call's epoch"
+
+
+def test_prepared_calls_and_replays_interleave_with_eager_calls_of_other_modes_and_gemm_rs():
+    world = LocalWorld(world_size=2)
+    call = Call(world, *SHAPE, seed=5)
+    other = Call(world, 9, 24, 16, seed=6)
+    rs_a = [torch.randn(16, 32).bfloat16() for _ in range(2)]
+    rs_b = [torch.randn(32, 24).bfloat16() for _ in range(2)]
+    rs_cfg = dict(mode="push", reduce_by="tile", **TILES)
+    prepared = {
+        name: prepare(call.a, call.b, world=world, config=CONFIGS[name], residual=call.res, norm_weight=call.weight,
+                      eps=EPS, out=call.out, h_out=call.h)
+        for name in ("two_shot_pull", "one_shot_cublas_pull")
+    }  # fmt: skip
+    graphs = {}
+    for name in ("one_shot_push", "two_shot_cublas_push"):
+        call.plain(CONFIGS[name])
+        with capture() as graph:
+            call.plain(CONFIGS[name])
+        graphs[name] = graph
+    for step in range(2):
+        for p in prepared.values():
+            call.fresh()
+            p.run()
+            call.check(norm=True)
+            other.fresh()
+            other.plain(CONFIGS["two_shot_cublas_push" if step else "one_shot_push"])
+            other.check()
+        for graph in graphs.values():
+            call.fresh()
+            graph.replay()
+            call.check()
+            c = gemm_rs(rs_a, rs_b, world=world, config=rs_cfg)
+            want = sum(x.float() @ y.float() for x, y in zip(rs_a, rs_b))
+            assert _rel(torch.cat(c), want) < TOL[torch.bfloat16]
+
+
+def test_one_rank_and_the_row_parallel_call():
+    world = LocalWorld(world_size=1)
+    a, b = torch.randn(20, 24).bfloat16(), torch.randn(24, 40).bfloat16()
+    out = gemm_ar(a, b, world=world, config=CONFIGS["one_shot_push"])
+    assert isinstance(out, torch.Tensor) and _rel(out, a.float() @ b.float()) < TOL[torch.bfloat16]
+    world = LocalWorld(world_size=2)
+    call = Call(world, 6, 40, 24, seed=2)
+    y = row_parallel(call.a, call.b, world=world, config=CONFIGS["one_shot_push"])
+    assert max(_rel(t, reference(call.a, call.b)) for t in y) < TOL[torch.bfloat16]
+    normed, h = row_parallel(call.a, call.b, world=world, config=CONFIGS["two_shot_pull"], residual=call.res,
+                             norm_weight=call.weight, eps=EPS)  # fmt: skip
+    want_normed, want_h = reference(call.a, call.b, call.res[0], call.weight[0], EPS)
+    assert max(_rel(t, want_normed) for t in normed) < TOL[torch.bfloat16]
+    assert max(_rel(t, want_h) for t in h) < TOL[torch.bfloat16]
+
+
+def test_float16():
+    world = LocalWorld(world_size=2)
+    call = Call(world, 21, 48, 40, seed=7, dtype=torch.float16)
+    for name in ("two_shot_pull", "one_shot_cublas_pull"):
+        call.fresh()
+        call.norm(CONFIGS[name])
+        call.check(norm=True)
+
+
+def test_bad_calls_name_the_argument():
+    world = LocalWorld(world_size=2)
+    a = [torch.randn(10, 8).bfloat16() for _ in range(2)]
+    b = [torch.randn(8, 16).bfloat16() for _ in range(2)]
+    res = [torch.randn(10, 16).bfloat16() for _ in range(2)]
+    weight = [torch.ones(16).bfloat16() for _ in range(2)]
+    cfg = CONFIGS["one_shot_push"]
+    with pytest.raises(ShapeError, match="dtype"):
+        gemm_ar(a, [x.half() for x in b], world=world, config=cfg)
+    with pytest.raises(ShapeError, match="shapes"):
+        gemm_ar(a, [b[0], b[1][:4]], world=world, config=cfg)
+    with pytest.raises(ShapeError, match=r"out: must be one row-major \[10, 16\]"):
+        gemm_ar(a, b, world=world, config=cfg, out=[torch.empty(5, 16).bfloat16()] * 2)
+    with pytest.raises(ShapeError, match=r"residual: must be a contiguous \[10, 16\] bfloat16 tensor"):
+        gemm_ar(a, b, world=world, config=cfg, residual=[x[:, :8] for x in res])
+    with pytest.raises(ShapeError, match=r"weight: must be a contiguous \[16\] bfloat16 or float32 tensor"):
+        gemm_ar_rmsnorm(a, b, res, [torch.ones(15)] * 2, world=world, config=cfg)
+    with pytest.raises(ShapeError, match=r"eps: -1\.0 is not allowed"):
+        gemm_ar_rmsnorm(a, b, res, weight, eps=-1.0, world=world, config=cfg)
+    with pytest.raises(SpaceError, match='comm_sms: 64 is not allowed with gemm="triton"'):
+        gemm_ar(a, b, world=world, config=dict(cfg, comm_sms=64))
+    with pytest.raises(SpaceError, match='comm_sms: 0 is not allowed with gemm="cublas"'):
+        gemm_ar(a, b, world=world, config=dict(CONFIGS["one_shot_cublas_pull"], comm_sms=0))
+    with pytest.raises(SpaceError, match="tiles_per_flag: 32 is not allowed for 1 tiles"):
+        gemm_ar(a, b, world=world, config=dict(cfg, tiles_per_flag=32))
+    weights = [x.clone().requires_grad_() for x in b]
+    with pytest.raises(ShapeError, match=r"b: requires grad, and gemm_ar is forward-only"):
+        gemm_ar(a, weights, world=world, config=cfg)
+    with torch.no_grad():  # float32 norm weights are taken too
+        normed, h = gemm_ar_rmsnorm(a, b, None, [torch.ones(16)] * 2, world=world, config=CONFIGS["baseline"])
+    assert normed[0].shape == h[0].shape == (10, 16)
+
+
+@pytest.mark.parametrize("kernel", ["gemm_ar", "gemm_ar_rmsnorm"])
+def test_family_contract_and_torch_op(kernel):
+    fam = get_family(kernel)
+    assert fam.space == "gemm_ar" and fam.version == get_family("gemm_ar").version
+    world = LocalWorld(world_size=3)
+    problem = Problem.of({"M": 7, "N": 36, "K": 48}, dtype="bfloat16", world_size=3)
+    inputs = fam.make_inputs(problem, world, seed=1)
+    assert fam.key(inputs.a, inputs.b, inputs.residual, inputs.weight, world=world) == {"M": 7, "N": 36, "K": 48}
+    ref = fam.reference(inputs)
+    for cfg in (CONFIGS["baseline"], CONFIGS["two_shot_pull"]):
+        assert fam.max_error(fam.run(inputs, cfg, world), ref) < fam.tolerance("bfloat16")
+    text = config_json(CONFIGS["one_shot_push"])
+    if kernel == "gemm_ar":
+        args = (inputs.a, inputs.b, [], world.name, text)
+        out = torch.ops.jointtune.gemm_ar(*args)
+    else:
+        args = (inputs.a, inputs.b, inputs.residual, inputs.weight, 1e-6, world.name, text)
+        out = [x for part in torch.ops.jointtune.gemm_ar_rmsnorm(*args) for x in part]
+    assert fam.max_error(out, ref) < fam.tolerance("bfloat16")
+    op = getattr(torch.ops.jointtune, kernel).default
+    torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_space_defaults_seeds_and_rules():
+    space, limits = get_space("gemm_ar"), DeviceLimits.nominal_hopper()
+    assert space.nondeterministic == ()
+    for shape, W in (({"M": 1, "N": 8192, "K": 8192}, 4), ({"M": 128, "N": 5120, "K": 27648}, 4),
+                     ({"M": 1024, "N": 8192, "K": 28672}, 2), ({"M": 64, "N": 8192, "K": 8192}, 1)):  # fmt: skip
+        problem = Problem.of(shape, dtype="bfloat16", world_size=W)
+        assert space.default(problem, limits) == {"mode": "baseline", "collective": "nccl"}
+        seeds = space.seeds(problem, limits)
+        assert len(seeds) == (0 if W == 1 else 3), shape
+        assert {s["mode"] for s in seeds} <= ({"one_shot"} if shape["M"] <= 128 else {"two_shot"})
+    problem = Problem.of({"M": 64, "N": 8192, "K": 8192}, dtype="bfloat16", world_size=4)
+    # K only must divide: any M
+    assert space.violations({"mode": "baseline", "collective": "torch_one_shot"}, problem, limits) == []
+    cublas = dict(mode="one_shot", gemm="cublas", transport="push", tiles_per_flag=32, comm_sms=128)
+    assert space.violations(cublas, problem, limits) == []  # 16-row, 256-column copies: 4 x 32 tiles
+    one_tile = Problem.of({"M": 2, "N": 256, "K": 8192}, dtype="bfloat16", world_size=4)
+    assert any("tiles_per_flag: 2 is not allowed for 1 tiles" in v
+               for v in space.violations(dict(cublas, tiles_per_flag=2), one_tile, limits))  # fmt: skip
+    assert "BLOCK_M only exists when" in space.violations(dict(cublas, BLOCK_M=64), problem, limits)[0]
+    with pytest.raises(SpaceError, match="K=8190 must be divisible by it"):
+        space.validate({"mode": "baseline"}, Problem.of({"M": 8, "N": 64, "K": 8190}, dtype="bf16", world_size=4),
+                       limits)  # fmt: skip
