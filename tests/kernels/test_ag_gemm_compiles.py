@@ -1,5 +1,5 @@
-"""The fused kernels (AG+GEMM, GEMM+RS, Flash-Decode) compile for Hopper in every mode, with this Triton and the GPU
-image's.
+"""The fused kernels (AG+GEMM, GEMM+RS, Flash-Decode, GEMM+AR) compile for Hopper in every mode, with this Triton and
+the GPU image's.
 
 The CPU interpreter never compiles, so a kernel that lowers on one Triton and not on another used
 to surface only on a lent GPU. `aot_compile.py` lowers it to sm_90 PTX without a GPU; `make test`
@@ -75,6 +75,20 @@ CONFIGS = [
         items_per_flag=2,
     ),
 ]
+AR_TILE = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)
+CONFIGS += [
+    # GEMM+AR: both exchanges, both transports, the tile GEMM (split-K, grouped) and cuBLAS's copied partial, with
+    # and without the residual + RMSNorm epilogue, at W = 4 on a decode shape
+    dict(family="gemm_ar", shape=dict(M=8, N=8192, K=8192), world_size=4, mode="one_shot", gemm="triton",
+         transport="push", tiles_per_flag=1, comm_sms=0, SPLIT_K=4, **AR_TILE),
+    dict(family="gemm_ar_rmsnorm", shape=dict(M=128, N=5120, K=27648), world_size=4, mode="two_shot", gemm="triton",
+         transport="pull", tiles_per_flag=4, comm_sms=16, SPLIT_K=2, **dict(AR_TILE, BLOCK_M=64, GROUP_M=1)),
+    dict(family="gemm_ar_rmsnorm", shape=dict(M=1, N=8192, K=8192), world_size=4, mode="one_shot", gemm="cublas",
+         transport="pull", tiles_per_flag=2, comm_sms=32),
+    dict(family="gemm_ar", shape=dict(M=1024, N=8192, K=8192), world_size=2, mode="two_shot", gemm="triton",
+         transport="push", tiles_per_flag=8, comm_sms=0, SPLIT_K=1,
+         **dict(AR_TILE, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8)),
+]  # fmt: skip
 SMALL_KERNELS = 6  # the shared wait, release (with and without its wait), open-call and IPC barrier kernels
 
 

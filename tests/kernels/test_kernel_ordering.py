@@ -34,6 +34,11 @@ CONFIGS = [
     dict(family="ag_gemm", shape=GEMM, mode="push", comm_sms=16, chunk_m=128, SPLIT_K=2, **TILE),
     dict(family="flash_decode", shape=FD_SHAPE, mode="fused", **FD),
     dict(family="flash_decode", shape=FD_SHAPE, mode="wait", push_programs=8, **FD),
+    # GEMM+AR: every wait is a vector of flags polled and acquired at once; a chunk of tiles counted before it releases
+    dict(family="gemm_ar_rmsnorm", shape=GEMM, world_size=4, mode="two_shot", gemm="triton", transport="push",
+         tiles_per_flag=4, comm_sms=8, SPLIT_K=2, **dict(TILE, BLOCK_M=64, num_warps=4)),
+    dict(family="gemm_ar", shape=GEMM, mode="one_shot", gemm="cublas", transport="pull", tiles_per_flag=1,
+         comm_sms=32),
 ]  # fmt: skip
 
 
@@ -47,8 +52,8 @@ def _facts(triton_dir: Path | None = None) -> tuple[str, list[dict]]:
 def _check(facts: list[dict]) -> None:
     waiting = {f["kernel"] for f in facts if f["spins"]}
     # the probe sees the waits at all: every family's fused kernel and the shared wait kernels poll
-    assert {"gemm_rs_kernel", "ag_gemm_kernel", "flash_decode_kernel", "wait_chunks_kernel", "open_call_kernel",
-            "release_chunk_kernel"} <= waiting  # fmt: skip
+    assert {"gemm_rs_kernel", "ag_gemm_kernel", "flash_decode_kernel", "gemm_ar_kernel", "wait_chunks_kernel",
+            "open_call_kernel", "release_chunk_kernel"} <= waiting  # fmt: skip
     for f in facts:
         where = f"{f['kernel']} of {f['config']}"
         assert f["flag_acquires"] >= f["spins"], f"{where}: {f['spins']} polling loops, {f['flag_acquires']} acquires"

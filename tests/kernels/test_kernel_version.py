@@ -14,7 +14,12 @@ from jointtune.errors import KernelError
 from jointtune.kernels import get_family
 from jointtune.kernels._version import closure_modules, closure_version, normalised_source
 
-FAMILIES = ("ag_gemm", "gemm_rs", "flash_decode")
+FAMILIES = ("ag_gemm", "gemm_rs", "flash_decode", "gemm_ar", "gemm_ar_rmsnorm")
+
+
+def _module(family: str) -> str:
+    """The module that defines a family (a flat module, or one inside the family's package)."""
+    return type(get_family(family)).__module__
 
 
 @pytest.fixture
@@ -26,7 +31,7 @@ def copy(tmp_path: Path) -> Path:
 
 
 def _versions(root: Path) -> dict[str, str]:
-    return {f: closure_version(f"jointtune.kernels.{f}", roots={"jointtune": root}) for f in FAMILIES}
+    return {f: closure_version(_module(f), roots={"jointtune": root}) for f in FAMILIES}
 
 
 def _append(path: Path, text: str) -> None:
@@ -35,14 +40,14 @@ def _append(path: Path, text: str) -> None:
 
 def test_the_family_version_is_the_closure_of_its_module_and_reads_the_copy_like_the_package(copy):
     for name in FAMILIES:
-        assert get_family(name).version == closure_version(f"jointtune.kernels.{name}")
+        assert get_family(name).version == closure_version(_module(name))
     assert _versions(copy) == {name: get_family(name).version for name in FAMILIES}
 
 
 @pytest.mark.parametrize(
     ("module", "changed"),
     [
-        ("_tiles", {"ag_gemm", "gemm_rs"}),  # tile helpers compiled into both GEMM kernels only
+        ("_tiles", {"ag_gemm", "gemm_rs", "gemm_ar", "gemm_ar_rmsnorm"}),  # tile helpers of the GEMM kernels only
         ("_launch", set(FAMILIES)),  # the shared runtime: every family
         ("_signals", set(FAMILIES)),
         ("world", set(FAMILIES)),
@@ -50,6 +55,8 @@ def test_the_family_version_is_the_closure_of_its_module_and_reads_the_copy_like
         ("_flash_decode_kernel", {"flash_decode"}),  # a family's own kernel: that family alone
         ("_gemm_rs_kernel", {"gemm_rs"}),
         ("_ag_gemm_plans", {"ag_gemm"}),
+        ("gemm_ar/_reduce", {"gemm_ar", "gemm_ar_rmsnorm"}),  # one package's kernels: its two kernels alone
+        ("gemm_ar/_plans", {"gemm_ar", "gemm_ar_rmsnorm"}),
     ],
 )
 def test_a_code_edit_changes_exactly_the_families_that_import_the_module(copy, module, changed):

@@ -1,5 +1,5 @@
-"""`torch.ops.jointtune.ag_gemm`, `gemm_rs` and `flash_decode`: real torch ops (schema, fake tensor, no autograd
-surprises) that torch.compile traces without graph breaks, on the local world."""
+"""`torch.ops.jointtune.ag_gemm`, `gemm_rs`, `flash_decode`, `gemm_ar` and `gemm_ar_rmsnorm`: real torch ops (schema,
+fake tensor, no autograd surprises) that torch.compile traces without graph breaks, on the local world."""
 
 from __future__ import annotations
 
@@ -159,3 +159,51 @@ def test_flash_decode_compiles_with_fullgraph_and_fakes_its_shape():
         fk = [torch.empty(3, 2, 50, 128, dtype=torch.bfloat16) for _ in range(W)]
         out = torch.ops.jointtune.flash_decode(fq, fk, fk, [], world.name, config_json(dict(config, mode="baseline")))
     assert [tuple(o.shape) for o in out] == [(3, 8, 128)] * W
+
+
+class RowParallelNorm(torch.nn.Module):
+    """The standard layout's row-parallel GEMM with its residual + RMSNorm: `torch.ops.jointtune.gemm_ar_rmsnorm`
+    between ordinary torch work, then the plain `gemm_ar` on the normed rows."""
+
+    def __init__(self, world, b, weight, config):
+        super().__init__()
+        self.world, self.b, self.weight, self.config = world.name, b, weight, config_json(config)
+
+    def forward(self, a, residual):
+        normed, h = torch.ops.jointtune.gemm_ar_rmsnorm([x * 1.0 for x in a], self.b, residual, self.weight, 1e-6,
+                                                        self.world, self.config)  # fmt: skip
+        k = a[0].shape[1]
+        again = torch.ops.jointtune.gemm_ar([x[:, :k] for x in normed], self.b, [], self.world, self.config)
+        return [x.float() * 2.0 for x in again], h
+
+
+def test_gemm_ar_compiles_with_fullgraph_and_fakes_its_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from jointtune.kernels.gemm_ar import reference as ar_reference
+
+    torch._dynamo.reset()
+    W = 2
+    world = create_world("local", world_size=W)
+    gen = torch.Generator().manual_seed(5)
+    b = [(torch.randn(16, 24, generator=gen) / 2).bfloat16() for _ in range(W)]
+    weight = [torch.ones(24).bfloat16()] * W
+    config = dict(mode="two_shot", gemm="cublas", transport="push", tiles_per_flag=1, comm_sms=4)
+    compiled = torch.compile(RowParallelNorm(world, b, weight, config), fullgraph=True, backend="aot_eager")
+    for _ in range(2):  # two calls: the second replays the compiled graph
+        a = [(torch.randn(5, 16, generator=gen) / 2).bfloat16() for _ in range(W)]
+        residual = [torch.randn(5, 24, generator=gen).bfloat16()] * W
+        out, h = compiled(a, residual)
+        want_normed, want_h = ar_reference(a, b, residual[0], weight[0], 1e-6)
+        want = 2.0 * ar_reference([x.float()[:, :16] for x in [want_normed] * W], b)
+        for got in out:
+            assert ((got - want).norm() / want.norm()).item() < 3e-2
+        for got in h:
+            assert ((got.float() - want_h).norm() / want_h.norm()).item() < 2e-2
+    with FakeTensorMode():
+        fa = [torch.empty(7, 16, dtype=torch.bfloat16) for _ in range(W)]
+        fb = [torch.empty(16, 24, dtype=torch.bfloat16) for _ in range(W)]
+        fw = [torch.empty(24, dtype=torch.bfloat16) for _ in range(W)]
+        normed, h = torch.ops.jointtune.gemm_ar_rmsnorm(fa, fb, [], fw, 1e-6, world.name, config_json(config))
+        out = torch.ops.jointtune.gemm_ar(fa, fb, [], world.name, config_json(dict(mode="baseline")))
+    assert [tuple(o.shape) for o in (*normed, *h, *out)] == [(7, 24)] * 3 * W

@@ -127,9 +127,9 @@ def test_shape_messages_show_a_real_shape_of_the_space() -> None:
         restricted.make_problem("1x64", world_size=2)
 
 
-def test_registry_knows_the_three_families() -> None:
-    # other test packages register their own "jt_*" spaces in this process; the builtins are these three
-    assert [n for n in space_names() if not n.startswith("jt_")] == ["ag_gemm", "flash_decode", "gemm_rs"]
+def test_registry_knows_the_four_families() -> None:
+    # other test packages register their own "jt_*" spaces in this process; the builtins are these four
+    assert [n for n in space_names() if not n.startswith("jt_")] == ["ag_gemm", "flash_decode", "gemm_ar", "gemm_rs"]
     assert get_space("ag_gemm").dims == ("M", "N", "K")
     with pytest.raises(UnknownNameError, match="space: 'nope' is not a known search space; known: ag_gemm, ") as e:
         get_space("nope")

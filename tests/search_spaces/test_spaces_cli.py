@@ -60,7 +60,7 @@ def kernelless():
 def test_list_and_show(invoke, kernelless) -> None:
     rows = json.loads(invoke("list", "--json"))
     builtin = [r["name"] for r in rows if not r["name"].startswith("jt_")]  # jt_*: other tests' spaces
-    assert builtin == ["ag_gemm", "flash_decode", "gemm_rs"]
+    assert builtin == ["ag_gemm", "flash_decode", "gemm_ar", "gemm_rs"]
     assert rows[0] == {
         "name": "ag_gemm",
         "version": get_space("ag_gemm").version,
@@ -69,7 +69,7 @@ def test_list_and_show(invoke, kernelless) -> None:
         "params": 15,
         "kernels": ["ag_gemm"],
     }
-    assert rows[2] == {
+    assert rows[3] == {
         "name": "gemm_rs",
         "version": get_space("gemm_rs").version,
         "revision": 6,
@@ -85,10 +85,20 @@ def test_list_and_show(invoke, kernelless) -> None:
         "params": 9,
         "kernels": ["flash_decode"],
     }
-    # which spaces have a kernel comes from the family registry: every built-in space has its own now
+    assert rows[2] == {
+        "name": "gemm_ar",
+        "version": get_space("gemm_ar").version,
+        "revision": 1,
+        "dims": ["M", "N", "K"],
+        "params": 13,
+        "kernels": ["gemm_ar", "gemm_ar_rmsnorm"],
+    }
+    # which spaces have a kernel comes from the family registry: every built-in space has its own now (gemm_ar's two:
+    # the sum alone, and with the residual + RMSNorm epilogue)
     assert {r["name"]: r["kernels"] for r in rows if r["name"] in builtin} == {
         "ag_gemm": ["ag_gemm"],
         "flash_decode": ["flash_decode"],
+        "gemm_ar": ["gemm_ar", "gemm_ar_rmsnorm"],
         "gemm_rs": ["gemm_rs"],
     }
     assert {r["name"]: r["kernels"] for r in rows}[kernelless.name] == []

@@ -106,7 +106,7 @@ def test_gemm_rs_params_are_exactly_the_kernel_contract() -> None:
 def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
     # If this fails you changed a space: bump its `revision` if constraint code changed meaning,
     # then update the pinned value. Stored records are keyed by these versions.
-    assert {name: get_space(name).version for name in ("ag_gemm", "gemm_rs", "flash_decode")} == {
+    assert {name: get_space(name).version for name in ("ag_gemm", "gemm_rs", "flash_decode", "gemm_ar")} == {
         # revision 5 (the baseline's collective) changed it from 1276c44a5e54
         "ag_gemm": "92a31e42db9c",
         # revision 3 (the kernel's modes: atomic, pull_cublas, reduce_sms, tile_order; chunk_fits_rows,
@@ -119,9 +119,11 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
         # revision 3 (heads_per_program any divisor of G up to 16; the default's tiles) from 42db48894d7e; revision 4
         # (the baseline's collective) from c3312b6eea52
         "flash_decode": "4beb3717f120",
+        "gemm_ar": "7a0a24a9c9c1",
     }
     assert get_space("gemm_rs").revision == 6
     assert get_space("flash_decode").revision == 4
+    assert get_space("gemm_ar").revision == 1
 
 
 def _rebuild(space: Space, **changes) -> Space:

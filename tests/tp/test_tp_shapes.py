@@ -45,7 +45,8 @@ def test_gemm_shapes_of_both_layouts_match_the_hand_computed_ones(model, tp):
         for op in ops_here:
             assert got[(T, op, "sp")] == (*want_sp[op], tp)
             assert got[(T, op, "standard")][1:] == (want_standard[op], tp)
-            assert got[(T, op, "standard")][0] is None  # no fused GEMM + all-reduce family yet: run unfused
+            # the row-parallel GEMMs are tuned as GEMM + all-reduce (gemm_ar); the column-parallel ones are local
+            assert got[(T, op, "standard")][0] == ("gemm_ar" if op in ("o_proj", "down") else None)
         if not inter:
             assert (T, "gate_up", "sp") not in got  # the MoE MLP is not a dense layer
 
@@ -75,7 +76,8 @@ def test_plan_dedupes_jobs_and_buckets_kv_lengths():
     assert dict(fd.shape)["S"] == 4096 and fd.world_size == 1  # the bucket a call at 3000 keys looks up
     assert all(j.settings.trials == 4 for j in plan.jobs)
     both = model_plan("llama-3-70b", tp=2, tokens=[8], kv_lens=[], timings=["eager", "graph"])
-    assert sorted({j.settings.timing for j in both.jobs}) == ["eager", "graph"] and len(both.jobs) == 8
+    # per timing: the sequence-parallel layout's four GEMMs, the standard layout's two row-parallel GEMM + all-reduces
+    assert sorted({j.settings.timing for j in both.jobs}) == ["eager", "graph"] and len(both.jobs) == 12
 
 
 def test_a_shape_a_family_cant_run_is_listed_with_the_reason_not_tuned(tmp_path):
@@ -85,7 +87,7 @@ def test_a_shape_a_family_cant_run_is_listed_with_the_reason_not_tuned(tmp_path)
     plan = model_plan(str(tmp_path), tp=2, tokens=[8], kv_lens=[4096])
     (attn,) = [(op, job) for op, job in zip(plan.ops, plan.job_of) if op.op == "attn"]
     assert attn[1] is None and attn[0].note.startswith("flash_decode can't run it: shape.D: 96 is not allowed")
-    assert sorted({j.kernel for j in plan.jobs}) == ["ag_gemm", "gemm_rs"]
+    assert sorted({j.kernel for j in plan.jobs}) == ["ag_gemm", "gemm_ar", "gemm_rs"]
 
 
 def test_bad_requests_name_the_field():

@@ -43,19 +43,21 @@ def test_tune_model_stores_exports_and_the_layer_finds_the_records(tmp_path, tin
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "tiny at TP=2: each op of a decoder layer" in out and "layer (sp)" in out
-    assert "no fused GEMM + all-reduce family yet" in out  # the standard layout's row-parallel ops, run unfused
-    # QKV and gate_up (ag_gemm), o_proj and down (gemm_rs) at 4 tokens, decode attention at batch 4 x 64 keys
+    # QKV and gate_up (ag_gemm), o_proj and down (gemm_rs; gemm_ar in the standard layout) at 4 tokens, decode
+    # attention at batch 4 x 64 keys
     records = open_store(url).list_records()
     assert sorted((r.kernel, r.world_size, tuple(sorted(r.shape.items()))) for r in records) == [
         ("ag_gemm", 2, (("K", 128), ("M", 4), ("N", 384))),
         ("ag_gemm", 2, (("K", 128), ("M", 4), ("N", 512))),
         ("flash_decode", 1, (("B", 4), ("D", 64), ("H", 1), ("H_KV", 1), ("S", 64))),
+        ("gemm_ar", 2, (("K", 128), ("M", 4), ("N", 128))),
+        ("gemm_ar", 2, (("K", 256), ("M", 4), ("N", 128))),
         ("gemm_rs", 2, (("K", 128), ("M", 4), ("N", 128))),
         ("gemm_rs", 2, (("K", 256), ("M", 4), ("N", 128))),
     ]
-    assert "exported: 5 of 5 tuned records" in out
+    assert "exported: 7 of 7 tuned records" in out
     elsewhere = f"sqlite:///{tmp_path / 'serving.db'}"  # a serving machine imports the bundle
-    assert import_bundle(open_store(elsewhere), bundle.read_text())["records"] == 5
+    assert import_bundle(open_store(elsewhere), bundle.read_text())["records"] == 7
 
     # the layer, built from the same config, finds exactly these records through @joint_autotune
     world = create_world("local", world_size=2)

@@ -8,7 +8,7 @@ so the end of a run can print the model's per-layer table (`layer_rows`).
 Example:
     >>> plan = model_plan("llama-3-8b", tp=2, tokens=[8, 4096], kv_lens=[4096])
     >>> len(plan.ops), len(plan.jobs), job_label(plan.jobs[0])
-    (17, 9, 'ag_gemm M=8,N=6144,K=4096 bfloat16 w2')
+    (17, 13, 'ag_gemm M=8,N=6144,K=4096 bfloat16 w2')
 """
 
 from __future__ import annotations
