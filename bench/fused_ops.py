@@ -9,9 +9,10 @@ Per shape, each an item on the record before the next starts:
 - the baseline in every collective variant the device runs (NCCL default, NCCL symmetric kernels, NCCL copy engine);
   where a variant reads its operands from an NCCL window, the caller's input is placed there first, as our fused
   modes get theirs in symmetric memory (no side pays a copy the other is spared; gemm_rs's symmetric reduce-scatter
-  still copies its [M/W, N] result out, about a microsecond at decode sizes);
-- the anchors: torch's fused op (ag_gemm, gemm_rs), the compute alone, each collective variant alone, and the ideal
-  bound max(compute alone, best collective alone).
+  still copies its [M/W, N] result out, and gemm_ar's its [M, N] sum, about a microsecond at decode sizes);
+- the anchors: torch's fused op (ag_gemm, gemm_rs), the compute alone, each collective variant alone (for gemm_ar
+  torch's symmetric-memory one-shot and two-shot all-reduces too), and the ideal bound max(compute alone, best
+  collective alone).
 Every candidate is checked against the float32 reference eagerly and after graph replays with fresh inputs copied
 into the captured tensors, then timed three ways (max over ranks, medians): GPU time behind a hold and a device
 barrier (`ag_gemm_bench.Bench`), eager wall time of back-to-back calls, and CUDA-graph replays. A graph-replay stress
@@ -40,7 +41,8 @@ CALLS = 4  # calls per captured graph
 
 def _arguments() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--family", required=True, choices=["ag_gemm", "gemm_rs", "flash_decode"])
+    ap.add_argument("--family", required=True,
+                    choices=["ag_gemm", "gemm_rs", "flash_decode", "gemm_ar", "gemm_ar_rmsnorm"])  # fmt: skip
     ap.add_argument("--shapes", required=True, help="comma-separated; MxNxK or BxHxH_KVxSxD")
     ap.add_argument("--ranks", type=int, default=2, help="ranks (one per GPU); torchrun runs them")
     ap.add_argument("--per-mode", type=int, default=4, help="candidates per mode from the space")
@@ -208,6 +210,19 @@ def anchors(rig: Rig, bench, items, tag: str, limits) -> None:
                 full[0].copy_(part)
                 rows = world.collective_empty((part.shape[0] // world.world_size, part.shape[1]), a.dtype, v)
                 return measure(rig, lambda: world.reduce_scatter(full, rows, collective=v), bench, check=False)
+
+            items.run(f"{tag}|anchor:collective_alone:{v}", alone)
+    elif fam.name in ("gemm_ar", "gemm_ar_rmsnorm"):
+        (a,), (b,) = x.a, x.b
+        part = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
+        items.run(f"{tag}|anchor:compute_alone", lambda: measure(rig, lambda: torch.mm(a, b, out=part), bench,
+                                                                 check=False))  # fmt: skip
+        for v in (v for v in ("nccl", "nccl_symm", "torch_two_shot", "torch_one_shot") if v in limits.collectives):
+
+            def alone(v=v):
+                full = world.collective_empty(tuple(part.shape), a.dtype, v)
+                full[0].copy_(part)
+                return measure(rig, lambda: world.all_reduce(full, collective=v), bench, check=False)
 
             items.run(f"{tag}|anchor:collective_alone:{v}", alone)
 

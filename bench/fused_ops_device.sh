@@ -2,7 +2,8 @@
 # bench/fused_ops.py on a lent 4-GPU machine: W=4 on all GPUs, then W=2 on GPUs 0,1 and 2,3 at once (two families side
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
-# Usage: bash bench/fused_ops_device.sh PHASE   (PHASE: decode4, decode2, flash4, flash2, large4, large2)
+# Usage: bash bench/fused_ops_device.sh PHASE   (PHASE: decode4, decode2, flash4, flash2, large4, large2, archeck, ar4,
+# arn4, ar2)
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -15,6 +16,9 @@ fo() { # SECONDS NPROC FAMILY SHAPES OUT [more args]
 DECODE=64x8192x8192,128x8192x8192,256x8192x8192,128x6144x4096,128x4096x14336
 FLASH=1x64x8x32768x128,8x64x8x32768x128,32x64x8x8192x128,1x40x8x32768x128,8x56x8x8192x128
 LARGE=1024x8192x8192,8192x4096x12288
+# GEMM + all-reduce (issue 33's targets): M in 1..128 and 1024 at (N, K per rank) = (8192, 2048), (8192, 7168),
+# (5120, 6912): Llama-3-70B's o_proj and down at TP=4 and Qwen2.5-32B's down; K is global (W x K per rank)
+ar_shapes() { local m out=""; for m in 1 8 32 64 128 1024; do out="$out,${m}x$1x$(($2 * $3))"; done; echo "${out#,}"; }
 for phase in "$@"; do
   case $phase in
     decode4)
@@ -45,6 +49,27 @@ for phase in "$@"; do
     large2)
       CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$LARGE" ag_gemm_large_w2.json --per-mode 2 --stress 0 --item-timeout 40 --port 29511 &
       CUDA_VISIBLE_DEVICES=2,3 fo 200 2 gemm_rs "$LARGE" gemm_rs_large_w2.json --per-mode 2 --stress 0 --item-timeout 40 --port 29512 &
+      wait ;;
+    archeck)  # GEMM + all-reduce on the GPUs: every mode and form right, the same bits on every rank, replays (W=4, W=2)
+      for w in 4 2; do
+        gpus=0,1,2,3; [ $w = 2 ] && gpus=0,1
+        CUDA_VISIBLE_DEVICES=$gpus timeout 280 torchrun --nproc-per-node=$w --master-port=2953$w bench/gemm_ar_check.py \
+          --out "$WORK/gemm_ar_check_w$w.json" > "$WORK/gemm_ar_check_w$w.log" 2>&1
+        echo "exit $? after: gemm_ar_check w$w"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w$w.log" | head -20; pack
+      done ;;
+    ar4|arn4)  # gemm_ar (ar4) or its residual + RMSNorm form (arn4) at W=4, one fo per (N, K per rank)
+      fam=gemm_ar; [ "$phase" = arn4 ] && fam=gemm_ar_rmsnorm
+      fo 190 4 $fam "$(ar_shapes 8192 2048 4)" ${fam}_w4_o.json --per-mode 3 --stress 200
+      fo 190 4 $fam "$(ar_shapes 8192 7168 4)" ${fam}_w4_d.json --per-mode 3 --stress 0
+      fo 190 4 $fam "$(ar_shapes 5120 6912 4)" ${fam}_w4_q.json --per-mode 3 --stress 0 ;;
+    ar2)  # both forms at W=2 side by side on disjoint pairs
+      for fam in gemm_ar gemm_ar_rmsnorm; do
+        gpus=0,1; port=29521; [ $fam = gemm_ar_rmsnorm ] && gpus=2,3 && port=29522
+        ( for nk in "8192 2048 o" "8192 7168 d" "5120 6912 q"; do set -- $nk
+            CUDA_VISIBLE_DEVICES=$gpus fo 190 2 $fam "$(ar_shapes $1 $2 2)" ${fam}_w2_$3.json --per-mode 3 \
+              --stress $([ $3 = o ] && echo 200 || echo 0) --port $port
+          done ) &
+      done
       wait ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac

@@ -100,25 +100,29 @@ def _default(ctx: Context) -> dict[str, Value]:
 
 
 def _seeds(ctx: Context) -> list[dict[str, Value]]:
-    """One-launch candidates for a tuner's first trials where W > 1: up to 128 rows one row tile over every row (the
-    weight is read once; split-K in 4 where K_r is deep enough, so every SM streams it), pushed or pulled; and cuBLAS
-    followed by a pushed exchange on a quarter of the SMs. From 256 rows two-shot, whose bytes are half of one-shot's,
-    with 128 x 128 tiles grouped for L2 reuse of the weight."""
+    """One-launch candidates for a tuner's first trials (and a benchmark's per mode) where W > 1, in both exchanges:
+    the tile GEMM pushing and pulling, and cuBLAS followed by a pushed exchange on half the SMs. Up to 128 rows one row
+    tile over every row (the weight is read once; split-K in 4 where K_r is deep enough, so every SM streams it),
+    one-shot first; from 256 rows 128 x 128 tiles grouped for L2 reuse of the weight, two-shot first (half the bytes
+    of one-shot)."""
     if ctx["W"] == 1:
         return []
     if ctx["M"] <= 128:
-        mode, tile = "one_shot", dict(row_tile(ctx["M"]), SPLIT_K=4 if ctx["K_r"] >= 8 * 128 else 1)
+        modes, tile = ("one_shot", "two_shot"), dict(row_tile(ctx["M"]), SPLIT_K=4 if ctx["K_r"] >= 8 * 128 else 1)
     else:
         group = 8 if cdiv(ctx["M"], 128) >= 8 else 1
-        mode, tile = "two_shot", dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=group, num_warps=8, num_stages=4,
-                                      SPLIT_K=1)  # fmt: skip
-    comm = 1 << (max(1, ctx["num_sms"] // 4).bit_length() - 1)
-    fused = {"mode": mode, "tiles_per_flag": 1}
-    return [
-        {**fused, "gemm": "triton", "transport": "push", "comm_sms": 0, **tile},
-        {**fused, "gemm": "cublas", "transport": "push", "comm_sms": comm},
-        {**fused, "gemm": "triton", "transport": "pull", "comm_sms": 0, **tile},
-    ]
+        modes = ("two_shot", "one_shot")
+        tile = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=group, num_warps=8, num_stages=4, SPLIT_K=1)
+    comm = 1 << (max(1, ctx["num_sms"] // 2).bit_length() - 1)
+    out: list[dict[str, Value]] = []
+    for mode in modes:
+        fused = {"mode": mode, "tiles_per_flag": 1}
+        out += [
+            {**fused, "gemm": "triton", "transport": "push", "comm_sms": 0, **tile},
+            {**fused, "gemm": "cublas", "transport": "push", "comm_sms": comm},
+            {**fused, "gemm": "triton", "transport": "pull", "comm_sms": 0, **tile},
+        ]
+    return out
 
 
 GEMM_AR = Space(

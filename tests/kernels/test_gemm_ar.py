@@ -315,8 +315,8 @@ def test_space_defaults_seeds_and_rules():
         problem = Problem.of(shape, dtype="bfloat16", world_size=W)
         assert space.default(problem, limits) == {"mode": "baseline", "collective": "nccl"}
         seeds = space.seeds(problem, limits)
-        assert len(seeds) == (0 if W == 1 else 3), shape
-        assert {s["mode"] for s in seeds} <= ({"one_shot"} if shape["M"] <= 128 else {"two_shot"})
+        assert len(seeds) == (0 if W == 1 else 6), shape  # every seed valid here
+        assert [s["mode"] for s in seeds[:1]] == ([] if W == 1 else ["one_shot" if shape["M"] <= 128 else "two_shot"])
     problem = Problem.of({"M": 64, "N": 8192, "K": 8192}, dtype="bfloat16", world_size=4)
     # K only must divide: any M
     assert space.violations({"mode": "baseline", "collective": "torch_one_shot"}, problem, limits) == []
