@@ -38,6 +38,9 @@ TILES_PER_FLAG = (1, 2, 4, 8, 16, 32)
 COMM_SMS = (0, 4, 8, 16, 32, 64, 128)
 #: columns of one copied tile when cuBLAS computed the partial
 COPY_N = 256
+#: one-shot's inbox holds every rank's whole partial (W * M * N elements per half): past this many rows its bytes, and
+#: its memory, grow W-fold for nothing two-shot or the baseline don't do better
+ONE_SHOT_MAX_ROWS = 2048
 
 
 def copy_tile(M: int, N: int) -> tuple[int, int]:
@@ -90,6 +93,15 @@ def _comm_sms(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     return (
         f'comm_sms: {sms} is not allowed with gemm="cublas" and num_sms={limit}; allowed: 1 <= comm_sms <= num_sms '
         f"= {limit} (the programs of the exchange launch)"
+    )
+
+
+def _one_shot_rows(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    if cfg["mode"] != "one_shot" or ctx["M"] <= ONE_SHOT_MAX_ROWS:
+        return None
+    return (
+        f'mode: "one_shot" is not allowed for M={ctx["M"]} rows; allowed: M <= {ONE_SHOT_MAX_ROWS} (its inbox holds '
+        'every rank\'s whole partial); "two_shot" or "baseline" above'
     )
 
 
@@ -172,6 +184,7 @@ GEMM_AR = Space(
             "comm_sms <= num_sms // 4 beside the tile GEMM; 1 <= comm_sms <= num_sms after cuBLAS",
             _comm_sms,
         ),
+        Constraint("one_shot_rows", ("mode",), f"mode != one_shot or M <= {ONE_SHOT_MAX_ROWS}", _one_shot_rows),
         collective_available(ALL_REDUCE),
     ],
     derive=_derive,

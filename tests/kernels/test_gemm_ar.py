@@ -326,6 +326,12 @@ def test_space_defaults_seeds_and_rules():
     assert any("tiles_per_flag: 2 is not allowed for 1 tiles" in v
                for v in space.violations(dict(cublas, tiles_per_flag=2), one_tile, limits))  # fmt: skip
     assert "BLOCK_M only exists when" in space.violations(dict(cublas, BLOCK_M=64), problem, limits)[0]
+    prefill = Problem.of({"M": 4096, "N": 8192, "K": 8192}, dtype="bfloat16", world_size=4)
+    assert space.violations(cublas, prefill, limits) == [
+        'mode: "one_shot" is not allowed for M=4096 rows; allowed: M <= 2048 (its inbox holds every rank\'s whole '
+        'partial); "two_shot" or "baseline" above'
+    ]
+    assert space.violations(dict(cublas, mode="two_shot"), prefill, limits) == []
     with pytest.raises(SpaceError, match="K=8190 must be divisible by it"):
         space.validate({"mode": "baseline"}, Problem.of({"M": 8, "N": 64, "K": 8190}, dtype="bf16", world_size=4),
                        limits)  # fmt: skip

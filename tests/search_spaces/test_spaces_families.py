@@ -119,7 +119,7 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
         # revision 3 (heads_per_program any divisor of G up to 16; the default's tiles) from 42db48894d7e; revision 4
         # (the baseline's collective) from c3312b6eea52
         "flash_decode": "4beb3717f120",
-        "gemm_ar": "7a0a24a9c9c1",
+        "gemm_ar": "ed68e81be065",
     }
     assert get_space("gemm_rs").revision == 6
     assert get_space("flash_decode").revision == 4
