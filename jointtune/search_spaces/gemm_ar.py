@@ -4,7 +4,8 @@ and down projection at decode sizes).
 Rank r holds A_r[M, K/W] and B_r[K/W, N], computes the partial P_r = A_r @ B_r of [M, N] and ends with all M rows of
 sum_r P_r, the same bits on every rank. Dims M, N, K are global; K_r = K / W (M needs no divisibility). Modes:
   one_shot  every rank's partial tiles reach every rank (pushed into each peer's inbox, or pulled from the
-            producer's buffer), and every rank sums all W partials of every tile itself, in rank order;
+            producer's buffer), and every rank sums all W partials of every tile itself, in rank order (up to
+            2048 rows: its inbox holds every rank's whole partial);
   two_shot  rows are owned: rank o owns rows [o * cdiv(M, W), (o + 1) * cdiv(M, W)); each partial tile's rows go to
             their owner (a reduce-scatter in the GEMM's epilogue), the owner sums them, then hands the reduced rows
             to every rank (an all-gather from the same launch): half the bytes of one_shot, one more hop;
