@@ -102,8 +102,10 @@ class Work:
             rpo = s.rows_per_owner
             n_items = max(_owner_items(o * rpo, min(M, o * rpo + rpo), red_m, red_n, N, s.norm) for o in range(W))
         flag_stride = triton.next_power_of_2(n_chunks + n_items)
-        span = tiles_n if s.norm else min(tiles_n, cdiv(red_n, bn) + 1)  # column tiles under one reduce item
-        wait_c = max(2, min(32, triton.next_power_of_2(span)))
+        # a reduce item's waits: [sources, WAIT_C column tiles] flags at a time, one per thread (a vector of exactly the
+        # program's threads: no thread holds two flags, so each flag it polls is the one it acquires)
+        warps = cfg.num_warps if cfg.gemm == "triton" else 4
+        wait_c = max(2, 32 * warps // max(2, triton.next_power_of_2(W)))
         if cfg.gemm == "triton":
             produce = max(1, min(n_tiles * split, num_sms - cfg.comm_sms))
             comm = cfg.comm_sms or produce
