@@ -1,5 +1,7 @@
-"""`gemm_ar`: GEMM + All-Reduce, row-parallel with a replicated output (the standard tensor-parallel layout's o_proj
-and down projection at decode sizes).
+"""`gemm_ar`: GEMM + All-Reduce, row-parallel with a replicated output (the standard layout's o_proj and down).
+
+The standard tensor-parallel layout's row-parallel GEMMs at decode sizes, where one all-reduce costs less than the
+sequence-parallel layout's reduce-scatter and all-gather.
 
 Rank r holds A_r[M, K/W] and B_r[K/W, N], computes the partial P_r = A_r @ B_r of [M, N] and ends with all M rows of
 sum_r P_r, the same bits on every rank. Dims M, N, K are global; K_r = K / W (M needs no divisibility). Modes:
