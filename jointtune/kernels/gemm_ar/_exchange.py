@@ -1,5 +1,5 @@
 """The exchange side of `gemm_ar_kernel` (its module doc says how the pieces fit): where a finished tile goes, how
-its chunk's flag is counted and released, which flags a reduce item waits for, and the tile order those share."""
+its chunk's flag is counted and released, and which flags a reduce item waits for."""
 
 from __future__ import annotations
 
@@ -9,15 +9,6 @@ import triton.language as tl
 from jointtune.kernels._tiles import grouped_tile
 
 # ---- tiles and flags --------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def tile_index(pm, pn, tiles_m, tiles_n, GROUP_M: tl.constexpr):
-    # the tile order's index of tile (pm, pn): the inverse of `grouped_tile` (tests read it; the kernel writes it out,
-    # as the CPU interpreter pays about a millisecond per call of a jitted helper)
-    first_m = (pm // GROUP_M) * GROUP_M
-    group_m = tl.minimum(tiles_m - first_m, GROUP_M)
-    return first_m * tiles_n + pn * group_m + (pm - first_m)
 
 
 @triton.jit
@@ -55,7 +46,8 @@ def _wait_sources(flags_ptr, flag_stride, pm, pn_lo, pn_hi, tiles_m, tiles_n, ep
     srcs = tl.arange(0, WORLD_P2)
     for p0 in range(pn_lo, pn_hi + 1, WAIT_C):
         pns = p0 + tl.arange(0, WAIT_C)
-        # tile (pm, pns)'s index in the tile order: `grouped_tile` inverted (written out: see `tile_index`)
+        # tile (pm, pns)'s index in the tile order, `grouped_tile` inverted (written out, not a helper: the CPU
+        # interpreter pays about a millisecond per call of a jitted helper)
         first_m = (pm // GROUP_M) * GROUP_M
         group_m = tl.minimum(tiles_m - first_m, GROUP_M)
         chunks = (first_m * tiles_n + pns * group_m + (pm - first_m)) // TILES_PER_FLAG
@@ -121,4 +113,4 @@ def _finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, 
             _release(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1)
 
 
-__all__ = ["_chunk_owners", "_finish_tile", "_release", "_send", "_wait_sources", "tile_index", "triton"]
+__all__ = ["_chunk_owners", "_finish_tile", "_release", "_send", "_wait_sources", "triton"]

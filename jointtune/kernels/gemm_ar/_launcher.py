@@ -124,7 +124,7 @@ def _build(world: World, a: Tensors, b: Tensors, res: Tensors | None, weight: Te
 def _call(a: Tensors, b: Tensors, res: Tensors | None, weight: Tensors | None, eps: float, world: World,
           config: Mapping[str, Any], out: Any, h_out: Any) -> tuple[Any, Tensors, Tensors | None]:  # fmt: skip
     """(plan, out, h_out) of one call, issued."""
-    forward_only("gemm_ar", a=a, b=b, **({"weight": weight} if weight is not None else {}))
+    forward_only("gemm_ar", a=a, b=b, residual=res or [], weight=weight or [])
     if len(a) != 1 or len(b) != 1 or len(world.local_ranks) != 1:
         _check(a, b, res, weight, eps, world)  # simulated ranks: every rank's tensors, every call (the CPU's path)
     key = _plan_key(a, b, res, weight, eps, config)
