@@ -52,9 +52,10 @@ for phase in "$@"; do
       wait ;;
     archeck)  # GEMM + all-reduce on the GPUs: every mode and form right, the same bits on every rank, replays (W=4, W=2)
       for w in 4 2; do
-        gpus=0,1,2,3; [ $w = 2 ] && gpus=0,1
-        CUDA_VISIBLE_DEVICES=$gpus timeout 280 torchrun --nproc-per-node=$w --master-port=2953$w bench/gemm_ar_check.py \
-          --out "$WORK/gemm_ar_check_w$w.json" > "$WORK/gemm_ar_check_w$w.log" 2>&1
+        gpus=0,1,2,3; shapes=8x8192x2048,300x4096x1024; limit=330
+        [ $w = 2 ] && gpus=0,1 && shapes=37x5120x1728 && limit=240
+        CUDA_VISIBLE_DEVICES=$gpus timeout $limit torchrun --nproc-per-node=$w --master-port=2953$w \
+          bench/gemm_ar_check.py --shapes $shapes --out "$WORK/gemm_ar_check_w$w.json" > "$WORK/gemm_ar_check_w$w.log" 2>&1
         echo "exit $? after: gemm_ar_check w$w"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w$w.log" | head -20; pack
       done ;;
     ar4|arn4)  # gemm_ar (ar4) or its residual + RMSNorm form (arn4) at W=4, one fo per (N, K per rank)

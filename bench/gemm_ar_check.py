@@ -153,8 +153,9 @@ def check_case(world: Any, site: Site, other: Site, config: dict, other_config: 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="1x8192x2048,8x8192x2048,37x5120x1728,128x8192x2048,300x4096x1024",
-                    help="MxNxK_r (K per rank), comma-separated")  # fmt: skip
+    ap.add_argument("--shapes", default="8x8192x2048,300x4096x1024",
+                    help="MxNxK_r (K per rank), comma-separated; every shape compiles every config anew")  # fmt: skip
+    ap.add_argument("--forms", default="sum,norm", help=f"comma-separated, of {', '.join(FORMS)}")
     ap.add_argument("--replays", type=int, default=12)
     ap.add_argument("--out", default="gemm_ar_check.json")
     args = ap.parse_args()
@@ -177,7 +178,7 @@ def main() -> None:
                 results.append({"shape": shape, "config": config, "skipped": str(exc)})
         for i, config in enumerate(cases):
             other_config = cases[(i + 1) % len(cases)]
-            for form in FORMS:
+            for form in args.forms.split(","):
                 entry = {"shape": shape, "form": form, "config": config}
                 try:
                     entry.update(check_case(world, site, other, config, other_config, form, args.replays, seed=i * 97))
