@@ -12,10 +12,11 @@ import torch
 from jointtune.errors import SpaceError
 from jointtune.kernels import get_family
 from jointtune.kernels.ag_gemm import ag_gemm
+from jointtune.kernels.gemm_ar import gemm_ar, gemm_ar_rmsnorm, reference
 from jointtune.kernels.gemm_rs import gemm_rs
 from jointtune.kernels.world import LocalWorld
 from jointtune.search_spaces import DeviceLimits, Problem, get_space
-from jointtune.search_spaces._collectives import ALL_GATHER, REDUCE_SCATTER
+from jointtune.search_spaces._collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
 TOL = 2e-2
 
@@ -60,6 +61,29 @@ def test_gemm_rs_baseline_in_every_variant(W, collective):
             got = gemm_rs(a, b, world=world, config={"mode": "baseline", "collective": collective}, out=out)
             for r in range(W):
                 assert _rel(got[r], full[r * (M // W) : (r + 1) * (M // W)]) < TOL
+
+
+@pytest.mark.parametrize("W", [2, 3])
+@pytest.mark.parametrize("collective", ALL_REDUCE)
+def test_gemm_ar_baseline_in_every_variant(W, collective):
+    world = LocalWorld(world_size=W)
+    gen = torch.Generator().manual_seed(20 + W)
+    M, N, K_r = 5, 16, 12
+    a = [torch.randn(M, K_r, generator=gen).bfloat16() for _ in range(W)]
+    b = [torch.randn(K_r, N, generator=gen).bfloat16() for _ in range(W)]
+    res = [torch.randn(M, N, generator=gen).bfloat16()] * W
+    weight = [torch.rand(N, generator=gen).bfloat16() + 1] * W
+    config = {"mode": "baseline", "collective": collective}
+    for placed in (False, True):  # the caller's output where the variant sums (no copy out), or anywhere
+        out = world.collective_empty((M, N), torch.bfloat16, collective) if placed else None
+        for _ in range(2):
+            got = gemm_ar(a, b, world=world, config=config, out=out)
+            assert max(_rel(g, reference(a, b)) for g in got) < TOL
+    got = gemm_ar(a, b, world=world, config=config, residual=res)
+    assert max(_rel(g, reference(a, b, res[0])) for g in got) < TOL
+    normed, h = gemm_ar_rmsnorm(a, b, res, weight, world=world, config=config)
+    want_normed, want_h = reference(a, b, res[0], weight[0])
+    assert max(_rel(g, want_normed) for g in normed) < TOL and max(_rel(g, want_h) for g in h) < TOL
 
 
 @pytest.mark.parametrize("collective", ALL_GATHER)

@@ -150,6 +150,7 @@ def test_a_callers_odd_arguments_are_named_before_anything_runs():
         ag_gemm(a, b, world=world, config=[("mode", "baseline")])
     # a launcher's key reads dims before the op checks its arguments: it names the argument too
     for family, args, name in (("ag_gemm", (a[0][0], b), "a"), ("gemm_rs", (a, b[0][0]), "b"),
-                               ("ag_gemm", ([], b), "a"), ("flash_decode", (a[0], a[0], a[0]), "q")):  # fmt: skip
+                               ("ag_gemm", ([], b), "a"), ("flash_decode", (a[0], a[0], a[0]), "q"),
+                               ("gemm_ar", (a, b[0][0]), "b"), ("gemm_ar_rmsnorm", (a[0][0], b), "a")):  # fmt: skip
         with pytest.raises(ShapeError, match=f"{name}: expected a [234]-D tensor, or a list of one per simulated rank"):
             get_family(family).key(*args, world=world)
