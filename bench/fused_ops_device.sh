@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/fused_ops_device.sh PHASE   (PHASE: decode4, decode2, flash4, flash2, large4, large2, archeck, ar4,
-# arn4, ar2)
+# arn4, ar2, artune)
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -57,6 +57,15 @@ for phase in "$@"; do
         CUDA_VISIBLE_DEVICES=$gpus timeout $limit torchrun --nproc-per-node=$w --master-port=2953$w \
           bench/gemm_ar_check.py --shapes $shapes --out "$WORK/gemm_ar_check_w$w.json" > "$WORK/gemm_ar_check_w$w.log" 2>&1
         echo "exit $? after: gemm_ar_check w$w"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w$w.log" | head -20; pack
+      done ;;
+    artune)  # the tuner on gemm_ar, graph policy, W=4 then W=2: 8 and 64 rows of Llama-3-70B's o_proj
+      for w in 4 2; do
+        for m in 8 64; do
+          timeout 140 python3 -m jointtune.cli tune --kernel gemm_ar --shape ${m}x8192x$((2048 * w)) --world-size $w \
+            --timing graph --trials 12 --db "sqlite:///$WORK/artune.db" --report "$WORK/artune_w${w}_m$m" \
+            > "$WORK/artune_w${w}_m$m.log" 2>&1
+          echo "exit $? after: tune gemm_ar w$w m$m"; tail -n 8 "$WORK/artune_w${w}_m$m.log"; pack
+        done
       done ;;
     ar4|arn4)  # gemm_ar (ar4) or its residual + RMSNorm form (arn4) at W=4, one fo per (N, K per rank)
       fam=gemm_ar; [ "$phase" = arn4 ] && fam=gemm_ar_rmsnorm
