@@ -8,13 +8,14 @@ group). Instead of refusing it, we move it to the valid config closest to it, mo
   conditions read, such as `mode`), each a product of independent components of valid partial configs;
 - the distance to the wanted config counts a different `mode` as far worse than anything else, another
   sub-mode (`ce_consumer`, `push_by`, ...) as worse than any tile, then per param the steps between the two
-  values in its ordered choices (one step for a different categorical value); a param the wanted config does
-  not name costs nothing whatever its value;
+  values in its ordered choices (one step for a different categorical value; a wanted number that is not a
+  choice, as a narrowed space's, is placed among them); a param the wanted config does not name, or names
+  with a value of no use, costs nothing whatever its value;
 - ties are broken by a seeded `random.Random`, so the answer is reproducible, and uniform among the tied
   configs (with nothing wanted beyond `mode`, a uniform draw of that mode's valid configs).
 
 Values fixed by the caller (`pinned`) are kept as given (the enumeration's `where`). Branch plans are cached per
-(problem, device, pinned values) on the space.
+(problem, device, pinned values) on the space (`_enumerate.valid_branches`).
 
 Example:
     >>> from jointtune.search_spaces import DeviceLimits, get_space
@@ -31,8 +32,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from jointtune.search_spaces._enumerate import Partial, _Plan
-from jointtune.search_spaces._params import Context, Param, Value
+from jointtune.search_spaces._enumerate import Branch, Partial
+from jointtune.search_spaces._params import Param, Value
 
 if TYPE_CHECKING:
     from jointtune.search_spaces._space import Space
@@ -42,11 +43,24 @@ MODE_COST = 1_000_000
 #: cost of another value of a param that a condition reads (a sub-mode): more than any tile difference
 STRUCTURAL_COST = 1_000
 
-Branch = tuple[Partial, list[list[Partial]]]
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _ordered(p: Param) -> bool:
-    return p.kind != "categorical" and all(isinstance(c, int) and not isinstance(c, bool) for c in p.choices)
+    return p.kind != "categorical" and all(_is_int(c) for c in p.choices)
+
+
+def _steps(choices: Sequence[Value], choice: Value, wanted: Value, ordered: bool) -> int:
+    """How far `choice` is from `wanted`: 0 or 1 for unordered values; for ordered ones 1 (if they differ) plus
+    the choices strictly between them, which is the distance of their positions when `wanted` is a choice."""
+    if type(choice) is type(wanted) and choice == wanted:
+        return 0
+    if not ordered:
+        return 1
+    low, high = sorted((int(choice), int(wanted)))
+    return 1 + sum(1 for c in choices if low < int(c) < high)
 
 
 class _Scorer:
@@ -58,7 +72,9 @@ class _Scorer:
             if p.name not in wanted:
                 continue
             value = p.canonical(wanted[p.name])
-            if value is None:  # not one of its choices: nothing to stay near
+            if value is None and _ordered(p) and _is_int(wanted[p.name]):
+                value = int(wanted[p.name])  # not a choice (a narrowed space's): stay near it all the same
+            if value is None:  # nothing to stay near
                 continue
             if p.name == "mode":
                 weight, ordered = MODE_COST, False
@@ -66,10 +82,7 @@ class _Scorer:
                 weight, ordered = STRUCTURAL_COST, False
             else:
                 weight, ordered = 1, _ordered(p)
-            at = next(i for i, c in enumerate(p.choices) if type(c) is type(value) and c == value)
-            self.costs[p.name] = {
-                (type(c), c): (abs(i - at) if ordered else int(i != at)) * weight for i, c in enumerate(p.choices)
-            }
+            self.costs[p.name] = {(type(c), c): weight * _steps(p.choices, c, value, ordered) for c in p.choices}
 
     def cost(self, partial: Mapping[str, Value]) -> int:
         total = 0
@@ -93,17 +106,6 @@ class _Scorer:
                 tied.append(partial)
         assert best is not None
         return best, tied
-
-
-def valid_branches(space: Space, ctx: Context, where: Mapping[str, Value], key: tuple) -> list[Branch]:
-    """The space's branches with valid configs for one context and pinned values (`where`), cached by `key`."""
-    cached = space._plans.get(key)
-    if cached is None:
-        cached = [(assign, comps) for assign, comps in _Plan(space, ctx, where).branches() if all(comps)]
-        if len(space._plans) > 64:
-            space._plans.clear()
-        space._plans[key] = cached
-    return cached
 
 
 def nearest(

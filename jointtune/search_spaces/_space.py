@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from jointtune.errors import SpaceError
 from jointtune.search_spaces._collectives import collective_mask
 from jointtune.search_spaces._config import canonical_json, config_hash
-from jointtune.search_spaces._enumerate import count_configs, iter_configs
-from jointtune.search_spaces._nearest import nearest, valid_branches
+from jointtune.search_spaces._enumerate import config_at, count_configs, iter_configs, valid_branches
+from jointtune.search_spaces._nearest import nearest
 from jointtune.search_spaces._params import (
     Condition,
     Constraint,
@@ -120,7 +120,7 @@ class Space:
         #: {param: allowed values} that narrowed the registered space to this one ({} for a full space)
         self.restriction: dict[str, list[Value]] = {}
         self._contexts: dict[tuple[Problem, DeviceLimits], dict[str, int]] = {}
-        #: valid branches per (problem, device, pinned values), for `nearest_valid` (`_nearest`)
+        #: valid branches per (context, pinned values): `_enumerate.valid_branches`, for `nearest_valid`, `config_at`
         self._plans: dict[tuple, list] = {}
         self._check_definition()
         #: params that conditions read: enumeration branches on them before the rest
@@ -432,9 +432,7 @@ class Space:
         """The valid config nearest to `config` (same mode where that mode has one; `_nearest` says how near is
         measured), keeping `pinned` values as given; None when no valid config has them. Ties are broken by
         `seed`, so the same call always answers the same."""
-        ctx = self.context(problem, limits)
-        where = self._where(pinned)
-        found = valid_branches(self, ctx, where, (problem, limits, tuple(sorted(where.items()))))
+        found = valid_branches(self, self.context(problem, limits), self._where(pinned))
         return nearest(self, found, dict(config), random.Random(seed))
 
     def mode_starts(self, problem: Problem, limits: DeviceLimits) -> list[dict[str, Value]]:
@@ -494,6 +492,13 @@ class Space:
     ) -> Iterator[dict[str, Value]]:
         """Every valid config (optionally only those with the given field values), in a fixed order."""
         return iter_configs(self, self.context(problem, limits), self._where(where))
+
+    def config_at(
+        self, index: int, problem: Problem, limits: DeviceLimits, *, where: Mapping[str, Any] | None = None
+    ) -> dict[str, Value] | None:
+        """The config `enumerate` yields at `index` (None past its end), without walking to it: a uniform draw of
+        the valid configs is `config_at(rng.randrange(count(...)))`."""
+        return config_at(self, self.context(problem, limits), self._where(where), index)
 
     def count(self, problem: Problem, limits: DeviceLimits, *, where: Mapping[str, Any] | None = None) -> int:
         """How many configs `enumerate` yields, without building them."""

@@ -99,6 +99,9 @@ def test_warm_start_enqueues_baseline_default_and_nearest_shapes_best(families, 
         ("default", {"mode": "fast", "tile": 1, "chunk": 1}),
         ("warm", warm),
     ]
+    # where the warm start came from is on its trial (a gpu-timed record: the interp study had none of its own)
+    source = trials[2].user_attrs["jt_prior"]
+    assert source["kind"] == "nearest-shape" and source["shape"] == {"M": 32} and source["timing"] == "gpu"
 
 
 def test_precompile_hook_sees_each_config_before_it_runs(families, sqlite_url):
