@@ -20,9 +20,7 @@ def decode_job(trials: int = 16, world_size: int = 2, shape: str = "8x32x8x32768
     return Job.of("jt_sim_decode", problem, SIM.replace(trials=trials))
 
 
-def test_two_fresh_tunes_with_one_seed_run_the_same_configs_and_pick_the_same_one(
-    families, tmp_path, subprocess_env
-):
+def test_two_fresh_tunes_with_one_seed_run_the_same_configs_and_pick_the_same_one(families, tmp_path, subprocess_env):
     job = decode_job()
     urls = [f"sqlite:///{tmp_path / name}.db" for name in ("first", "second", "fresh-process")]
     for url in urls[:2]:
