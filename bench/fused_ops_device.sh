@@ -58,8 +58,8 @@ for phase in "$@"; do
       CUDA_VISIBLE_DEVICES=0,1 fo 250 2 ag_gemm "$SMALL" ag_gemm_small_w2.json --per-mode 1 --stress 100 --item-timeout 60 --port 29511 &
       CUDA_VISIBLE_DEVICES=2,3 fo 250 2 gemm_rs "$SMALL" gemm_rs_small_w2.json --per-mode 1 --stress 100 --item-timeout 60 --port 29512 &
       wait ;;
-    flashlong4) fo 130 4 flash_decode "$FLASH_LONG" flash_decode_long_w4.json --per-mode 1 --stress 60 --item-timeout 60 ;;
-    flashlong2) CUDA_VISIBLE_DEVICES=0,1 fo 150 2 flash_decode "$FLASH_LONG" flash_decode_long_w2.json --per-mode 1 --stress 60 --item-timeout 60 ;;
+    flashlong4) fo 130 4 flash_decode "$FLASH_LONG" flash_decode_long_w4.json --per-mode 1 --stress 0 --item-timeout 60 ;;
+    flashlong2) CUDA_VISIBLE_DEVICES=0,1 fo 150 2 flash_decode "$FLASH_LONG" flash_decode_long_w2.json --per-mode 1 --stress 0 --item-timeout 60 ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
 done
