@@ -274,3 +274,20 @@ def test_groups_are_planned_per_world_size_on_gpus_and_as_local_worlds_on_cpus()
     assert [(s.world_kind, s.nprocs, len(s.jobs)) for s in cpu.specs] == [("local", 1, 3)] * 2
     with pytest.raises(TuningError, match="world_size: 4 is not allowed on this node; it has 2 GPU"):
         plan_groups(jobs, url="sqlite:////tmp/x.db", gpus=2)
+
+
+def test_patience_waits_for_the_start_and_says_why_it_stopped():
+    study = optuna.create_study()
+    for value in (1.0, 2.0, 3.0):
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs={"jt_config": f'{{"x":{value}}}'}))
+    study.enqueue_trial({"x": 4})  # the start's last config, not measured yet
+    settings = TuneSettings(trials=10, patience=2)
+    waiting = StudyState.of(study.get_trials())
+    assert waiting.since_best == 2 and waiting.done(settings) is None and waiting.explain(settings) is None
+    trial = study.ask()
+    study.tell(trial, 5.0)
+    state = StudyState.of(study.get_trials())
+    assert state.done(settings) == "patience"
+    why = "patience: 3 trials since the best (trial 0, 1.0 µs) without a faster one (patience 2)"
+    assert state.explain(settings) == why
+    assert StudyState.of(study.get_trials()).explain(TuneSettings(trials=4)) == "used its budget of 4 trials"

@@ -121,6 +121,8 @@ def test_time_budget_and_patience_stop_a_study_early(families, sqlite_url):
     tune(sqlite_url, slow)
     result = result_of(sqlite_url, slow)
     assert result.done_reason == "time" and 1 <= result.counted < 10
+    assert result.stop_text.startswith("used its time budget: ")
+    assert result.stop_text.endswith(" of trial time of 0.15 s")
     patient = sleep_job(m=32, trials=50, patience=2, strategy="exhaustive")
     tune(sqlite_url, patient)
     assert result_of(sqlite_url, patient).done_reason == "exhausted"  # exhaustive ignores patience
@@ -129,6 +131,11 @@ def test_time_budget_and_patience_stop_a_study_early(families, sqlite_url):
     result = result_of(sqlite_url, patient)
     assert result.done_reason == "patience"
     assert result.state.since_best == 3
+    # it says why, with the numbers: how many trials since which best, and the setting
+    best = result.state.best
+    since = f"since the best (trial {best.number}, {best.value:,.1f} µs)"
+    assert result.stop_text == f"patience: 3 trials {since} without a faster one (patience 3)"
+    assert result.to_json()["stop"] == result.stop_text and result.summary_line().count(result.stop_text) == 1
 
 
 def test_many_groups_of_jobs_share_one_database_and_two_runs_agree(families, sqlite_url, tmp_path):
