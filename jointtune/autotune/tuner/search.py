@@ -8,15 +8,15 @@
 - Proposals inside the valid space: the sampler is wrapped by the space (`Space.sampler`), so a draw
   that breaks a rule of the problem or the device is drawn again (or, as a last resort, moved to the
   nearest valid config of its mode) before it becomes a trial; the trial notes what happened and why
-  (`jt_moved`). A config the space still
-  refuses (an enqueued one, or fixed values that leave nothing valid) never reaches a rank: it is told
-  PRUNED with reason "invalid" and doesn't count; a streak of them stops the study.
+  (`jt_moved`). A config the space still refuses (an enqueued one, or fixed values that leave nothing
+  valid) never reaches a rank: it is told PRUNED with reason "invalid" (`jt_refused` names the rules it
+  broke) and doesn't count; a streak of them stops the study.
 - A config that already has a result is answered from it (`jt_cached`) instead of run again, and
   the next trial is a valid config without a result drawn at random (TPE tends to propose its
   incumbent again and again; `Space.config_at` picks it without walking the enumeration); when
   no such config is left the search says "exhausted" (the coordinator stops the study then only
-  once no claimed trial is left to run). A config that
-  a claimed trial is running right now is skipped (told FAIL, reason "duplicate").
+  once no claimed trial is left to run). A config that a claimed trial is running right now is
+  skipped (told FAIL, reason "duplicate"). A stop's reason in words goes to the study (`jt_stop_detail`).
 - Up front (`check_study`): a restriction that leaves nothing it asked for, and an exhaustive
   study bigger than its budget, are refused before any rank starts.
 - The start (`initial_configs`), enqueued in a fixed order before any sampling: the baseline (in each
