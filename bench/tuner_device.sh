@@ -10,8 +10,11 @@
 #                        seconds from process start to the stored record (target <= 30 s on an H200)
 #   curves               replay tables (truth) -> best-so-far against trials, 3 seeds, per family and world size
 # Results land in $WORK and are packed into $OUT/tuner_checks.tgz after every step, so a call stopped at its limit
-# still returns what finished. Each phase fits one 10-minute call (truth: one family per call where needed).
-# Usage: bash bench/tuner_device.sh truth 2 ag_gemm; bash bench/tuner_device.sh tune 2; ...; bash ... curves
+# still returns what finished. truth and tune take one family per call to fit a 10-minute call; a study stopped by
+# a limit resumes when the same call runs again.
+# Usage (each line one call; W = 2, then 4):
+#   bash bench/tuner_device.sh truth W FAMILY; bash bench/tuner_device.sh tune W FAMILY   (for each family)
+#   bash bench/tuner_device.sh agree W; then once: bash bench/tuner_device.sh cold; bash bench/tuner_device.sh curves
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 WORK=${WORK:-/tmp/tuner_checks}
 mkdir -p "$WORK/tables"
