@@ -23,6 +23,7 @@ from jointtune.search_spaces._params import (
     format_value,
     next_pow2,
     pow2,
+    rule_field,
     when,
 )
 from jointtune.search_spaces._problem import DTYPE_BYTES, DeviceLimits, Problem, normalize_dtype
@@ -68,6 +69,7 @@ __all__ = [
     "parse_shape",
     "pow2",
     "register_space",
+    "rule_field",
     "space_names",
     "unregister_space",
     "when",

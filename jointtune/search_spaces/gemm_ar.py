@@ -140,6 +140,16 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     return out
 
 
+def _starts(ctx: Context) -> list[dict[str, Value]]:
+    """One config per exchange for a tuner's start at any world size (the seeds cover W > 1): cuBLAS followed by a
+    pushed exchange on half the SMs, the simplest fused call. Not measured."""
+    comm = 1 << (max(1, ctx["num_sms"] // 2).bit_length() - 1)
+    return [
+        {"mode": mode, "gemm": "cublas", "transport": "push", "tiles_per_flag": 1, "comm_sms": comm}
+        for mode in ("one_shot", "two_shot")
+    ]
+
+
 GEMM_AR = Space(
     "gemm_ar",
     dims=("M", "N", "K"),
@@ -195,4 +205,5 @@ GEMM_AR = Space(
     check_problem=_check_problem,
     default=_default,
     seeds=_seeds,
+    starts=_starts,
 )
