@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ag_gemm_bench import Bench, device_label, init_cuda_world, spin_up
 
-from jointtune.kernels._signals import release_chunk_kernel, wait_chunks_kernel
+from jointtune.kernels.runtime.signals import release_chunk_kernel, wait_chunks_kernel
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jointtune.kernels.ag_gemm import ag_gemm
-from jointtune.kernels.world import create_world
+from jointtune.kernels.runtime.world import create_world
 
 SHAPES = [(8192, 4096, 12288), (8192, 8192, 28672), (8192, 3584, 14336), (1024, 8192, 8192), (128, 8192, 8192)]
 TILES = [

@@ -13,7 +13,7 @@ case "$phase" in
   small)
     small=64x8192x8192,128x8192x8192,256x8192x8192,64x6144x4096,128x6144x4096,256x6144x4096,1024x8192x8192
     run 120 bench/ag_gemm_host.py --shape 128x8192x8192 --out "$OUT/ag_gemm_host.json"
-    # the same with repeat eager calls run directly (kernels/_eager_graph.py off): what the replay saves at 2 ranks
+    # the same with repeat eager calls run directly (kernels/runtime/eager_graph.py off): what the replay saves at 2 ranks
     JOINTTUNE_EAGER_GRAPH=0 run 120 bench/ag_gemm_host.py --shape 128x8192x8192 --out "$OUT/ag_gemm_host_direct.json"
     run 300 bench/ag_gemm_modes.py --stress "${STRESS:-600}" --out "$OUT/ag_gemm_modes_small.json" --shapes $small
     ;;

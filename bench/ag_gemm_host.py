@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ag_gemm_bench import device_label, init_cuda_world
 
-from jointtune.kernels._launch import Launch
-from jointtune.kernels._signals import wait_chunks_kernel
 from jointtune.kernels.ag_gemm import _plan_key, ag_gemm, prepare
+from jointtune.kernels.runtime.launch import Launch
+from jointtune.kernels.runtime.signals import wait_chunks_kernel
 
 PC = dict(mode="push_cublas")
 TILES = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4, SPLIT_K=1)

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ag_gemm_bench import device_label, init_cuda_world
 
 from jointtune.errors import SpaceError
-from jointtune.kernels._plan import resolve_config
 from jointtune.kernels.ag_gemm import ag_gemm
+from jointtune.kernels.runtime.plan import resolve_config
 
 TILE = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=6)
 CONFIGS = [

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from jointtune.autotune.decorator import joint_autotune
-from jointtune.kernels.world import create_world
+from jointtune.kernels.runtime.world import create_world
 
 
 def _per_call_ns(fn: Callable[[], Any], calls: int) -> float:

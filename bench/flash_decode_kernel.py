@@ -38,7 +38,7 @@ from flash_decode_modes import (
 )
 from read_floor import floors
 
-from jointtune.kernels._runtime import device_limits
+from jointtune.kernels.runtime.device import device_limits
 from jointtune.search_spaces import get_space
 
 #: (B, H, H_KV, S_r, D): a batch, heads, kv heads, keys on this rank, head dim
@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     args = ap.parse_args()
     if args.merge_elements:
-        from jointtune.kernels import _flash_decode_args
+        from jointtune.kernels.flash_decode import args as _flash_decode_args
 
         if not hasattr(_flash_decode_args, "MERGE_ELEMENTS"):
             raise SystemExit(f"--merge-elements: the kernel of {args.tree or 'this tree'} has no MERGE_ELEMENTS")

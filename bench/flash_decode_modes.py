@@ -45,9 +45,9 @@ from ag_gemm_modes import (
 )
 from ag_gemm_modes import stress as modes_stress
 
-from jointtune.kernels._plan import config_key
-from jointtune.kernels._runtime import num_sms
 from jointtune.kernels.flash_decode import config_json, flash_decode
+from jointtune.kernels.runtime.device import num_sms
+from jointtune.kernels.runtime.plan import config_key
 
 H, H_KV, D = 64, 8, 128
 SHAPES = [(b, H, H_KV, s, D) for b in (1, 8, 32) for s in (8192, 32768, 131072, 524288)]

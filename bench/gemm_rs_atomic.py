@@ -90,7 +90,7 @@ def check(rig: RsRig, fn, calls: int, replays: int) -> dict:
             # what is left is atomics that landed after it read (early read) or in the other half (wrong half)
             acc = rig.world._buffers.get(("gemm_rs.acc", torch.float32))
             if acc is not None:
-                from jointtune.kernels._symm import ALIGN
+                from jointtune.kernels.runtime.symm import ALIGN
 
                 flat = acc.tensors[0]
                 hs = flat.numel() // 2 // ALIGN * ALIGN

@@ -10,7 +10,7 @@ Checks, each against a float32 reference on fresh random data, outputs poisoned 
 - the `triton.autotune` drop-in on a compiled `@triton.jit` kernel: benchmarks its configs, saves the winner, and
   a second decorator over the same store finds it without benchmarking;
 - inputs that require grad in grad mode are refused by name (the ops have no backward), and run under no_grad;
-- repeat eager calls of both GEMM families' ce modes replayed from their own CUDA graph (`_eager_graph`): direct on
+- repeat eager calls of both GEMM families' ce modes replayed from their own CUDA graph (`eager_graph`): direct on
   the first call, replayed from the second, direct with the weight moved, replayed again once it is back.
 Writes one JSON with each check's result and error; exits 1 if any check failed.
 """
@@ -187,7 +187,7 @@ RS_CE = {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 2, "reduce_sms": 16
 
 
 def check_eager_replay(world: Any) -> dict[str, Any]:
-    """Repeat eager calls replayed from their own CUDA graph (`jointtune/kernels/_eager_graph.py`) in both GEMM
+    """Repeat eager calls replayed from their own CUDA graph (`jointtune/kernels/runtime/eager_graph.py`) in both GEMM
     families' ce modes: right on every call, replayed from the second call on, and direct while a weight is
     elsewhere."""
     W, dev = world.world_size, world.device

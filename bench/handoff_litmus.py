@@ -1,7 +1,7 @@
 """Does one thread's release and acquire hand a whole program's data over? A message-passing litmus test, on one GPU
 or between two.
 
-Every fused kernel hands data between programs the way `jointtune/kernels/_signals.py` says: the writer's threads
+Every fused kernel hands data between programs the way `jointtune/kernels/runtime/signals.py` says: the writer's threads
 store, a barrier, one thread releases a flag; the reader's one thread acquires it (`wait_flag`, which ends in a
 barrier), then every thread loads. Before, each thread also ran a system-scope acq_rel atomic of its own on both
 sides. This runs the pattern as the kernels do (the same `wait_flag` and `release_flag`), between pairs of programs
@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 from ag_gemm_bench import device_label, init_cuda_world
 
-from jointtune.kernels._signals import release_flag, wait_flag
+from jointtune.kernels.runtime.signals import release_flag, wait_flag
 
 MODES = {"cta": 0, "thread": 1, "no_acquire": 2, "no_barrier": 3}
 

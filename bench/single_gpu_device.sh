@@ -14,7 +14,7 @@
 #              with only its acquire (.variants/acquire), with only its barriers (.variants/barrier), then this tree
 #              with more calls and push beside it. .variants/* hold a `jointtune` each (made with git archive).
 # stress-w1:   every family's modes benchmark with its graph-replay stress run at world size 1.
-# shared2:     two ranks on this one GPU (gloo group, peers through CUDA IPC: `jointtune/kernels/_ipc.py`): gpu_smoke,
+# shared2:     two ranks on this one GPU (gloo group, peers through CUDA IPC: `jointtune/kernels/runtime/ipc.py`): gpu_smoke,
 #              ag_gemm_stress, every family's modes stress and compile checks (--no-timing), and the handoff litmus
 #              between the two processes. It checks the multi-rank paths where no 2-GPU machine is lent; the GPU
 #              time-slices the two processes, so nothing here is timed.
@@ -143,7 +143,7 @@ shared2() {  # every multi-rank path on this one GPU: two ranks over gloo and CU
   grep -E "^\[|^exit|Error" "$OUT/handoff_litmus_shared2.log" | cut -c1-300
 }
 
-eager_graph() {  # repeat eager calls replayed from their own graph (kernels/_eager_graph.py): right at 2 ranks on this
+eager_graph() {  # repeat eager calls replayed from their own graph (kernels/runtime/eager_graph.py): right at 2 ranks on this
   # GPU (gpu_smoke's eager_replay check, every family's stress with its eager calls), and what it saves the host at
   # world size 1 (ag_gemm_host.py with JOINTTUNE_EAGER_GRAPH=0, then on, then 0 and on again)
   local NPROC=2 g round

@@ -33,10 +33,10 @@ from ag_gemm_bench import init_cuda_world, spin_up
 from ag_gemm_modes import capture, run_header
 from flash_decode_modes import copy_bandwidth
 
-from jointtune.kernels._gemm_rs_args import EPI_STORE, GemmRsConfig, RsShape, kernel_args, tile_work
-from jointtune.kernels._gemm_rs_kernel import gemm_rs_kernel
-from jointtune.kernels._launch import split_options
-from jointtune.kernels._runtime import device_limits
+from jointtune.kernels.gemm_rs.args import EPI_STORE, GemmRsConfig, RsShape, kernel_args, tile_work
+from jointtune.kernels.gemm_rs.kernel import gemm_rs_kernel
+from jointtune.kernels.runtime.device import device_limits
+from jointtune.kernels.runtime.launch import split_options
 from jointtune.search_spaces import get_space
 
 SHAPES = [(128, 8192, 4096), (64, 8192, 4096), (32, 8192, 4096)]

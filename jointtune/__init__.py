@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from jointtune.kernels.ag_gemm import ag_gemm
     from jointtune.kernels.flash_decode import flash_decode
     from jointtune.kernels.gemm_rs import gemm_rs
-    from jointtune.kernels.world import World, create_world
+    from jointtune.kernels.runtime.world import World, create_world
 
 __version__ = "0.1.0"
 
@@ -44,8 +44,8 @@ _EXPORTS: dict[str, tuple[str, bool]] = {
     "ag_gemm": ("jointtune.kernels.ag_gemm", True),
     "gemm_rs": ("jointtune.kernels.gemm_rs", True),
     "flash_decode": ("jointtune.kernels.flash_decode", True),
-    "create_world": ("jointtune.kernels.world", True),
-    "World": ("jointtune.kernels.world", True),
+    "create_world": ("jointtune.kernels.runtime.world", True),
+    "World": ("jointtune.kernels.runtime.world", True),
 }
 
 __all__ = [

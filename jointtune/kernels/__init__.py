@@ -6,10 +6,10 @@ interpreter (TRITON_INTERPRET=1, chosen here, as the package is imported, before
 
 from __future__ import annotations
 
-from jointtune.kernels._runtime import choose_interpreter
+from jointtune.kernels.runtime.device import choose_interpreter
 
 choose_interpreter()  # before anything below imports Triton
 
-from jointtune.kernels._family import Family, family_names, get_family, register_family, unregister_family  # noqa: E402
+from jointtune.kernels.runtime.family import Family, family_names, get_family, register_family, unregister_family  # noqa: E402
 
 __all__ = ["Family", "family_names", "get_family", "register_family", "unregister_family"]

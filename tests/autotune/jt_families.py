@@ -32,7 +32,7 @@ import torch
 
 from jointtune.autotune.tuner import timing
 from jointtune.errors import KernelError
-from jointtune.kernels._family import Family, register_family
+from jointtune.kernels.runtime.family import Family, register_family
 from jointtune.search_spaces import Constraint, Space, categorical, choice, pow2, register_space, when
 
 #: configs precompiled in this process, in order (tests read it)

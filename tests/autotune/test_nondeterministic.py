@@ -32,9 +32,9 @@ from jointtune.db import NewRecord, open_store
 from jointtune.errors import TuningError, UnknownNameError
 from jointtune.hardware import current_limits, detect
 from jointtune.kernels import get_family
-from jointtune.kernels._family import register_family
 from jointtune.kernels.gemm_rs import gemm_rs, reference
-from jointtune.kernels.world import LocalWorld
+from jointtune.kernels.runtime.family import register_family
+from jointtune.kernels.runtime.world import LocalWorld
 from jointtune.search_spaces import Space, categorical, get_space, register_space
 
 JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]

@@ -13,7 +13,7 @@ from jointtune.errors import SpaceError
 from jointtune.kernels import get_family
 from jointtune.kernels.ag_gemm import ag_gemm
 from jointtune.kernels.gemm_rs import gemm_rs
-from jointtune.kernels.world import LocalWorld
+from jointtune.kernels.runtime.world import LocalWorld
 from jointtune.search_spaces import DeviceLimits, Problem, get_space
 from jointtune.search_spaces._collectives import ALL_GATHER, REDUCE_SCATTER
 

@@ -12,10 +12,10 @@ from capture import capture
 
 from jointtune.errors import ShapeError, SpaceError
 from jointtune.kernels import get_family
-from jointtune.kernels._flash_decode_args import merge_splits
 from jointtune.kernels.flash_decode import config_json, flash_decode, prepare, reference
+from jointtune.kernels.flash_decode.args import merge_splits
 from jointtune.kernels.gemm_rs import gemm_rs
-from jointtune.kernels.world import LocalWorld
+from jointtune.kernels.runtime.world import LocalWorld
 from jointtune.search_spaces import DeviceLimits, Problem, get_space
 
 TILE = dict(kv_split=64, BLOCK_N=16, num_warps=2, num_stages=2)

@@ -12,7 +12,7 @@ import pytest
 import jointtune
 from jointtune.errors import KernelError
 from jointtune.kernels import get_family
-from jointtune.kernels._version import closure_modules, closure_version, normalised_source
+from jointtune.kernels.runtime.version import closure_modules, closure_version, normalised_source
 
 FAMILIES = ("ag_gemm", "gemm_rs", "flash_decode")
 
@@ -26,7 +26,7 @@ def copy(tmp_path: Path) -> Path:
 
 
 def _versions(root: Path) -> dict[str, str]:
-    return {f: closure_version(f"jointtune.kernels.{f}", roots={"jointtune": root}) for f in FAMILIES}
+    return {f: closure_version(f"jointtune.kernels.{f}.launcher", roots={"jointtune": root}) for f in FAMILIES}
 
 
 def _append(path: Path, text: str) -> None:
@@ -35,21 +35,21 @@ def _append(path: Path, text: str) -> None:
 
 def test_the_family_version_is_the_closure_of_its_module_and_reads_the_copy_like_the_package(copy):
     for name in FAMILIES:
-        assert get_family(name).version == closure_version(f"jointtune.kernels.{name}")
+        assert get_family(name).version == closure_version(f"jointtune.kernels.{name}.launcher")
     assert _versions(copy) == {name: get_family(name).version for name in FAMILIES}
 
 
 @pytest.mark.parametrize(
     ("module", "changed"),
     [
-        ("_tiles", {"ag_gemm", "gemm_rs"}),  # tile helpers compiled into both GEMM kernels only
-        ("_launch", set(FAMILIES)),  # the shared runtime: every family
-        ("_signals", set(FAMILIES)),
-        ("world", set(FAMILIES)),
-        ("_eager_graph", set(FAMILIES)),
-        ("_flash_decode_kernel", {"flash_decode"}),  # a family's own kernel: that family alone
-        ("_gemm_rs_kernel", {"gemm_rs"}),
-        ("_ag_gemm_plans", {"ag_gemm"}),
+        ("runtime/tiles", {"ag_gemm", "gemm_rs"}),  # tile helpers compiled into both GEMM kernels only
+        ("runtime/launch", set(FAMILIES)),  # the shared runtime: every family
+        ("runtime/signals", set(FAMILIES)),
+        ("runtime/world", set(FAMILIES)),
+        ("runtime/eager_graph", set(FAMILIES)),
+        ("flash_decode/kernel", {"flash_decode"}),  # a family's own kernel: that family alone
+        ("gemm_rs/kernel", {"gemm_rs"}),
+        ("ag_gemm/plans", {"ag_gemm"}),
     ],
 )
 def test_a_code_edit_changes_exactly_the_families_that_import_the_module(copy, module, changed):
@@ -61,7 +61,7 @@ def test_a_code_edit_changes_exactly_the_families_that_import_the_module(copy, m
 
 def test_comments_docstrings_and_blank_lines_keep_the_version(copy):
     before = _versions(copy)
-    path = copy / "kernels" / "_tiles.py"
+    path = copy / "kernels" / "runtime" / "tiles.py"
     text = path.read_text(encoding="utf-8")
     body = text.replace("def grouped_tile(", "# a comment for a test\n\n\ndef grouped_tile(", 1)
     path.write_text('"""A rewritten module docstring, µs and all."""\n' + body.split('"""', 2)[2] + "  # trailing\n")
@@ -80,13 +80,13 @@ def test_a_plug_in_family_hashes_its_own_package_and_the_runtime_it_imports(copy
     (plug / "helper.py").write_text("SCALE = 2\n")
     (plug / "unused.py").write_text("X = 1\n")
     (plug / "family.py").write_text(
-        "from jointtune.kernels._tiles import grouped_tile\n"
+        "from jointtune.kernels.runtime.tiles import grouped_tile\n"
         "def run():\n    from . import helper\n    return helper.SCALE\n"
     )
     roots = {"jointtune": copy, "myplug": plug}
     names = set(closure_modules("myplug.family", roots=roots))
-    assert {"myplug.family", "myplug.helper", "jointtune.kernels._tiles"} <= names
-    assert "myplug.unused" not in names and "jointtune.kernels._gemm_rs_kernel" not in names
+    assert {"myplug.family", "myplug.helper", "jointtune.kernels.runtime.tiles"} <= names
+    assert "myplug.unused" not in names and "jointtune.kernels.gemm_rs.kernel" not in names
     before = closure_version("myplug.family", roots=roots)
     _append(plug / "unused.py", "Y = 2\n")
     assert closure_version("myplug.family", roots=roots) == before

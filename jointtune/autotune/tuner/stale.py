@@ -1,6 +1,6 @@
 """Keys a new kernel or space version left behind, and the jobs that tune them again (`jointtune retune`).
 
-A record is keyed by its family's kernel version (`jointtune.kernels._version`), so after an upgrade that changes
+A record is keyed by its family's kernel version (`jointtune.kernels.runtime.version`), so after an upgrade that changes
 a kernel, its shared runtime or the way it launches, no lookup finds the old records: the decorator falls back to
 the nearest tuned shape or the default. A record also carries its space version: when a space gains a knob, a
 record searched in the older space still serves (lookups check each config against today's space), but it never

@@ -10,7 +10,7 @@ from jointtune.autotune.settings import TIMINGS, Job, TuneSettings
 from jointtune.autotune.tuner.timing import EAGER_CALLS, measure
 from jointtune.errors import TuningError
 from jointtune.kernels.ag_gemm import ag_gemm
-from jointtune.kernels.world import create_world
+from jointtune.kernels.runtime.world import create_world
 from jointtune.search_spaces import Problem
 
 PROBLEM = Problem.of({"M": 64, "N": 64, "K": 128}, dtype="bf16", world_size=2)

@@ -22,7 +22,7 @@ from jointtune.autotune.workers.control import SoloControl
 from jointtune.autotune.workers.executor import classify
 from jointtune.autotune.workers.watchdog import EXIT_TIMEOUT
 from jointtune.errors import KernelError, TuningError
-from jointtune.kernels.world import create_world
+from jointtune.kernels.runtime.world import create_world
 from jointtune.search_spaces import Constraint, DeviceLimits, Problem, Space, categorical, choice, register_space
 
 PROBLEM = Problem.of({"M": 64}, dtype="float32", world_size=2)

@@ -9,7 +9,7 @@ manager hands out. Grouped-query attention: H is a multiple of H_KV. Each rank c
 and base-2 log-sum-exps in float32; the ranks' partials are combined, weighted by LSE, into the full output
 [B, H, D] on every rank. A sequence with no valid keys on any rank gets zeros (SDPA would give NaN).
 
-`mode` picks how the partials meet (see `_flash_decode_plans`): `fused` (pushed from the decode kernel, combined in
+`mode` picks how the partials meet (see `plans`): `fused` (pushed from the decode kernel, combined in
 the same launch), `pull`, `wait` (our own all-gather push, per-chunk waits) or `baseline` (NCCL all-gather).
 Lengths live in device memory, so a captured CUDA graph serves any lengths; nothing a later call needs comes
 from the host (capture after one eager call of the same shapes and config).
@@ -32,12 +32,12 @@ from typing import Any
 import torch
 
 from jointtune.errors import ShapeError
-from jointtune.kernels._calls import DTYPES, as_list, config_json, first_of, forward_only, parse_config
-from jointtune.kernels._family import Family, StandinLaunch, register_family
-from jointtune.kernels._flash_decode_args import DecodeShape, FlashDecodeConfig, Work, default_scale, kernel_args
-from jointtune.kernels._flash_decode_plans import DecodePlan
-from jointtune.kernels._plan import config_key, resolve_config
-from jointtune.kernels.world import World, world_named
+from jointtune.kernels.flash_decode.args import DecodeShape, FlashDecodeConfig, Work, default_scale, kernel_args
+from jointtune.kernels.flash_decode.plans import DecodePlan
+from jointtune.kernels.runtime.calls import DTYPES, as_list, config_json, first_of, forward_only, parse_config
+from jointtune.kernels.runtime.family import Family, StandinLaunch, register_family
+from jointtune.kernels.runtime.plan import config_key, resolve_config
+from jointtune.kernels.runtime.world import World, world_named
 from jointtune.search_spaces.flash_decode import bucketed_kv_len
 
 __all__ = ["FlashDecodeFamily", "PreparedFlashDecode", "config_json", "flash_decode", "prepare", "reference"]
@@ -317,7 +317,7 @@ class FlashDecodeFamily(Family):
 
     def baseline(self, inputs: FlashDecodeInputs, world: World) -> list[torch.Tensor]:
         """Our decode kernel + NCCL all-gather + combine, with the space default's decode tiles."""
-        from jointtune.kernels._runtime import device_limits
+        from jointtune.kernels.runtime.device import device_limits
         from jointtune.search_spaces import get_space
 
         return self.run(inputs, get_space(self.space).baseline(inputs.problem, device_limits(world.device)), world)
@@ -381,10 +381,10 @@ class FlashDecodeFamily(Family):
 def standin_launches(cfg: FlashDecodeConfig, s: DecodeShape, device: torch.device) -> list[StandinLaunch]:
     """(kernel, arguments, options) of the Triton launches a call of this shape makes, with 1-element stand-in
     tensors and the call's real integers (as the plan builds them)."""
-    from jointtune.kernels._flash_decode_kernel import flash_decode_kernel
-    from jointtune.kernels._launch import split_options
-    from jointtune.kernels._push import PushArgs
-    from jointtune.kernels._signals import allgather_push_kernel
+    from jointtune.kernels.flash_decode.kernel import flash_decode_kernel
+    from jointtune.kernels.runtime.launch import split_options
+    from jointtune.kernels.runtime.push import PushArgs
+    from jointtune.kernels.runtime.signals import allgather_push_kernel
 
     w = Work.of(cfg, s)
     t = torch.empty(1, dtype=s.dtype, device=device)

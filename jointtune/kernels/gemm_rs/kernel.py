@@ -55,7 +55,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import (
+from jointtune.kernels.runtime.signals import (
     call_epoch_and_half,
     open_call,
     publish_call,
@@ -63,7 +63,7 @@ from jointtune.kernels._signals import (
     wait_chunks,
     wait_flag,
 )
-from jointtune.kernels._tiles import grouped_tile, split_product
+from jointtune.kernels.runtime.tiles import grouped_tile, split_product
 
 
 @triton.jit
@@ -87,7 +87,7 @@ def _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, epoch, half,
         if s == rank:
             total += acc
         else:
-            delta = (tl.load(src_deltas_ptr + s) // 16) * 16  # every slot is 16-element aligned (`_symm.ALIGN`)
+            delta = (tl.load(src_deltas_ptr + s) // 16) * 16  # every slot is 16-element aligned (`symm.ALIGN`)
             total += tl.load(src_ptr + half + delta + in_slot, mask=mask, other=0.0).to(tl.float32)
     o_ptrs = out_ptr + own_rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
@@ -260,7 +260,7 @@ def gemm_rs_kernel(
                         chunk = (pid_m * BLOCK_M) // chunk_rows
                         in_chunk = tl.minimum(chunk_rows, seg_rows - chunk * chunk_rows)
                         expected = tl.cdiv(in_chunk, BLOCK_M) * num_pid_n
-                        tl.debug_barrier()  # the count carries every thread's stores or atomics (`_signals` doc)
+                        tl.debug_barrier()  # the count carries every thread's stores or atomics (`signals` doc)
                         done = tl.atomic_add(done_ptr + seg * n_chunks + chunk, 1, sem="acq_rel", scope="sys")
                         if done == expected - 1:
                             tl.store(done_ptr + seg * n_chunks + chunk, 0)

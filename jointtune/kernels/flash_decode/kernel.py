@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import call_epoch_and_half, open_call, publish_call, wait_flag
+from jointtune.kernels.runtime.signals import call_epoch_and_half, open_call, publish_call, wait_flag
 
 #: LSE of a partial with no keys: finite, so merges need no special case (exp2(EMPTY - x) == 0 for real x)
 EMPTY = tl.constexpr(-1.0e30)
@@ -244,7 +244,7 @@ def flash_decode_kernel(
                           stride_vn, D, PW, HPP, BLOCK_H, BLOCK_N, KV_SPLIT, UPCAST)  # fmt: skip
             chunk = item // IPF
             expected = tl.minimum(IPF, n_items - chunk * IPF) * n_splits
-            tl.debug_barrier()  # the count carries every thread's partial (`_signals` doc)
+            tl.debug_barrier()  # the count carries every thread's partial (`signals` doc)
             arrived = tl.atomic_add(counts_ptr + chunk, 1, sem="acq_rel", scope="gpu")
             if arrived == expected - 1:
                 # ---- the chunk's last split: merge its splits, send the packed rows, flag them ----

@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from jointtune.kernels._flash_decode_args import DecodeShape, FlashDecodeConfig, Work, kernel_args
-from jointtune.kernels._flash_decode_kernel import flash_decode_kernel
-from jointtune.kernels._launch import Launch
-from jointtune.kernels._push import PushArgs
-from jointtune.kernels._signals import allgather_push_kernel
-from jointtune.kernels._symm import ALIGN, call_state, flags, inbox, offset
-from jointtune.kernels.world import World
+from jointtune.kernels.flash_decode.args import DecodeShape, FlashDecodeConfig, Work, kernel_args
+from jointtune.kernels.flash_decode.kernel import flash_decode_kernel
+from jointtune.kernels.runtime.launch import Launch
+from jointtune.kernels.runtime.push import PushArgs
+from jointtune.kernels.runtime.signals import allgather_push_kernel
+from jointtune.kernels.runtime.symm import ALIGN, call_state, flags, inbox, offset
+from jointtune.kernels.runtime.world import World
 
 _SLOTS = ("q_ptr", "k_ptr", "v_ptr", "lens_ptr", "out_ptr")
 

@@ -27,14 +27,14 @@ from typing import Any
 
 import torch
 
-from jointtune.kernels._gemm_rs_args import EPI_ATOMIC, EPI_SIGNAL, EPI_STORE, GemmRsConfig, RsShape, kernel_args
-from jointtune.kernels._gemm_rs_args import tile_work as _work
-from jointtune.kernels._gemm_rs_kernel import gemm_rs_kernel, release_flag_kernel
-from jointtune.kernels._launch import Launch
-from jointtune.kernels._runtime import num_sms
-from jointtune.kernels._signals import open_call_kernel
-from jointtune.kernels._symm import ALIGN, call_state, cdiv, flags, inbox, offset, slot_elems
-from jointtune.kernels.world import SymmetricBuffer, World
+from jointtune.kernels.gemm_rs.args import EPI_ATOMIC, EPI_SIGNAL, EPI_STORE, GemmRsConfig, RsShape, kernel_args
+from jointtune.kernels.gemm_rs.args import tile_work as _work
+from jointtune.kernels.gemm_rs.kernel import gemm_rs_kernel, release_flag_kernel
+from jointtune.kernels.runtime.device import num_sms
+from jointtune.kernels.runtime.launch import Launch
+from jointtune.kernels.runtime.signals import open_call_kernel
+from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, inbox, offset, slot_elems
+from jointtune.kernels.runtime.world import SymmetricBuffer, World
 
 
 class BaselinePlan:
@@ -153,7 +153,7 @@ class CePlan:
     """Per destination and chunk: a GEMM into staging, a copy-engine send into the owner's inbox, a flag."""
 
     #: host calls per chunk and destination (GEMM, copy, flag): repeat eager calls replay a graph of the call, as
-    #: AG+GEMM's ce plan does (`_eager_graph`)
+    #: AG+GEMM's ce plan does (`eager_graph`)
     replay_eagerly = True
 
     def __init__(self, world: World, s: RsShape, cfg: GemmRsConfig) -> None:

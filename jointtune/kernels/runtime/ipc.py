@@ -46,7 +46,7 @@ def ipc_barrier_kernel(pad_ptrs_ptr, rank, WORLD: tl.constexpr):
     # Every rank's pad holds a slot per peer. Signal: peer p's slot `rank` goes 0 -> 1, waiting while it is still 1
     # (p has not consumed this rank's previous signal yet, so a signal is never lost). Wait: this rank's slot p goes
     # 1 -> 0 for every peer. Nothing is left set between barriers, so a captured graph replays it as often as it likes.
-    # Release after a barrier and acquire before one, as every handoff in `_signals` (its module doc).
+    # Release after a barrier and acquire before one, as every handoff in `signals` (its module doc).
     mine = tl.load(pad_ptrs_ptr + rank).to(tl.pointer_type(tl.int32))
     tl.debug_barrier()
     for j in range(1, WORLD):

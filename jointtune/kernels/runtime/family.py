@@ -25,7 +25,7 @@ from jointtune.errors import UnknownNameError
 if TYPE_CHECKING:
     import torch
 
-    from jointtune.kernels.world import World
+    from jointtune.kernels.runtime.world import World
     from jointtune.search_spaces import Problem
 
 #: (kernel, arguments by name, launch options) of one Triton launch a config makes
@@ -45,9 +45,9 @@ class Family(ABC):
     @functools.cached_property
     def version(self) -> str:
         """Hash of the source of the family's module and of every module of `jointtune.kernels` (and of its own
-        package) that it imports, directly or not (`jointtune.kernels._version`): a changed kernel, launcher or
+        package) that it imports, directly or not (`jointtune.kernels.runtime.version`): a changed kernel, launcher or
         shared runtime module gets new keys, so records measured on the old code aren't served."""
-        from jointtune.kernels._version import closure_version
+        from jointtune.kernels.runtime.version import closure_version
 
         return closure_version(type(self).__module__)
 
@@ -104,7 +104,7 @@ class Family(ABC):
 
     def precompile(self, config: Mapping[str, Any], problem: Problem) -> None:
         """Compile `config`'s Triton kernels before its first launch (tuners call this on a thread pool)."""
-        from jointtune.kernels._runtime import interpreted
+        from jointtune.kernels.runtime.device import interpreted
 
         if interpreted():
             return

@@ -8,7 +8,7 @@ call binds the caller's A, B and C and issues them. How each mode keeps a captur
   A came from `world.collective_empty` for that variant (as a layer writing into it would).
 - pull, ce: A sits in one symmetric buffer (the caller's, or a staging slot) between two barriers:
   peers read it only between them, so the next call may overwrite it. No cross-call state.
-- push: Triton all the way; inbox halves alternate by the device epoch (`_signals`), flags carry it.
+- push: Triton all the way; inbox halves alternate by the device epoch (`signals`), flags carry it.
 - push_cublas: cuBLAS reads the inbox (and the copy engine writes it) at fixed addresses, so the inbox
   has one half and the call opens with the entry handshake: a rank writes into a peer only after the
   peer entered the same call, i.e. finished reading the last one. With SMs pushing all rows for one GEMM
@@ -28,18 +28,18 @@ from typing import Any
 import torch
 import triton
 
-from jointtune.kernels._ag_gemm_args import AgGemmConfig, Shape, gemm_args, push_args
-from jointtune.kernels._ag_gemm_kernel import ag_gemm_kernel
-from jointtune.kernels._launch import Launch
-from jointtune.kernels._runtime import num_sms
-from jointtune.kernels._signals import (
+from jointtune.kernels.ag_gemm.args import AgGemmConfig, Shape, gemm_args, push_args
+from jointtune.kernels.ag_gemm.kernel import ag_gemm_kernel
+from jointtune.kernels.runtime.device import num_sms
+from jointtune.kernels.runtime.launch import Launch
+from jointtune.kernels.runtime.signals import (
     allgather_push_kernel,
     open_call_kernel,
     release_chunk_kernel,
     wait_chunks_kernel,
 )
-from jointtune.kernels._symm import Inbox, call_state, cdiv, flags, inbox, offset, slot_elems
-from jointtune.kernels.world import World
+from jointtune.kernels.runtime.symm import Inbox, call_state, cdiv, flags, inbox, offset, slot_elems
+from jointtune.kernels.runtime.world import World
 
 # --------------------------------------------------------------------------------------------- modes
 
@@ -133,7 +133,7 @@ class CePlan:
     fires, cuBLAS or the tile GEMM multiplies it. Local rows first."""
 
     #: a dozen host calls per call (copies, events, barriers, GEMMs): repeat eager calls replay a graph of the call
-    #: (`_eager_graph`; 1x H100, world size 1, 128x8192x8192: host 77-81 -> 21-24 us, per call 82-86 -> 57 us)
+    #: (`eager_graph`; 1x H100, world size 1, 128x8192x8192: host 77-81 -> 21-24 us, per call 82-86 -> 57 us)
     replay_eagerly = True
 
     def __init__(self, s: Shape, cfg: AgGemmConfig, owner: Any, owner_offset: int, want_gathered: bool) -> None:
@@ -275,7 +275,7 @@ class PushOpenedPlan:
         self.folded = (cfg.push_by == "sm" and self.gathered_order and world.concurrent and n_local == 1
                        and self.box.slot == s.R * s.K)  # fmt: skip
         #: all but the folded launch issue handshakes, copies or GEMMs per chunk from the host: repeat eager calls
-        #: replay a graph of the call (`_eager_graph`; 1x H100, world size 1, local_first: per call 87-159 -> 62-64
+        #: replay a graph of the call (`eager_graph`; 1x H100, world size 1, local_first: per call 87-159 -> 62-64
         #: us). The folded launch stays direct: two host calls, and a replay's copy-out cost it 8 us of GPU time.
         self.replay_eagerly = not self.folded
         steps = [] if self.folded else [(True, True)] if world.concurrent else [(True, False), (False, True)]

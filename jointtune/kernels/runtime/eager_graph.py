@@ -8,7 +8,7 @@ So the second eager call of a call site (plan key, the addresses of what it read
 copies; the first call compiled and allocated everything) captures the plan's call into a CUDA graph over static
 copies of its per-call inputs and outputs. Every later call of that site copies its inputs in, replays, and copies
 the output out: a few torch calls, whatever the mode. The graph is the plan's own launches, which read their epochs
-from device memory (`_signals`), so replays mix freely with direct calls, with other graphs, and with other ranks'
+from device memory (`signals`), so replays mix freely with direct calls, with other graphs, and with other ranks'
 direct calls; a rank that runs a call directly stays in step with one that replays it.
 
 A call replays only where that pays and is safe:
@@ -43,7 +43,7 @@ import torch
 
 from jointtune._warnings import warn
 from jointtune.errors import KernelError
-from jointtune.kernels._runtime import capturing
+from jointtune.kernels.runtime.device import capturing
 
 #: at most this many bytes copied in and out per replayed call (8 MiB: about 5 us of copies on an H100 or H200)
 MAX_COPY_BYTES = 8 << 20

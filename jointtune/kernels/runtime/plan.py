@@ -7,7 +7,7 @@ launch; a repeat call only binds the caller's tensors and issues them. Everythin
 same on every call, which is what lets a CUDA graph capture a call and replay it.
 
 Example:
-    >>> from jointtune.kernels.world import create_world
+    >>> from jointtune.kernels.runtime.world import create_world
     >>> world = create_world("local", world_size=2)
     >>> resolve_config("ag_gemm", {"mode": "baseline"}, {"M": 64, "N": 64, "K": 32}, "bfloat16", world)
     {'mode': 'baseline', 'collective': 'nccl'}
@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from jointtune.errors import SpaceError
-from jointtune.kernels._runtime import device_limits
+from jointtune.kernels.runtime.device import device_limits
 
 if TYPE_CHECKING:
-    from jointtune.kernels.world import World
+    from jointtune.kernels.runtime.world import World
 
 
 def config_key(config: Mapping[str, Any]) -> frozenset[tuple[str, type, Any]]:

@@ -25,7 +25,7 @@ bf16 GEMM output is) and summed in float32. The config's `mode` picks how partia
 Tiles are computed starting at the next rank's rows and ending with the rank's own (`tile_order`; always so
 with `reduce_by=epilogue`; with `reduce_by=tile` they run over all rows in the same order on every rank). A and
 B are only read by their own rank, so they may live in symmetric memory or be ordinary tensors. Every call
-of one (world, shapes, dtype, config) runs a launch plan built once (`_gemm_rs_plans`), and nothing a later
+of one (world, shapes, dtype, config) runs a launch plan built once (`plans`), and nothing a later
 call needs comes from the host: the op is correct under CUDA-graph capture and replay (capture after one
 eager warm-up call).
 
@@ -45,16 +45,16 @@ from typing import Any
 import torch
 
 from jointtune.errors import ShapeError
-from jointtune.kernels._calls import DTYPES, as_list, config_json, first_of, forward_only, parse_config, usable
-from jointtune.kernels._eager_graph import direct_only
-from jointtune.kernels._family import Family, StandinLaunch, register_family
-from jointtune.kernels._gemm_rs_args import EPI_ATOMIC, EPI_SIGNAL, EPI_STORE, GemmRsConfig, RsShape, kernel_args
-from jointtune.kernels._gemm_rs_args import tile_work as _work
-from jointtune.kernels._gemm_rs_plans import build_plan
-from jointtune.kernels._plan import config_key, resolve_config
-from jointtune.kernels._runtime import num_sms
-from jointtune.kernels._symm import cdiv
-from jointtune.kernels.world import World, world_named
+from jointtune.kernels.gemm_rs.args import EPI_ATOMIC, EPI_SIGNAL, EPI_STORE, GemmRsConfig, RsShape, kernel_args
+from jointtune.kernels.gemm_rs.args import tile_work as _work
+from jointtune.kernels.gemm_rs.plans import build_plan
+from jointtune.kernels.runtime.calls import DTYPES, as_list, config_json, first_of, forward_only, parse_config, usable
+from jointtune.kernels.runtime.device import num_sms
+from jointtune.kernels.runtime.eager_graph import direct_only
+from jointtune.kernels.runtime.family import Family, StandinLaunch, register_family
+from jointtune.kernels.runtime.plan import config_key, resolve_config
+from jointtune.kernels.runtime.symm import cdiv
+from jointtune.kernels.runtime.world import World, world_named
 
 __all__ = ["GemmRsFamily", "PreparedGemmRs", "config_json", "gemm_rs", "prepare", "reference"]
 
@@ -124,7 +124,7 @@ def gemm_rs(
         and world.eager.call(key, lambda ins, outs: plan(ins, b_l, outs), a_l, b_l, o_l)
     )
     if not replayed:
-        plan(a_l, b_l, o_l)  # most plans; the first call of one that replays, a big one (`_eager_graph`)
+        plan(a_l, b_l, o_l)  # most plans; the first call of one that replays, a big one (`eager_graph`)
     return o_l[0] if isinstance(a, torch.Tensor) else o_l
 
 
@@ -184,7 +184,7 @@ def reference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> list[torc
 @torch.library.custom_op("jointtune::gemm_rs", mutates_args=())
 def _gemm_rs_op(a: list[torch.Tensor], b: list[torch.Tensor], world: str, config: str) -> list[torch.Tensor]:
     """torch.ops.jointtune.gemm_rs(a, b, world_name, config_json) -> this rank's rows per local rank."""
-    with direct_only():  # torch.compile's CUDA graphs run through here: no graphs of ours (`_eager_graph`)
+    with direct_only():  # torch.compile's CUDA graphs run through here: no graphs of ours (`eager_graph`)
         return list(gemm_rs(list(a), list(b), world=world_named(world), config=parse_config(config)))
 
 
@@ -264,8 +264,8 @@ def standin_launches(cfg: GemmRsConfig, *, M: int, N: int, K: int, world_size: i
                      device: torch.device) -> list[StandinLaunch]:  # fmt: skip
     """(kernel, arguments, options) of the Triton kernels a call of this shape launches, with 1-element
     stand-in tensors and the call's real integers (as the plans build them)."""
-    from jointtune.kernels._gemm_rs_kernel import gemm_rs_kernel
-    from jointtune.kernels._launch import split_options
+    from jointtune.kernels.gemm_rs.kernel import gemm_rs_kernel
+    from jointtune.kernels.runtime.launch import split_options
 
     W = world_size
     s = RsShape(W, M, K // W, N, dtype, (N, 1))

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 import triton
 
-from jointtune.kernels._calls import config_of
-from jointtune.kernels._runtime import interpreted
-from jointtune.kernels._symm import cdiv
+from jointtune.kernels.runtime.calls import config_of
+from jointtune.kernels.runtime.device import interpreted
+from jointtune.kernels.runtime.symm import cdiv
 
 #: rows x columns of one reduce step (a reduce program's unit of work inside a chunk)
 RED_M, RED_N = 32, 256

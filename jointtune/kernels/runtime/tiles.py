@@ -49,7 +49,7 @@ def merge_split_k(acc, ws_ptr, counts_ptr, tile, SPLIT_K: tl.constexpr, BLOCK_M:
     in_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     slot_ptrs = ws_ptr + tile.to(tl.int64) * (BLOCK_M * BLOCK_N) + in_tile
     # Relaxed adds, a barrier, then one thread's acq_rel count: the count carries every thread's adds, and the
-    # last split's count acquires them all, handed to its threads by the barrier (`_signals` doc). The read is
+    # last split's count acquires them all, handed to its threads by the barrier (`signals` doc). The read is
     # `.cg`, from L2, where the adds are.
     tl.atomic_add(slot_ptrs, acc, sem="relaxed")
     tl.debug_barrier()

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from jointtune.kernels._calls import config_of
-from jointtune.kernels._push import CP_K, CP_M, PushArgs
-from jointtune.kernels._runtime import interpreted
-from jointtune.kernels._symm import cdiv
-from jointtune.kernels.world import World
+from jointtune.kernels.runtime.calls import config_of
+from jointtune.kernels.runtime.device import interpreted
+from jointtune.kernels.runtime.push import CP_K, CP_M, PushArgs
+from jointtune.kernels.runtime.symm import cdiv
+from jointtune.kernels.runtime.world import World
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import torch
 from jointtune.errors import ShapeError
 
 if TYPE_CHECKING:
-    from jointtune.kernels.world import SymmetricBuffer, World
+    from jointtune.kernels.runtime.world import SymmetricBuffer, World
 
 #: elements every slot and buffer offset is a multiple of (16-byte vector loads for 1-byte dtypes too)
 ALIGN = 16

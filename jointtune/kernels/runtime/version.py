@@ -6,7 +6,7 @@ follow every `import` and `from ... import` statement (at any depth, those insid
 in scope, and hash what we reach. In scope are `jointtune.kernels` (the shared runtime every built-in family stands
 on) and the family module's own package (so a plug-in family's helpers count too). Triton compiles only what a
 kernel reaches through such imports, so this closure covers what is launched as well as what launches it. A change
-to a shared module (`_tiles`, `_signals`, the world, the launch and plan runtime) therefore gives every family that
+to a shared module (`tiles`, `signals`, the world, the launch and plan runtime) therefore gives every family that
 imports it a new version and retires their records; a change to one family's own kernel retires only its own.
 
 What is hashed is each module's source with comments, docstrings, blank lines and trailing spaces removed (found
@@ -18,8 +18,8 @@ which decides what a tuner searches and what a lookup accepts. A record keys on 
 space version; `jointtune retune` lists and re-tunes the keys left behind by either.
 
 Example:
-    >>> from jointtune.kernels._version import closure_modules
-    >>> "jointtune.kernels._tiles" in closure_modules("jointtune.kernels.gemm_rs")
+    >>> from jointtune.kernels.runtime.version import closure_modules
+    >>> "jointtune.kernels.runtime.tiles" in closure_modules("jointtune.kernels.gemm_rs")
     True
 """
 

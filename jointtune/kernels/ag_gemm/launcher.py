@@ -14,7 +14,7 @@ as `torch.ops.symm_mem.fused_all_gather_matmul` gives). The config's `mode` pick
 
 A may already live in the world's symmetric memory (`world.empty`, written by the previous layer:
 nothing is copied) or be an ordinary tensor. Every call of one (world, shapes, dtype, config) runs a
-launch plan built once (`_ag_gemm_plans`), and nothing a later call needs comes from the host, so the
+launch plan built once (`plans`), and nothing a later call needs comes from the host, so the
 op is correct under CUDA-graph capture and replay (capture after one eager warm-up call).
 
 Three ways in:
@@ -34,16 +34,18 @@ import torch
 import triton
 
 from jointtune.errors import ShapeError
-from jointtune.kernels._ag_gemm_args import AgGemmConfig, Shape, gemm_args, push_args
-from jointtune.kernels._ag_gemm_plans import build_plan
-from jointtune.kernels._calls import DTYPES, as_list, first_of, forward_only, parse_config, usable
-from jointtune.kernels._calls import config_json as config_json  # the op's config text, as users import it from here
-from jointtune.kernels._eager_graph import direct_only
-from jointtune.kernels._family import Family, StandinLaunch, register_family
-from jointtune.kernels._launch import split_options
-from jointtune.kernels._plan import config_key, resolve_config
-from jointtune.kernels._symm import slot_elems
-from jointtune.kernels.world import World, world_named
+from jointtune.kernels.ag_gemm.args import AgGemmConfig, Shape, gemm_args, push_args
+from jointtune.kernels.ag_gemm.plans import build_plan
+from jointtune.kernels.runtime.calls import DTYPES, as_list, first_of, forward_only, parse_config, usable
+from jointtune.kernels.runtime.calls import (
+    config_json as config_json,  # the op's config text, as users import it from here
+)
+from jointtune.kernels.runtime.eager_graph import direct_only
+from jointtune.kernels.runtime.family import Family, StandinLaunch, register_family
+from jointtune.kernels.runtime.launch import split_options
+from jointtune.kernels.runtime.plan import config_key, resolve_config
+from jointtune.kernels.runtime.symm import slot_elems
+from jointtune.kernels.runtime.world import World, world_named
 
 _OWNED_MODES = ("pull", "ce")  # modes whose plan reads A from the caller's symmetric buffer in place
 
@@ -119,7 +121,7 @@ def ag_gemm(
         if len(c_l) != len(a_l) or any(c.shape != (M, N_r) or c.dtype != a0.dtype or c.stride() != (N_r, 1)
                                        or c.device != world.device for c in c_l):  # fmt: skip
             raise ShapeError(f"out: must be one row-major [{M}, {N_r}] {a0.dtype} tensor per local rank")
-    if world.concurrent and not return_gathered and getattr(plan, "replay_eagerly", False):  # (`_eager_graph`)
+    if world.concurrent and not return_gathered and getattr(plan, "replay_eagerly", False):  # (`eager_graph`)
         copied, in_place = ([], [*a_l, *b_l]) if owner is not None else (a_l, b_l)  # an owner's A is read in place
         if world.eager.call(key, lambda ins, outs: plan(ins or a_l, b_l, outs), copied, in_place, c_l):
             return c_l[0] if isinstance(a, torch.Tensor) else c_l
@@ -194,7 +196,7 @@ def reference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> list[torc
 @torch.library.custom_op("jointtune::ag_gemm", mutates_args=())
 def _ag_gemm_op(a: list[torch.Tensor], b: list[torch.Tensor], world: str, config: str) -> list[torch.Tensor]:
     """torch.ops.jointtune.ag_gemm(a, b, world_name, config_json) -> C per local rank."""
-    with direct_only():  # torch.compile's CUDA graphs run through here: no graphs of ours (`_eager_graph`)
+    with direct_only():  # torch.compile's CUDA graphs run through here: no graphs of ours (`eager_graph`)
         return list(ag_gemm(list(a), list(b), world=world_named(world), config=parse_config(config)))
 
 
@@ -275,8 +277,8 @@ def standin_launches(cfg: AgGemmConfig, *, M: int, N: int, K: int, world_size: i
                      device: torch.device) -> list[StandinLaunch]:  # fmt: skip
     """(kernel, arguments, options) of the big Triton kernel a call of this shape launches, with
     1-element stand-in tensors and the call's real integers (as `ag_gemm`'s plans build them)."""
-    from jointtune.kernels._ag_gemm_kernel import ag_gemm_kernel
-    from jointtune.kernels._signals import allgather_push_kernel
+    from jointtune.kernels.ag_gemm.kernel import ag_gemm_kernel
+    from jointtune.kernels.runtime.signals import allgather_push_kernel
 
     W, R, N_r = world_size, M // world_size, N // world_size
     t = torch.empty(1, dtype=dtype, device=device)

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 import triton
 
-from jointtune.kernels._calls import config_of
-from jointtune.kernels._runtime import interpreted
-from jointtune.kernels._symm import cdiv, slot_elems
+from jointtune.kernels.runtime.calls import config_of
+from jointtune.kernels.runtime.device import interpreted
+from jointtune.kernels.runtime.symm import cdiv, slot_elems
 
 LOG2E = 1.4426950408889634
 #: floats of one step of a chunk's merge ([heads, splits, D], see `_send_chunk`) at 4 warps (fewer warps take a

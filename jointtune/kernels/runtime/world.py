@@ -10,7 +10,7 @@ Buffers are allocated once per name and grown to the largest size asked for (a c
 CUDA world: every rank asks in the same order, which holds since every rank runs the same ops). A
 grown buffer replaces the old one for new plans only: plans (and CUDA graphs that captured them) keep
 the buffers they were built on alive. Nothing that changes from call to call lives on the host: the
-call counter that epochs and inbox halves come from is device memory (`call_state`, see `_signals`).
+call counter that epochs and inbox halves come from is device memory (`call_state`, see `signals`).
 Every world has a `name`, by which torch ops (which take no Python objects) find it.
 
 Example:
@@ -34,9 +34,9 @@ from typing import Any, TypeVar
 import torch
 
 from jointtune.errors import KernelError
-from jointtune.kernels._collectives import CudaCollectives, refuse_on_gloo
-from jointtune.kernels._eager_graph import EagerGraphs
-from jointtune.kernels._runtime import capturing, refuse_during_capture
+from jointtune.kernels.runtime.collectives import CudaCollectives, refuse_on_gloo
+from jointtune.kernels.runtime.device import capturing, refuse_during_capture
+from jointtune.kernels.runtime.eager_graph import EagerGraphs
 
 T = TypeVar("T")
 
@@ -116,7 +116,7 @@ class World(ABC):
 
     @property
     def eager(self) -> EagerGraphs:
-        """Eager calls replayed from CUDA graphs of themselves, by call site (`_eager_graph`)."""
+        """Eager calls replayed from CUDA graphs of themselves, by call site (`eager_graph`)."""
         if self._eager is None:
             self._eager = EagerGraphs(self.device, on_failed_capture=self._after_failed_capture)
         return self._eager
@@ -345,7 +345,7 @@ class CudaWorld(World):
 
     Needs `torch.distributed` initialised with NCCL and the current CUDA device set. A side
     stream carries copy-engine work; events order it against the compute stream. Ranks that share
-    one GPU (a gloo group) get peer memory through CUDA IPC instead (`_ipc`): for checking, not timing.
+    one GPU (a gloo group) get peer memory through CUDA IPC instead (`ipc`): for checking, not timing.
     """
 
     kind = "cuda"
@@ -368,7 +368,7 @@ class CudaWorld(World):
         self._side_used = False
         self._group_name = self.group.group_name
         #: two ranks on one device (a gloo group on a one-GPU machine): peer memory through CUDA IPC handles and
-        #: our barrier kernel, where symmetric memory (and NCCL) refuse; for checking, not timing (`_ipc`)
+        #: our barrier kernel, where symmetric memory (and NCCL) refuse; for checking, not timing (`ipc`)
         self.shared_gpu = self._ranks_share_a_gpu()
         self._ipc_pads: SymmetricBuffer | None = None
         self._ipc_kept: list[SymmetricBuffer] = []
@@ -417,7 +417,7 @@ class CudaWorld(World):
 
     def _allocate(self, name: str, numel: int, dtype: torch.dtype, *, zero: bool) -> SymmetricBuffer:
         if self.shared_gpu:
-            from jointtune.kernels._ipc import exchange
+            from jointtune.kernels.runtime.ipc import exchange
 
             tensor = (torch.zeros if zero else torch.empty)(numel, dtype=dtype, device=self.device)
             peers = exchange(tensor, self.group)  # waits for the zeroing before any peer maps it
@@ -444,7 +444,7 @@ class CudaWorld(World):
 
     def barrier(self, buffer: SymmetricBuffer | None = None) -> None:
         if self.shared_gpu:
-            from jointtune.kernels._ipc import ipc_barrier
+            from jointtune.kernels.runtime.ipc import ipc_barrier
 
             if self._ipc_pads is None:  # kept whole: its tensors and peer mappings must outlive every launch
                 refuse_during_capture(self.device, "the first barrier (its pads)")

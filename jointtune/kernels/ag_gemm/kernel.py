@@ -18,7 +18,7 @@ the launch's last program publishes it once every program read it (`open_call`, 
 program to take a ticket hands the counter back at zero. Nothing a later call needs is set by the host.
 
 With SPLIT_K > 1 a tile's K loop is split over SPLIT_K work items that meet in the tile's workspace slot
-(`_tiles.merge_split_k`); the last to arrive writes C. Small M needs that parallelism: without it a few
+(`tiles.merge_split_k`); the last to arrive writes C. Small M needs that parallelism: without it a few
 dozen tiles with long K loops leave most SMs idle.
 """
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import call_epoch_and_half, open_call, publish_call, push_rows, wait_chunks
-from jointtune.kernels._tiles import grouped_tile, split_product
+from jointtune.kernels.runtime.signals import call_epoch_and_half, open_call, publish_call, push_rows, wait_chunks
+from jointtune.kernels.runtime.tiles import grouped_tile, split_product
 
 
 @triton.jit

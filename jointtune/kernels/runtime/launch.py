@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from jointtune.errors import KernelError
-from jointtune.kernels._runtime import check_launchable, interpreted
+from jointtune.kernels.runtime.device import check_launchable, interpreted
 
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
