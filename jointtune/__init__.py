@@ -10,7 +10,8 @@ command stay fast: nothing here imports torch, Triton or Optuna until a name tha
 asked for. A kernel op asked for on a machine without a GPU chooses Triton's CPU interpreter
 first (it must be chosen before the first kernel is defined), so the same script runs on a GPU
 node and on a laptop. To export a name, add it to `_EXPORTS` and `__all__`, and to the
-`TYPE_CHECKING` block for type checkers.
+`TYPE_CHECKING` block for type checkers. A built-in family's op is exported from its line in
+`jointtune.families`, with nothing to add here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from jointtune.errors import JointtuneError
+from jointtune.families import BUILTIN_FAMILIES
 
 if TYPE_CHECKING:
     from jointtune.autotune.decorator import joint_autotune
@@ -26,10 +28,7 @@ if TYPE_CHECKING:
     from jointtune.autotune.runtime.policies import CaptureMissError
     from jointtune.autotune.runtime.rules import NoConfigError
     from jointtune.autotune.settings import TuneSettings
-    from jointtune.kernels.ag_gemm import ag_gemm
-    from jointtune.kernels.flash_decode import flash_decode
-    from jointtune.kernels.gemm_rs import gemm_rs
-    from jointtune.kernels.runtime.world import World, create_world
+    from jointtune.kernels import World, create_world
 
 __version__ = "0.1.0"
 
@@ -40,12 +39,10 @@ _EXPORTS: dict[str, tuple[str, bool]] = {
     "NoConfigError": ("jointtune.autotune.runtime.rules", False),
     "CaptureMissError": ("jointtune.autotune.runtime.policies", False),
     "TuneSettings": ("jointtune.autotune.settings", False),
-    # the kernel families' ops, and the world they run in
-    "ag_gemm": ("jointtune.kernels.ag_gemm", True),
-    "gemm_rs": ("jointtune.kernels.gemm_rs", True),
-    "flash_decode": ("jointtune.kernels.flash_decode", True),
-    "create_world": ("jointtune.kernels.runtime.world", True),
-    "World": ("jointtune.kernels.runtime.world", True),
+    # the world the kernel families' ops run in, and each built-in family's op (`jointtune.families`)
+    "create_world": ("jointtune.kernels", True),
+    "World": ("jointtune.kernels", True),
+    **{family.name: (family.kernels, True) for family in BUILTIN_FAMILIES},
 }
 
 __all__ = [
@@ -56,11 +53,9 @@ __all__ = [
     "TuneSettings",
     "World",
     "__version__",
-    "ag_gemm",
     "create_world",
-    "flash_decode",
-    "gemm_rs",
     "joint_autotune",
+    *(family.name for family in BUILTIN_FAMILIES),
 ]
 
 

@@ -14,6 +14,7 @@ defines them.
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,22 +49,16 @@ def _private_owner(target: str) -> str | None:
 
 
 def _lazy_exports(package: str) -> dict[str, str]:
-    """name -> defining module, for a package whose `__init__` has a literal `_EXPORTS` dict."""
-    tree = ast.parse(MODULES[package].read_text())
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign):
-            target = node.target
-        elif isinstance(node, ast.Assign):
-            target = node.targets[0]
-        else:
-            continue
-        if isinstance(target, ast.Name) and target.id == "_EXPORTS" and isinstance(node.value, ast.Dict):
-            out = {}
-            for key, value in zip(node.value.keys, node.value.values):
-                module = value.elts[0].value if isinstance(value, ast.Tuple) else value.value
-                out[key.value] = module if module.startswith("jointtune") else f"{package}.{module}"
-            return out
-    return {}
+    """name -> defining module, for a package whose `__init__` keeps an `_EXPORTS` dict (name -> module, or name ->
+    (module, flag)); read from the imported package, which such an `__init__` keeps light (lazy exports)."""
+    if "_EXPORTS" not in MODULES[package].read_text():
+        return {}
+    exports = getattr(importlib.import_module(package), "_EXPORTS", {})
+    out = {}
+    for name, value in exports.items():
+        module = value[0] if isinstance(value, tuple) else value
+        out[name] = module if module.startswith("jointtune") else f"{package}.{module}"
+    return out
 
 
 def _imports(module: str) -> Iterator[tuple[int, str, str | None, bool]]:

@@ -8,6 +8,7 @@ Example:
     {'mode': 'push_cublas', 'push_by': 'ce', 'gemm_order': 'local_first', 'chunk_m': 2048}
 """
 
+from jointtune.families import BUILTIN_FAMILIES
 from jointtune.search_spaces._anchors import ANCHOR_DTYPE, ANCHOR_WORLD_SIZE, ANCHORS, anchor_problems
 from jointtune.search_spaces._config import canonical_json, config_hash
 from jointtune.search_spaces._params import (
@@ -33,8 +34,8 @@ from jointtune.search_spaces.ag_gemm import AG_GEMM
 from jointtune.search_spaces.flash_decode import FLASH_DECODE
 from jointtune.search_spaces.gemm_rs import GEMM_RS
 
-for _space in (AG_GEMM, GEMM_RS, FLASH_DECODE):
-    register_space(_space)
+for _family in BUILTIN_FAMILIES:  # every built-in family's space, from the one table of them
+    register_space(_family.load_space())
 
 __all__ = [
     "AG_GEMM",

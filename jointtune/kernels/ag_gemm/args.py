@@ -9,36 +9,19 @@ from typing import Any
 
 import torch
 
-from jointtune.kernels.runtime.calls import config_of
+from jointtune.kernels.runtime.config import LaunchConfig
 from jointtune.kernels.runtime.device import interpreted
 from jointtune.kernels.runtime.push import CP_K, CP_M, PushArgs
 from jointtune.kernels.runtime.symm import cdiv
 from jointtune.kernels.runtime.world import World
 
+#: what a knob the config's mode doesn't read holds (the knobs are the ag_gemm space's)
+_DEFAULTS = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, SPLIT_K=1, num_warps=4, num_stages=3, comm_sms=0,
+                 chunk_m=0, ce_consumer="triton", ce_chunks=1, push_by="sm", gemm_order="local_first")  # fmt: skip
 
-@dataclass(frozen=True)
-class AgGemmConfig:
-    """A config the ag_gemm space validated; knobs the mode doesn't read keep harmless defaults."""
 
-    mode: str
-    BLOCK_M: int = 64
-    BLOCK_N: int = 64
-    BLOCK_K: int = 64
-    GROUP_M: int = 8
-    SPLIT_K: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    comm_sms: int = 0
-    chunk_m: int = 0
-    ce_consumer: str = "triton"
-    ce_chunks: int = 1
-    push_by: str = "sm"
-    gemm_order: str = "local_first"
-    collective: str = "nccl"
-
-    @classmethod
-    def of(cls, canonical: dict[str, Any]) -> AgGemmConfig:
-        return config_of(cls, canonical)
+class AgGemmConfig(LaunchConfig, space="ag_gemm", defaults=_DEFAULTS):
+    """A config the ag_gemm space validated, typed; knobs the mode doesn't read keep harmless defaults."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import triton
 
-from jointtune.kernels.runtime.calls import config_of
+from jointtune.kernels.runtime.config import LaunchConfig
 from jointtune.kernels.runtime.device import interpreted
 from jointtune.kernels.runtime.symm import cdiv, slot_elems
 
@@ -23,23 +23,13 @@ LOG2E = 1.4426950408889634
 MERGE_ELEMENTS = 16384
 
 
-@dataclass(frozen=True)
-class FlashDecodeConfig:
-    """A config the flash_decode space validated; knobs the mode doesn't read keep harmless defaults."""
+#: what a knob the config's mode doesn't read holds (the knobs are the flash_decode space's)
+_DEFAULTS = dict(kv_split=256, BLOCK_N=64, heads_per_program=1, num_warps=4, num_stages=2, items_per_flag=1,
+                 push_programs=4)  # fmt: skip
 
-    mode: str
-    kv_split: int = 256
-    BLOCK_N: int = 64
-    heads_per_program: int = 1
-    num_warps: int = 4
-    num_stages: int = 2
-    items_per_flag: int = 1
-    push_programs: int = 4
-    collective: str = "nccl"
 
-    @classmethod
-    def of(cls, canonical: dict[str, Any]) -> FlashDecodeConfig:
-        return config_of(cls, canonical)
+class FlashDecodeConfig(LaunchConfig, space="flash_decode", defaults=_DEFAULTS):
+    """A config the flash_decode space validated, typed; knobs the mode doesn't read keep harmless defaults."""
 
 
 @dataclass(frozen=True)

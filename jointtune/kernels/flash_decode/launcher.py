@@ -1,28 +1,8 @@
-"""Distributed Flash-Decode: decode attention over a KV cache sharded by sequence across ranks, with the exchange
-of partial results fused in.
-
-Queries q [B, H, D] are on every rank; rank r holds K and V [B, H_KV, S_r, D] for its share of every sequence's
-positions, and `kv_lens` [B] (int32 or int64, on the device) says how many of them are valid on this rank, per
-sequence (a ragged batch; positions past it are ignored; None means all S_r). Attention does not depend on the
-order of keys, so any split of a sequence over the ranks works: contiguous shards, round-robin, or what a cache
-manager hands out. Grouped-query attention: H is a multiple of H_KV. Each rank computes split-KV partial outputs
-and base-2 log-sum-exps in float32; the ranks' partials are combined, weighted by LSE, into the full output
-[B, H, D] on every rank. A sequence with no valid keys on any rank gets zeros (SDPA would give NaN).
-
-`mode` picks how the partials meet (see `plans`): `fused` (pushed from the decode kernel, combined in
-the same launch), `pull`, `wait` (our own all-gather push, per-chunk waits) or `baseline` (NCCL all-gather).
-Lengths live in device memory, so a captured CUDA graph serves any lengths; nothing a later call needs comes
-from the host (capture after one eager call of the same shapes and config).
-
-Three ways in:
-    flash_decode(q, k, v, kv_lens, world=world, config=cfg)                     # eager, the cheapest host path
-    torch.ops.jointtune.flash_decode([q], [k], [v], [kv_lens], world.name, cfg_json)  # torch.compile / graphs
-    get_family("flash_decode")                                                  # tuner, decorator, benchmarks
-"""
+"""Flash-Decode's launcher: the entry point and torch op over its plan (`plans`), and its family (the package doc
+says what each mode does)."""
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -34,10 +14,11 @@ import torch
 from jointtune.errors import ShapeError
 from jointtune.kernels.flash_decode.args import DecodeShape, FlashDecodeConfig, Work, default_scale, kernel_args
 from jointtune.kernels.flash_decode.plans import DecodePlan
-from jointtune.kernels.runtime.calls import DTYPES, as_list, config_json, first_of, forward_only, parse_config
-from jointtune.kernels.runtime.family import Family, StandinLaunch, register_family
+from jointtune.kernels.runtime.calls import DTYPES, as_list, config_json, first_of
+from jointtune.kernels.runtime.family import StandinLaunch, register_family
+from jointtune.kernels.runtime.op import Args, FusedOp, OpFamily, PerRank, Prepared
 from jointtune.kernels.runtime.plan import config_key, resolve_config
-from jointtune.kernels.runtime.world import World, world_named
+from jointtune.kernels.runtime.world import World
 from jointtune.search_spaces.flash_decode import bucketed_kv_len
 
 __all__ = ["FlashDecodeFamily", "PreparedFlashDecode", "config_json", "flash_decode", "prepare", "reference"]
@@ -104,23 +85,63 @@ def _check_lens(lens: list[torch.Tensor | None], B: int, world: World) -> None:
             )
 
 
-def _lens_list(kv_lens: Any, n: int) -> list[torch.Tensor | None]:
-    if kv_lens is None:
-        return [None] * n
-    return as_list(kv_lens)
+class FlashDecodeOp(FusedOp):
+    """q [B, H, D] on every rank, attending over every rank's K, V [B, H_KV, S_r, D] (`kv_lens` valid per sequence)."""
+
+    name, inputs = "flash_decode", ("q", "k", "v", "kv_lens")
+    op_options = (("scale", "float? scale=None"),)
+    exact_out_strides = False
+
+    def arguments(self, inputs: Sequence[Any]) -> Args:
+        q, k, v, kv_lens = (*inputs, None)[:4]  # kv_lens may be left out
+        q_l = as_list(q)
+        return [q_l, as_list(k), as_list(v), [None] * len(q_l) if kv_lens is None else as_list(kv_lens)]
+
+    def options(self, scale: Any = None) -> dict[str, Any]:
+        return {"scale": _scale(scale)}
+
+    def check(self, args: Args, world: World) -> None:
+        _check(*args, world)
+
+    def recheck(self, args: Args, world: World) -> None:
+        lens, B = args[3], args[0][0].shape[0]
+        if not _lens_ok(lens, B, world):
+            _check_lens(lens, B, world)  # lengths are not part of the plan: checked on every call
+
+    def plan_key(self, world: World, args: Args, config: Mapping[str, Any], scale: float | None) -> tuple[Any, Any]:
+        """Everything a plan bakes in: config, shapes, dtypes, strides, devices, scale (a call that differs in any of
+        them builds, and checks, a plan of its own)."""
+        (q0, *_), (k0, *_), (v0, *_), _ = args
+        return ("flash_decode", config_key(config), q0.shape, k0.shape, v0.shape, q0.dtype, k0.dtype, v0.dtype,
+                q0.stride(), k0.stride(), v0.stride(), q0.device, k0.device, v0.device, len(args[0]),
+                scale), None  # fmt: skip
+
+    def build(self, world: World, args: Args, config: Mapping[str, Any], placed: Any, scale: float | None) -> Any:
+        _check(*args, world)
+        q, k, v, _ = args
+        s = _shape(q[0], k[0], v[0], world.world_size, scale)
+        cfg = FlashDecodeConfig.of(resolve_config("flash_decode", config, problem_shape(s), DTYPES[q[0].dtype], world))
+        return DecodePlan(world, s, cfg)
+
+    def out_shape(self, args: Args, world_size: int) -> tuple[int, ...]:
+        return tuple(args[0][0].shape)
+
+    def op_inputs(self, lists: Sequence[list[torch.Tensor]]) -> list[Any]:
+        q, k, v, kv_lens = (list(x) for x in lists)
+        return [q, k, v, kv_lens or None]  # an empty list: whole shards
 
 
-def flash_decode(
-    q: torch.Tensor | Sequence[torch.Tensor],
-    k: torch.Tensor | Sequence[torch.Tensor],
-    v: torch.Tensor | Sequence[torch.Tensor],
-    kv_lens: torch.Tensor | Sequence[torch.Tensor] | None = None,
-    *,
-    world: World,
-    config: Mapping[str, Any],
-    out: torch.Tensor | Sequence[torch.Tensor] | None = None,
-    scale: float | None = None,
-) -> Any:
+_OP = FlashDecodeOp()
+_OP.register()
+#: a `flash_decode` call bound to its tensors (`prepare`); `run()` re-issues it
+PreparedFlashDecode = Prepared
+#: `prepare(q, k, v, kv_lens=None, *, world, config, out=None, scale=None)`: run `flash_decode` once (building its
+#: plan) and return the call, bound to these tensors, to re-issue (`PreparedFlashDecode.run`)
+prepare = _OP.prepare
+
+
+def flash_decode(q: PerRank, k: PerRank, v: PerRank, kv_lens: PerRank | None = None, *, world: World,
+                 config: Mapping[str, Any], out: PerRank | None = None, scale: float | None = None) -> Any:  # fmt: skip
     """Attention of `q` [B, H, D] over every rank's `k`, `v` [B, H_KV, S_r, D] (the first `kv_lens[b]` positions of
     sequence b on each rank; all S_r if None), softmax scale `scale` (default 1/sqrt(D)).
 
@@ -129,60 +150,7 @@ def flash_decode(
     [B, H, D] per rank) receives it instead of a new tensor. The config must be valid in the `flash_decode` space
     for this shape (SpaceError names the fields otherwise).
     """
-    q_l, k_l, v_l = as_list(q), as_list(k), as_list(v)
-    forward_only("flash_decode", q=q_l, k=k_l, v=v_l)
-    l_l = _lens_list(kv_lens, len(q_l))
-    scale = _scale(scale)
-    if len(q_l) != 1 or len(world.local_ranks) != 1:
-        _check(q_l, k_l, v_l, l_l, world)  # simulated ranks: every rank's tensors, every call (the CPU's path)
-    key = _plan_key(q_l, k_l, v_l, config, scale)
-    plan = world.plans.get(key)
-    if plan is None:
-        plan = world.plan(key, functools.partial(_build, world, q_l, k_l, v_l, l_l, config, scale))
-    elif kv_lens is not None and not _lens_ok(l_l, q_l[0].shape[0], world):
-        _check_lens(l_l, q_l[0].shape[0], world)  # lengths are not part of the plan: checked on every call
-    q0 = q_l[0]
-    if out is None:
-        o_l = [torch.empty(q0.shape, dtype=q0.dtype, device=world.device) for _ in q_l]
-    else:
-        o_l = as_list(out)
-        if len(o_l) != len(q_l) or any(o.shape != q0.shape or o.dtype != q0.dtype or not o.is_contiguous()
-                                       or o.device != world.device for o in o_l):  # fmt: skip
-            raise ShapeError(f"out: must be one row-major {list(q0.shape)} {q0.dtype} tensor per local rank")
-    plan(q_l, k_l, v_l, l_l, o_l)
-    return o_l[0] if isinstance(q, torch.Tensor) else o_l
-
-
-class PreparedFlashDecode:
-    """One call with its tensors bound: `run()` issues the same launches again, reading whatever the bound q, k, v
-    and lengths hold now and writing the bound out, as a CUDA graph replay of the call would."""
-
-    def __init__(self, plan: Any, q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
-                 lens: list[torch.Tensor | None], out: list[torch.Tensor]) -> None:  # fmt: skip
-        self._plan, self.q, self.k, self.v, self.kv_lens, self.out = plan, q, k, v, lens, out
-
-    def run(self) -> list[torch.Tensor]:
-        self._plan(self.q, self.k, self.v, self.kv_lens, self.out)
-        return self.out
-
-
-def prepare(
-    q: torch.Tensor | Sequence[torch.Tensor],
-    k: torch.Tensor | Sequence[torch.Tensor],
-    v: torch.Tensor | Sequence[torch.Tensor],
-    kv_lens: torch.Tensor | Sequence[torch.Tensor] | None = None,
-    *,
-    world: World,
-    config: Mapping[str, Any],
-    out: torch.Tensor | Sequence[torch.Tensor] | None = None,
-    scale: float | None = None,
-) -> PreparedFlashDecode:
-    """Run `flash_decode` once (building its plan) and return the call, bound to these tensors, to re-issue."""
-    q_l, k_l, v_l = as_list(q), as_list(k), as_list(v)
-    l_l = _lens_list(kv_lens, len(q_l))
-    scale = _scale(scale)
-    o_l = as_list(flash_decode(q_l, k_l, v_l, kv_lens, world=world, config=config, out=out, scale=scale))
-    return PreparedFlashDecode(world.plans[_plan_key(q_l, k_l, v_l, config, scale)], q_l, k_l, v_l, l_l, o_l)
+    return _OP.call((q, k, v, kv_lens), world, config, out, scale=scale)
 
 
 def _scale(scale: Any) -> float | None:
@@ -194,15 +162,6 @@ def _scale(scale: Any) -> float | None:
     return float(scale)
 
 
-def _plan_key(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor], config: Mapping[str, Any],
-              scale: float | None) -> tuple[Any, ...]:  # fmt: skip
-    """Everything a plan bakes in: config, shapes, dtypes, strides, devices, scale (a call that differs in any of
-    them builds, and checks, a plan of its own)."""
-    q0, k0, v0 = q[0], k[0], v[0]
-    return ("flash_decode", config_key(config), q0.shape, k0.shape, v0.shape, q0.dtype, k0.dtype, v0.dtype,
-            q0.stride(), k0.stride(), v0.stride(), q0.device, k0.device, v0.device, len(q), scale)  # fmt: skip
-
-
 def _shape(q0: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, W: int, scale: float | None) -> DecodeShape:
     B, H, D = q0.shape
     return DecodeShape(W, B, H, k0.shape[1], k0.shape[2], D, q0.dtype, tuple(q0.stride()), tuple(k0.stride()),
@@ -212,14 +171,6 @@ def _shape(q0: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, W: int, scale: 
 def problem_shape(s: DecodeShape) -> dict[str, int]:
     """The space's dims of a call: S is the global KV capacity, S_r per rank times the world size."""
     return {"B": s.B, "H": s.H, "H_KV": s.H_KV, "S": s.S_r * s.W, "D": s.D}
-
-
-def _build(world: World, q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
-           lens: list[torch.Tensor | None], config: Mapping[str, Any], scale: float | None) -> Any:  # fmt: skip
-    _check(q, k, v, lens, world)
-    s = _shape(q[0], k[0], v[0], world.world_size, scale)
-    cfg = FlashDecodeConfig.of(resolve_config("flash_decode", config, problem_shape(s), DTYPES[q[0].dtype], world))
-    return DecodePlan(world, s, cfg)
 
 
 def reference(q: Sequence[torch.Tensor], k: Sequence[torch.Tensor], v: Sequence[torch.Tensor],
@@ -244,26 +195,6 @@ def reference(q: Sequence[torch.Tensor], k: Sequence[torch.Tensor], v: Sequence[
     return out
 
 
-# ---------------------------------------------------------------------------------------------- op
-
-
-@torch.library.custom_op("jointtune::flash_decode", mutates_args=())
-def _flash_decode_op(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
-                     kv_lens: list[torch.Tensor], world: str, config: str,
-                     scale: float | None = None) -> list[torch.Tensor]:  # fmt: skip
-    """torch.ops.jointtune.flash_decode(q, k, v, kv_lens, world_name, config_json, scale=None) -> the output per
-    local rank (kv_lens: one [B] tensor per local rank, or an empty list for whole shards)."""
-    return list(flash_decode(list(q), list(k), list(v), list(kv_lens) or None, world=world_named(world),
-                             config=parse_config(config), scale=scale))  # fmt: skip
-
-
-@_flash_decode_op.register_fake
-def _flash_decode_fake(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
-                       kv_lens: list[torch.Tensor], world: str, config: str,
-                       scale: float | None = None) -> list[torch.Tensor]:  # fmt: skip
-    return [x.new_empty(x.shape) for x in q]
-
-
 # ---------------------------------------------------------------------------------------------- family
 
 
@@ -280,9 +211,8 @@ class FlashDecodeInputs:
     kv_lens: list[torch.Tensor]
 
 
-class FlashDecodeFamily(Family):
-    name = "flash_decode"
-    space = "flash_decode"
+class FlashDecodeFamily(OpFamily):
+    op = _OP
     dims = ("B", "H", "H_KV", "S", "D")
 
     def make_inputs(self, problem: Any, world: World, *, seed: int, ragged: bool = False) -> FlashDecodeInputs:
@@ -311,9 +241,6 @@ class FlashDecodeFamily(Family):
             lens.append(torch.randint(0, S_r + 1, (B,), generator=gen, device=dev, dtype=torch.int32) if ragged
                         else full)  # fmt: skip
         return FlashDecodeInputs(problem, world, [q.clone() for _ in world.local_ranks], k, v, lens)
-
-    def run(self, inputs: FlashDecodeInputs, config: Mapping[str, Any], world: World) -> list[torch.Tensor]:
-        return flash_decode(inputs.q, inputs.k, inputs.v, inputs.kv_lens, world=world, config=config)
 
     def baseline(self, inputs: FlashDecodeInputs, world: World) -> list[torch.Tensor]:
         """Our decode kernel + NCCL all-gather + combine, with the space default's decode tiles."""

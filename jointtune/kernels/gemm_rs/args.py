@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import triton
 
-from jointtune.kernels.runtime.calls import config_of
+from jointtune.kernels.runtime.config import LaunchConfig
 from jointtune.kernels.runtime.device import interpreted
 from jointtune.kernels.runtime.symm import cdiv
 
@@ -19,29 +19,14 @@ RED_M, RED_N = 32, 256
 EPI_STORE, EPI_SIGNAL, EPI_ATOMIC = 0, 1, 2
 
 
-@dataclass(frozen=True)
-class GemmRsConfig:
-    """A config the gemm_rs space validated; knobs the mode doesn't read keep harmless defaults."""
+#: what a knob the config's mode doesn't read holds (the knobs are the gemm_rs space's)
+_DEFAULTS = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, SPLIT_K=1, num_warps=4, num_stages=3, chunk_m=0,
+                 reduce_sms=1, reduce_by="programs", tile_order="peers_first", ce_consumer="cublas",
+                 ce_chunks=1)  # fmt: skip
 
-    mode: str
-    BLOCK_M: int = 64
-    BLOCK_N: int = 64
-    BLOCK_K: int = 64
-    GROUP_M: int = 8
-    SPLIT_K: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    chunk_m: int = 0
-    reduce_sms: int = 1
-    reduce_by: str = "programs"
-    tile_order: str = "peers_first"
-    ce_consumer: str = "cublas"
-    ce_chunks: int = 1
-    collective: str = "nccl"
 
-    @classmethod
-    def of(cls, canonical: dict[str, Any]) -> GemmRsConfig:
-        return config_of(cls, canonical)
+class GemmRsConfig(LaunchConfig, space="gemm_rs", defaults=_DEFAULTS):
+    """A config the gemm_rs space validated, typed; knobs the mode doesn't read keep harmless defaults."""
 
     def reduces_in_epilogue(self) -> bool:
         """Whether the own rows' tiles, computed last, sum the peers' chunks (`reduce_by=epilogue`)."""

@@ -1,14 +1,12 @@
-"""What every family's entry point does alike: per-rank tensor lists, the dtypes the GEMM kernels take, A made
-row-major and aligned, configs carried as JSON text by the torch ops, and config dataclasses built from the
-canonical config a space validated (knobs a mode doesn't read keep their defaults)."""
+"""What every family's entry point does alike with its arguments: per-rank tensor lists, the dtypes the kernels take,
+A made row-major and aligned, and configs carried as JSON text by the torch ops."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -16,9 +14,6 @@ from jointtune.errors import ShapeError, SpaceError
 
 #: the input dtypes of the GEMM families, by their names in keys and records
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-C = TypeVar("C")
-
 
 def as_list(x: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """One tensor (a CUDA rank's) or one per simulated rank, as a list."""
@@ -78,9 +73,3 @@ def _parse_config(text: str) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise SpaceError(f"config: {text[:80]!r} is not a JSON object of field -> value")
     return config
-
-
-def config_of(cls: type[C], canonical: Mapping[str, Any]) -> C:
-    """A config dataclass from a validated config: its fields that the config has, defaults for the rest."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{k: v for k, v in canonical.items() if k in names})

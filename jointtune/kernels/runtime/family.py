@@ -147,9 +147,11 @@ def _load_builtin_families() -> None:
     # Imported lazily: kernel modules import triton, and the CLI should start without it.
     import importlib
 
-    for module in ("jointtune.kernels.ag_gemm", "jointtune.kernels.gemm_rs", "jointtune.kernels.flash_decode"):
+    from jointtune.families import BUILTIN_FAMILIES
+
+    for family in BUILTIN_FAMILIES:
         try:
-            importlib.import_module(module)
+            importlib.import_module(family.kernels)
         except ModuleNotFoundError as exc:
-            if exc.name != module:
+            if exc.name != family.kernels:
                 raise

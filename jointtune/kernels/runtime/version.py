@@ -3,11 +3,15 @@
 Every stored record carries its family's version in its key, so a record is served only to the kernel it was
 measured on. The version is derived, never listed by hand: starting from the module that defines the family, we
 follow every `import` and `from ... import` statement (at any depth, those inside functions too) to the modules
-in scope, and hash what we reach. In scope are `jointtune.kernels` (the shared runtime every built-in family stands
-on) and the family module's own package (so a plug-in family's helpers count too). Triton compiles only what a
-kernel reaches through such imports, so this closure covers what is launched as well as what launches it. A change
-to a shared module (`tiles`, `signals`, the world, the launch and plan runtime) therefore gives every family that
-imports it a new version and retires their records; a change to one family's own kernel retires only its own.
+in scope, and hash what we reach. In scope are `jointtune.kernels` (the shared runtime in `jointtune.kernels.runtime`
+every built-in family stands on, and the built-in family packages) and the family module's own package (a built-in
+family's package, `jointtune.kernels.ag_gemm`; a plug-in family's helpers count too). Importing a module runs its
+parent packages' `__init__`, so those count as well (the runtime's imports nothing: a family hashes only the runtime
+modules it uses). Triton compiles only what a kernel reaches through such imports, so this closure covers what is
+launched as well as what launches it. A change to a shared module (`tiles`, `signals`, the world, the launch, plan
+and op runtime) therefore gives every family that imports it a new version and retires their records; a change to
+one family's own kernel retires only its own. The built-in families' table (`jointtune.families`) is outside the
+scope: adding a family changes no other family's version.
 
 What is hashed is each module's source with comments, docstrings, blank lines and trailing spaces removed (found
 with `tokenize` and `ast` positions, which read the same on every Python this package supports), then its dotted
