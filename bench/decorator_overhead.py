@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from jointtune.autotune.decorator import joint_autotune
+from jointtune.autotune.runtime.decorator import joint_autotune
 from jointtune.kernels.runtime.world import create_world
 
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ag_gemm_bench import device_label, init_cuda_world
 
-from jointtune.autotune.decorator import joint_autotune
+from jointtune.autotune.runtime.decorator import joint_autotune
 from jointtune.errors import ShapeError
 from jointtune.kernels import ag_gemm as ag
 from jointtune.kernels import flash_decode as fd
@@ -240,7 +240,7 @@ def check_eager_replay(world: Any) -> dict[str, Any]:
 
 def check_raw_length_key(world: Any, db: str) -> dict[str, Any]:
     """A record stored at the bucket of 3000 keys per rank (4096), found by a key returning the raw length."""
-    from jointtune.autotune.keys import triton_version
+    from jointtune.autotune.tuner.keys import triton_version
     from jointtune.db import NewRecord, open_store
     from jointtune.hardware import detect
     from jointtune.kernels import get_family

@@ -46,7 +46,7 @@ import pytest
 import triton
 import triton.runtime
 
-from jointtune.autotune.decorator import joint_autotune
+from jointtune.autotune.runtime.decorator import joint_autotune
 from jointtune.autotune.runtime.triton_compat import JointAutotuner
 from jointtune.db import open_store
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import optuna
 
-from jointtune.autotune.settings import Job
 from jointtune.autotune.tuner.handles import study_space
 from jointtune.autotune.tuner.replay import STRATEGIES, ReplayTable, compare, format_comparison, replay
+from jointtune.autotune.tuner.settings import Job
 from jointtune.autotune.tuner.studies import STUDY_JOB, quiet_optuna
 from jointtune.kernels import get_family
 from jointtune.search_spaces import DeviceLimits

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ag_gemm_bench import device_label, init_cuda_world
 
-from jointtune.autotune.sweeps.sweepfile import load_sweep_file
 from jointtune.autotune.tuner.timing import measure, percentile
+from jointtune.autotune.workers.sweeps.sweepfile import load_sweep_file
 from jointtune.db import open_store
 from jointtune.hardware import detect
 from jointtune.kernels import get_family

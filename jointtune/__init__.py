@@ -23,22 +23,22 @@ from jointtune.errors import JointtuneError
 from jointtune.families import BUILTIN_FAMILIES
 
 if TYPE_CHECKING:
-    from jointtune.autotune.decorator import joint_autotune
+    from jointtune.autotune.runtime.decorator import joint_autotune
     from jointtune.autotune.runtime.launcher import JointAutotuned
     from jointtune.autotune.runtime.policies import CaptureMissError
     from jointtune.autotune.runtime.rules import NoConfigError
-    from jointtune.autotune.settings import TuneSettings
+    from jointtune.autotune.tuner.settings import TuneSettings
     from jointtune.kernels import World, create_world
 
 __version__ = "0.1.0"
 
 #: public name -> (module that defines it, whether it is a kernel op or world: chooses the interpreter first)
 _EXPORTS: dict[str, tuple[str, bool]] = {
-    "joint_autotune": ("jointtune.autotune.decorator", False),
+    "joint_autotune": ("jointtune.autotune.runtime.decorator", False),
     "JointAutotuned": ("jointtune.autotune.runtime.launcher", False),
     "NoConfigError": ("jointtune.autotune.runtime.rules", False),
     "CaptureMissError": ("jointtune.autotune.runtime.policies", False),
-    "TuneSettings": ("jointtune.autotune.settings", False),
+    "TuneSettings": ("jointtune.autotune.tuner.settings", False),
     # the world the kernel families' ops run in, and each built-in family's op (`jointtune.families`)
     "create_world": ("jointtune.kernels", True),
     "World": ("jointtune.kernels", True),

@@ -28,7 +28,7 @@ def test_import_jointtune_loads_no_torch_triton_or_optuna() -> None:
 
 
 def test_public_names_come_from_the_root_as_triton_autotune_users_expect() -> None:
-    from jointtune.autotune.decorator import joint_autotune
+    from jointtune.autotune.runtime.decorator import joint_autotune
     from jointtune.kernels.ag_gemm import ag_gemm
     from jointtune.kernels.runtime.world import create_world
 

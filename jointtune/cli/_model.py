@@ -26,9 +26,9 @@ from rich.table import Table
 from jointtune.errors import TuningError
 
 if TYPE_CHECKING:
-    from jointtune.autotune.settings import Job
-    from jointtune.autotune.sweeps.models import ModelPlan
     from jointtune.autotune.tuner.results import JobResult
+    from jointtune.autotune.tuner.settings import Job
+    from jointtune.autotune.workers.sweeps.models import ModelPlan
 
 
 def check_export_path(text: str | None) -> Path | None:
@@ -54,7 +54,7 @@ def _num(value: float | None, fmt: str) -> str:
 
 def layer_table(plan: ModelPlan, results: Sequence[JobResult]) -> Table:
     """The model's per-layer table (`layer_rows`)."""
-    from jointtune.autotune.sweeps.models import layer_rows
+    from jointtune.autotune.workers.sweeps.models import layer_rows
 
     table = Table(title=f"{plan.name} at TP={plan.tp}: each op of a decoder layer", title_justify="left")
     columns = ("tokens", "op", "layout", "kernel", "shape", "W", "mode", "best µs", "unfused µs", "speedup", "note")
@@ -140,7 +140,7 @@ def describe(plan: ModelPlan) -> str:
 def plan_from_options(model: str, *, tp: int | None, tokens: str | None, kv_lens: str | None, attention: str,
                       decode_max: int, dtype: str, settings: Any) -> ModelPlan:  # fmt: skip
     """The plan `tune --model` runs, every option checked (one line naming the option otherwise)."""
-    from jointtune.autotune.sweeps.models import model_plan, parse_counts
+    from jointtune.autotune.workers.sweeps.models import model_plan, parse_counts
 
     if tp is None:
         raise TuningError("--tp: required with --model (the tensor-parallel degree, e.g. --tp 2)")

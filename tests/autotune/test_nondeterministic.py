@@ -20,13 +20,13 @@ import optuna
 import pytest
 import torch
 
-from jointtune.autotune.decorator import NoConfigError, joint_autotune
-from jointtune.autotune.keys import triton_version
+from jointtune.autotune.runtime.decorator import NoConfigError, joint_autotune
 from jointtune.autotune.runtime.lookup import LookupWarning, reset_warnings
-from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.sweeps.sweepfile import SweepFileError, parse_sweep
 from jointtune.autotune.tuner.handles import study_space
+from jointtune.autotune.tuner.keys import triton_version
 from jointtune.autotune.tuner.results import study_name_for
+from jointtune.autotune.tuner.settings import Job, TuneSettings
+from jointtune.autotune.workers.sweeps.sweepfile import SweepFileError, parse_sweep
 from jointtune.cli import main
 from jointtune.db import NewRecord, open_store
 from jointtune.errors import TuningError, UnknownNameError

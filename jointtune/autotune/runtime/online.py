@@ -16,7 +16,7 @@ import os
 import uuid
 from typing import TYPE_CHECKING
 
-from jointtune.autotune.settings import Job, TuneSettings
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 
 if TYPE_CHECKING:
     from jointtune.search_spaces import Problem

@@ -314,7 +314,7 @@ class JointAutotuner(Autotuner):
         self.sources_by_key[(key, "graph")] = source
 
     def _save_pending(self) -> None:
-        from jointtune.autotune.keys import triton_version
+        from jointtune.autotune.tuner.keys import triton_version
         from jointtune.db import NewRecord
 
         pending, self._to_save = self._to_save, []
@@ -355,7 +355,7 @@ class JointAutotuner(Autotuner):
         return self._sources
 
     def _identity(self, key: Any) -> tuple[Identity, dict[str, int]]:
-        from jointtune.autotune.keys import triton_version
+        from jointtune.autotune.tuner.keys import triton_version
         from jointtune.hardware import detect
 
         names = [k for k in self.keys if k in self._arg_values()]

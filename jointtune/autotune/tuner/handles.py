@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from jointtune.autotune.keys import TuningKey, triton_version
-from jointtune.autotune.settings import Job, TuneSettings
+from jointtune.autotune.tuner.keys import TuningKey, triton_version
 from jointtune.autotune.tuner.locks import study_lock
 from jointtune.autotune.tuner.search import Searcher, baseline_config, enqueue, initial_configs
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import (
     ATTR_P10,
     ATTR_P90,

@@ -49,7 +49,7 @@ from jointtune.autotune.tuner.studies import (
 from jointtune.search_spaces import canonical_json
 
 if TYPE_CHECKING:
-    from jointtune.autotune.settings import TuneSettings
+    from jointtune.autotune.tuner.settings import TuneSettings
     from jointtune.search_spaces import DeviceLimits, Problem, Space
 
 #: larger spaces are explored with Optuna's random sampler instead of a walk of their configs

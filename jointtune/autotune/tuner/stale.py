@@ -23,7 +23,7 @@ from jointtune.canonical import shape_key
 from jointtune.errors import JointtuneError
 
 if TYPE_CHECKING:
-    from jointtune.autotune.settings import Job, TuneSettings
+    from jointtune.autotune.tuner.settings import Job, TuneSettings
     from jointtune.db import Record, Store
     from jointtune.kernels import Family
     from jointtune.search_spaces import Space
@@ -61,7 +61,7 @@ def study_settings(url: str, study_name: str | None) -> TuneSettings | None:
     """The settings the record's study ran with, if that study is in the storage on `url` and still readable."""
     if not study_name:
         return None
-    from jointtune.autotune.settings import Job
+    from jointtune.autotune.tuner.settings import Job
     from jointtune.autotune.tuner.studies import STUDY_JOB, open_storage
 
     storage = open_storage(url)
@@ -101,9 +101,9 @@ def find_stale(
 def _stale_key(
     family: Family, records: list[Record], url: str, *, hardware_id: str, trials: int | None
 ) -> StaleKey | None:
-    from jointtune.autotune.settings import Job, TuneSettings
     from jointtune.autotune.tuner.handles import resolve_space, study_space
     from jointtune.autotune.tuner.search import check_study
+    from jointtune.autotune.tuner.settings import Job, TuneSettings
 
     current = [r for r in records if r.kernel_version == family.version]
     record = current[0] if current else max(records, key=lambda r: (r.updated_at, r.id))

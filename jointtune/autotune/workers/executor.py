@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jointtune.autotune.settings import Job
+from jointtune.autotune.tuner.settings import Job
 from jointtune.autotune.tuner.timing import measure, percentiles
 from jointtune.autotune.workers.watchdog import Watchdog
 from jointtune.errors import KernelError

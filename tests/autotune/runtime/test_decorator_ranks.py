@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from test_decorator_helpers import BEST, OTHER, World, make_launcher, sleep_record
 
-from jointtune.autotune.decorator import joint_autotune
+from jointtune.autotune.runtime.decorator import joint_autotune
 from jointtune.db import open_store
 
 CONFIGS = [triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64})]

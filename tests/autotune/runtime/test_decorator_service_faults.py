@@ -22,10 +22,10 @@ import pytest
 import torch
 from test_decorator_helpers import BEST, DEFAULT, World, make_launcher, sleep_record, source_of
 
-from jointtune.autotune.decorator import ArgumentError, KeyResultError, joint_autotune
 from jointtune.autotune.runtime.client import MAX_RESPONSE_BYTES, ConfigClient, ServiceWarning
+from jointtune.autotune.runtime.decorator import ArgumentError, KeyResultError, joint_autotune
 from jointtune.autotune.runtime.lookup import wait_for_publishes
-from jointtune.autotune.settings import TuneSettings
+from jointtune.autotune.tuner.settings import TuneSettings
 from jointtune.db import open_store
 from jointtune.errors import ServiceError, TuningError
 

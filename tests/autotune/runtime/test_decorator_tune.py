@@ -10,7 +10,7 @@ import torch
 from test_decorator_helpers import World, make_launcher, source_of
 
 from jointtune.autotune.runtime.lookup import reset_warnings, wait_for_publishes
-from jointtune.autotune.settings import TuneSettings
+from jointtune.autotune.tuner.settings import TuneSettings
 from jointtune.db import open_store
 from jointtune.hardware import current_limits
 from jointtune.search_spaces import get_space

@@ -15,13 +15,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.sweeps.progress import summary_table
 from jointtune.autotune.tuner.results import collect
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import open_storage, trial_kind
 from jointtune.autotune.workers.control import SoloControl
 from jointtune.autotune.workers.coordinator import Coordinator, GroupInfo, GroupOptions
 from jointtune.autotune.workers.executor import RankExecutor
+from jointtune.autotune.workers.sweeps.progress import summary_table
 from jointtune.cli import main
 from jointtune.db import NewRecord, open_store
 from jointtune.hardware import detect

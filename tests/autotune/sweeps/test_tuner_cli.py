@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jointtune.autotune.settings import TuneSettings
-from jointtune.autotune.sweeps.sweepfile import SweepFileError, load_sweep_file, parse_sweep
+from jointtune.autotune.tuner.settings import TuneSettings
+from jointtune.autotune.workers.sweeps.sweepfile import SweepFileError, load_sweep_file, parse_sweep
 from jointtune.cli import main
 from jointtune.db import open_store
 

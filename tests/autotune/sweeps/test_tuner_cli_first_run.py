@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.sweeps.eta import fmt_duration, job_eta_s, sweep_eta_s
 from jointtune.autotune.tuner.results import JobResult
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import StudyState
+from jointtune.autotune.workers.sweeps.eta import fmt_duration, job_eta_s, sweep_eta_s
 from jointtune.cli import main
 from jointtune.db import open_store
 from jointtune.search_spaces import Problem

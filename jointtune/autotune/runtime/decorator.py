@@ -42,7 +42,7 @@ from jointtune.autotune.runtime.rules import NoConfigError
 from jointtune.errors import TuningError
 
 if TYPE_CHECKING:
-    from jointtune.autotune.settings import TuneSettings
+    from jointtune.autotune.tuner.settings import TuneSettings
 
 
 def joint_autotune(

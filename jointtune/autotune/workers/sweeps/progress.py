@@ -26,8 +26,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from jointtune.autotune.sweeps.eta import fmt_duration, job_etas, total_eta_s
 from jointtune.autotune.tuner.results import JobResult, job_label, shape_label
+from jointtune.autotune.workers.sweeps.eta import fmt_duration, job_etas, total_eta_s
 
 
 def _us(value: float | None) -> str:

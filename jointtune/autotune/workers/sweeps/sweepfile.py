@@ -55,7 +55,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag, ValidationError
 
-from jointtune.autotune.settings import MAX_COUNT, MAX_SECONDS, Job, TuneSettings
+from jointtune.autotune.tuner.settings import MAX_COUNT, MAX_SECONDS, Job, TuneSettings
 from jointtune.db.schema import NAME_CHARS, NAME_RE
 from jointtune.errors import JointtuneError, TuningError
 from jointtune.timings import TIMINGS
@@ -265,7 +265,7 @@ def _jobs(
 def _model_jobs(loc: tuple[Any, ...], model: ModelJobModel, base: TuneSettings, problems: _Problems,
                 timings: list[str]) -> tuple[list[Job], list[Any]]:  # fmt: skip
     """A `model:` job's jobs, one plan per TP degree and dtype (`autotune.sweeps.models`)."""
-    from jointtune.autotune.sweeps.models import model_plan
+    from jointtune.autotune.workers.sweeps.models import model_plan
 
     where = _loc(loc)
     try:

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jointtune.autotune.settings import Job, TuneSettings
 from jointtune.autotune.tuner.results import job_label as job_label  # the jobs' names, as progress shows them
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.errors import SpaceError, TuningError
 
 

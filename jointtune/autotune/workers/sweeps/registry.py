@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 
 from jointtune._command import jointtune_command
-from jointtune.autotune.settings import Job
+from jointtune.autotune.tuner.settings import Job
 from jointtune.errors import TuningError
 
 REGISTRY_PREFIX = "jointtune-sweep:"
