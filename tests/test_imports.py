@@ -142,3 +142,21 @@ def test_the_import_graph_has_no_cycle() -> None:
         if module not in state:
             visit(module, [module])
     assert not cycles, "import cycles (move what both sides need into a module of its own):\n" + "\n".join(cycles)
+
+
+def test_autotune_is_three_rooms_with_no_loose_module() -> None:
+    root = ROOT / "autotune"
+    entries = sorted(p.name for p in root.iterdir() if p.name != "__pycache__" and (p.is_dir() or p.suffix == ".py"))
+    assert entries == ["__init__.py", "runtime", "tuner", "workers"]
+
+
+def test_the_rooms_import_each_other_only_as_their_docstrings_say() -> None:
+    """The tuner imports neither other room; the run-time path reaches the workers through one entry point."""
+    reached: dict[str, set[str]] = {"runtime": set(), "tuner": set()}
+    for module in MODULES:
+        room = module.split(".")[2] if module.startswith("jointtune.autotune.") else None
+        if room in reached:
+            reached[room] |= {t for _, t, _, _ in _imports(module) if t.startswith("jointtune.autotune.")}
+    assert {t for t in reached["runtime"] if ".workers" in t} == {"jointtune.autotune.workers.online"}
+    assert not {t for t in reached["tuner"] if ".runtime" in t or ".workers" in t}
+

@@ -4,8 +4,9 @@ Owns the sweep file format (`sweepfile`), sweeps registered in the shared Optuna
 on any node find them (`registry`), live progress and the tuned table (`progress`), time left (`eta`),
 and tuning curves as PNG and JSON (`report`).
 
-May import: `tuner/` (results, the study space, the exhaustive check), `jointtune.autotune.tuner.settings`,
-`kernels`, `errors`, `timings`. Never `runtime/` or `workers/` (the workers import this).
+May import: `tuner/` (results, the study space, the exhaustive check, the shared `settings`), `kernels`, `errors`,
+`timings`. Never `runtime/`, nor the rest of `workers/` (which imports this: the coordinator serves a registered
+sweep and shows its progress).
 
 This `__init__` imports nothing, so the CLI can read a sweep file without loading the tuner's processes.
 """
