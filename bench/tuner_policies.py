@@ -29,7 +29,7 @@ from ag_gemm_bench import device_label, init_cuda_world
 
 from jointtune.autotune.tuner.timing import measure, percentile
 from jointtune.autotune.workers.sweeps.sweepfile import load_sweep_file
-from jointtune.db import open_store
+from jointtune.db import RecordKey, open_store
 from jointtune.hardware import detect
 from jointtune.kernels import get_family
 
@@ -69,9 +69,9 @@ def main() -> None:
             continue
         seen.add(job.shape)
         problem = job.problem
-        key = dict(kernel=family.name, kernel_version=family.version, shape=problem.dims, dtype=problem.dtype,
-                   world_size=problem.world_size, hardware_id=hardware_id)  # fmt: skip
-        records = {t: store.best(**key, timing=t) for t in ("eager", "graph")}
+        key = RecordKey(kernel=family.name, kernel_version=family.version, shape=problem.dims, dtype=problem.dtype,
+                        world_size=problem.world_size, hardware_id=hardware_id)  # fmt: skip
+        records = {t: store.best(key.replace(timing=t)) for t in ("eager", "graph")}
         configs = {f"{t}-tuned": r.config for t, r in records.items() if r is not None}
         configs["baseline"] = {"mode": "baseline"}
         inputs = family.make_inputs(problem, world, seed=11)

@@ -16,9 +16,10 @@ node and on a laptop. To export a name, add it to `_EXPORTS` and `__all__`, and 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from jointtune._lazy import lazy_exports
+from jointtune._version import __version__
 from jointtune.errors import JointtuneError
 from jointtune.families import BUILTIN_FAMILIES
 
@@ -30,19 +31,19 @@ if TYPE_CHECKING:
     from jointtune.autotune.tuner.settings import TuneSettings
     from jointtune.kernels import World, create_world
 
-__version__ = "0.1.0"
 
-#: public name -> (module that defines it, whether it is a kernel op or world: chooses the interpreter first)
-_EXPORTS: dict[str, tuple[str, bool]] = {
-    "joint_autotune": ("jointtune.autotune.runtime.decorator", False),
-    "JointAutotuned": ("jointtune.autotune.runtime.launcher", False),
-    "NoConfigError": ("jointtune.autotune.runtime.rules", False),
-    "CaptureMissError": ("jointtune.autotune.runtime.policies", False),
-    "TuneSettings": ("jointtune.autotune.tuner.settings", False),
+#: public name -> the module that defines it (a kernel op's is under `jointtune.kernels`, which chooses Triton's CPU
+#: interpreter where there is no GPU as it is imported, before Triton loads)
+_EXPORTS: dict[str, str] = {
+    "joint_autotune": "jointtune.autotune.runtime.decorator",
+    "JointAutotuned": "jointtune.autotune.runtime.launcher",
+    "NoConfigError": "jointtune.autotune.runtime.rules",
+    "CaptureMissError": "jointtune.autotune.runtime.policies",
+    "TuneSettings": "jointtune.autotune.tuner.settings",
     # the world the kernel families' ops run in, and each built-in family's op (`jointtune.families`)
-    "create_world": ("jointtune.kernels", True),
-    "World": ("jointtune.kernels", True),
-    **{family.name: (family.kernels, True) for family in BUILTIN_FAMILIES},
+    "create_world": "jointtune.kernels",
+    "World": "jointtune.kernels",
+    **{family.name: family.kernels for family in BUILTIN_FAMILIES},
 }
 
 __all__ = [
@@ -59,17 +60,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    entry = _EXPORTS.get(name)
-    if entry is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, is_kernel = entry
-    if is_kernel:  # the kernels package chooses Triton's CPU interpreter where there is no GPU, before Triton loads
-        importlib.import_module("jointtune.kernels")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

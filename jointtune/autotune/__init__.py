@@ -22,8 +22,9 @@ Optuna they don't use. To export a name, add one line to `_EXPORTS` (name -> sub
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from jointtune._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from jointtune.autotune.runtime.client import ConfigClient, ServiceWarning
@@ -111,15 +112,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    path = module if module.startswith("jointtune.") else f"{__name__}.{module}"
-    value = getattr(importlib.import_module(path), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

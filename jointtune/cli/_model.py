@@ -72,20 +72,19 @@ def write_bundle_of(url: str, jobs: Sequence[Job], path: Path, hardware_id: str)
     """The stored records of `jobs` (this hardware, each job's timing policy) as one bundle file; returns the count.
 
     Written whole to a `.partial` file and moved into place, so a failed export leaves no half bundle."""
-    from jointtune import __version__
+    from jointtune._version import __version__
+    from jointtune.autotune.tuner.keys import TuningKey
     from jointtune.db import PUBLISHED, Store
     from jointtune.kernels import get_family
     from jointtune.server.bundle import parse_bundle
     from jointtune.server.schemas import SCHEMA_VERSION
-    from jointtune.timings import measured_as
 
     with Store(url) as store:
         profile = store.get_hardware(hardware_id)
         records = []
         for job in jobs:
-            record = store.best(kernel=job.kernel, kernel_version=get_family(job.kernel).version, shape=dict(job.shape),
-                                dtype=job.dtype, world_size=job.world_size, hardware_id=hardware_id,
-                                timing=measured_as(job.settings.timing, hardware_id))  # fmt: skip
+            version = get_family(job.kernel).version
+            record = store.best(TuningKey.of(job.kernel, version, job.problem, hardware_id, job.settings.timing))
             if record is not None:
                 records.append({name: getattr(record, name) for name in PUBLISHED})
     if profile is None:

@@ -25,7 +25,7 @@ from sqlalchemy.ext.compiler import compiles
 from jointtune.canonical import config_hash, shape_key
 from jointtune.db._models import RECORD_KEY, HardwareRow, KernelRow, RecordRow
 from jointtune.db._values import HardwareProfile, KernelInfo
-from jointtune.db.record import PUBLISHED, RECORD_FIELDS, NewRecord, Record
+from jointtune.db.record import PUBLISHED, RECORD_FIELDS, NewRecord, Record, RecordKey
 
 #: columns a better record replaces: all but the key, the id and `created_at` (from the first insert)
 _REPLACED = tuple(name for name in RECORD_FIELDS if name not in (*RECORD_KEY, "id", "created_at"))
@@ -180,8 +180,7 @@ RAISE_TRIALS = (
     sa.update(_RECORDS)
     .where(
         *(
-            _RECORDS.c[name] == sa.bindparam(f"k_{name}")
-            for name in ("kernel", "kernel_version", "dtype", "world_size", "hardware_id", "timing", "shape_key")
+            _RECORDS.c[name] == sa.bindparam(f"k_{name}") for name in RECORD_KEY
         ),
         _RECORDS.c.study_name == sa.bindparam("k_study_name"),
         _RECORDS.c.trials < sa.bindparam("new_trials"),
@@ -190,27 +189,12 @@ RAISE_TRIALS = (
 )
 
 
-def key_params(
-    *,
-    kernel: str,
-    kernel_version: str | None,
-    shape: dict[str, int],
-    dtype: str,
-    world_size: int,
-    hardware_id: str,
-    timing: str,
-) -> dict[str, Any]:
-    """Values for `EXACT` and `nearest_lookup` (kernel_version only when given)."""
-    params = {
-        "kernel": kernel,
-        "dtype": dtype,
-        "world_size": world_size,
-        "hardware_id": hardware_id,
-        "timing": timing,
-        "shape_key": shape_key(shape),
-    }
-    if kernel_version is not None:
-        params["kernel_version"] = kernel_version
+def key_params(key: RecordKey) -> dict[str, Any]:
+    """Values for `EXACT` and `nearest_lookup` of a checked key (kernel_version only when given)."""
+    params = {name: getattr(key, name) for name in RECORD_KEY if name not in ("kernel_version", "shape_key")}
+    params["shape_key"] = shape_key(key.shape)
+    if key.kernel_version is not None:
+        params["kernel_version"] = key.kernel_version
     return params
 
 

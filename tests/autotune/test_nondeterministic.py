@@ -28,7 +28,7 @@ from jointtune.autotune.tuner.results import study_name_for
 from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.workers.sweeps.sweepfile import SweepFileError, parse_sweep
 from jointtune.cli import main
-from jointtune.db import NewRecord, open_store
+from jointtune.db import NewRecord, RecordKey, open_store
 from jointtune.errors import TuningError, UnknownNameError
 from jointtune.hardware import current_limits, detect
 from jointtune.kernels import get_family
@@ -344,7 +344,7 @@ def test_online_tuning_searches_nondeterministic_modes_only_when_allowed(sqlite_
     launch(torch.ones(32), world=LocalWorld(world_size=W))
     assert ran == [{"mode": "racy" if allow else "exact"}]
     assert next(iter(launch.sources.values())) == "tune"
-    (record,) = open_store(sqlite_url).list_records(kernel="jt_racy")
+    (record,) = open_store(sqlite_url).list_records(RecordKey.any(kernel="jt_racy"))
     study = optuna.load_study(study_name=record.study_name, storage=sqlite_url)
     measured = {json.loads(t.user_attrs["jt_config"])["mode"] for t in study.trials if t.state.is_finished()}
     assert measured == ({"baseline", "exact", "racy"} if allow else {"baseline", "exact"})

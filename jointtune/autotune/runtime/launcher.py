@@ -81,22 +81,12 @@ class JointAutotuned:
     """A launcher whose `config` comes from the lookup chain; `cache` maps key -> config."""
 
     def __init__(
-        self,
-        fn: Callable[..., Any],
-        *,
-        space: str,
-        key: Callable[..., Mapping[str, int]] | None = None,
-        on_miss: str = "nearest",
-        kernel: str | None = None,
-        dtype: Callable[..., Any] | None = None,
-        db_url: str | None = None,
-        server: str | None = None,
-        store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
-        tune_settings: TuneSettings | None = None,
-        timing: str | None = None,
-        timing_fallback: Mapping[str, Sequence[str]] | str | None = None,
-        allow_nondeterministic: bool = False,
-    ) -> None:
+        self, fn: Callable[..., Any], *, space: str, key: Callable[..., Mapping[str, int]] | None = None,
+        on_miss: str = "nearest", kernel: str | None = None, dtype: Callable[..., Any] | None = None,
+        db_url: str | None = None, server: str | None = None, store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
+        tune_settings: TuneSettings | None = None, timing: str | None = None,
+        timing_fallback: Mapping[str, Sequence[str]] | str | None = None, allow_nondeterministic: bool = False,
+    ) -> None:  # fmt: skip
         from jointtune.search_spaces import get_space
 
         policies.check_timing(timing, timing_fallback)

@@ -135,15 +135,8 @@ class StudyHandle:
     def _initialise(self, store: Store) -> None:
         warm = []
         if self.job.settings.warm_start and not self.exhaustive:
-            near = store.nearest(
-                kernel=self.key.kernel,
-                kernel_version=None,
-                shape=self.key.shape_dict,
-                dtype=self.key.dtype,
-                world_size=self.key.world_size,
-                hardware_id=self.key.hardware_id,
-                limit=self.job.settings.warm_start,
-            )
+            any_version = self.key.replace(kernel_version=None, timing="gpu")  # gpu records of any kernel version
+            near = store.nearest(any_version, limit=self.job.settings.warm_start)
             warm = [record.config for record, _ in near]
         queue = initial_configs(self.space, self.problem, self.limits, warm=warm, exhaustive=self.exhaustive)
         enqueue(self.study, queue)
@@ -167,14 +160,9 @@ class StudyHandle:
 
         best = state.best
         assert best is not None and best.value is not None
-        record = NewRecord(
-            kernel=self.key.kernel,
-            kernel_version=self.key.kernel_version,
+        record = NewRecord.for_key(
+            self.key,
             space_version=self.space.version,
-            shape=self.key.shape_dict,
-            dtype=self.key.dtype,
-            world_size=self.key.world_size,
-            hardware_id=self.key.hardware_id,
             triton_version=triton_version(),
             config=self.space.validate(trial_config(best), self.problem, limits),
             latency_p10_us=best.user_attrs.get(ATTR_P10),
@@ -182,11 +170,10 @@ class StudyHandle:
             latency_p90_us=best.user_attrs.get(ATTR_P90),
             baseline_us=state.baseline_us,
             trials=state.trial_count,
-            timing=self.key.timing,
             study_name=self.name,
         )
         store.upsert_record(record)
 
     def note_trials(self, state: StudyState, *, store: Store) -> None:
         """Raise the trial count of the record this study made for its key to the study's count."""
-        store.note_trials(**self.key.to_json(), study_name=self.name, trials=state.trial_count)
+        store.note_trials(self.key, study_name=self.name, trials=state.trial_count)

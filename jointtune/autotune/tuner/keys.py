@@ -1,8 +1,9 @@
 """Tuning keys: what a tuned config belongs to, and the Optuna study name derived from it.
 
-A key is kernel name + kernel source version, the problem (shape, dtype, world size) and the
-hardware id. Every process that tunes or looks up the same key derives the same study name, so
-groups on many nodes meet in one shared study without a coordinator.
+A key is the key of the record a study publishes (`jointtune.db.RecordKey`): kernel name + kernel source
+version, the problem (shape, dtype, world size), the hardware id and the timing policy. Every process that tunes
+or looks up the same key derives the same study name, so groups on many nodes meet in one shared study without a
+coordinator.
 
 Example:
     >>> from jointtune.search_spaces import Problem
@@ -15,10 +16,10 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from jointtune.canonical import shape_key
+from jointtune.db import RecordKey
 from jointtune.search_spaces import Problem
 from jointtune.timings import measured_as
 
@@ -31,25 +32,17 @@ def shape_text(shape: Mapping[str, int]) -> str:
     return shape_key(shape)
 
 
-@dataclass(frozen=True)
-class TuningKey:
-    """The identity of one tuning problem; plain, hashable and JSON-round-trippable."""
-
-    kernel: str
-    kernel_version: str
-    shape: tuple[tuple[str, int], ...]
-    dtype: str
-    world_size: int
-    hardware_id: str
-    #: the timing policy results were measured under (`jointtune.timings.TIMINGS`)
-    timing: str = "gpu"
+class TuningKey(RecordKey):
+    """The identity of one tuning problem: the key of the record it publishes (`jointtune.db.RecordKey`, its fields
+    and JSON), with the study name derived from it; plain and JSON-round-trippable."""
 
     @classmethod
     def of(cls, kernel: str, kernel_version: str, problem: Problem, hardware_id: str, timing: str = "gpu") -> TuningKey:
         """The key of tuning `problem` under `timing` on `hardware_id`: on the CPU interpreter its policy is what
         the interpreter measures, interp (`jointtune.timings.measured_as`), whatever was asked."""
         timing = measured_as(timing, hardware_id)
-        return cls(kernel, kernel_version, problem.shape, problem.dtype, problem.world_size, hardware_id, timing)
+        return cls(kernel=kernel, kernel_version=kernel_version, shape=dict(problem.shape), dtype=problem.dtype,
+                   world_size=problem.world_size, hardware_id=hardware_id, timing=timing)  # fmt: skip
 
     @property
     def problem(self) -> Problem:
@@ -70,17 +63,6 @@ class TuningKey:
         kept = ("gpu", measured_as("gpu", self.hardware_id))  # gpu; and interp, on the interpreter's hardware only
         timing = "" if self.timing in kept else f":t{self.timing}"
         return name + timing + (":exhaustive" if exhaustive else "")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kernel": self.kernel,
-            "kernel_version": self.kernel_version,
-            "shape": self.shape_dict,
-            "dtype": self.dtype,
-            "world_size": self.world_size,
-            "hardware_id": self.hardware_id,
-            "timing": self.timing,
-        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TuningKey:

@@ -48,9 +48,11 @@ class StaleKey:
 
 def all_records(store: Store, *, kernel: str | None = None) -> Iterator[Record]:
     """Every record of the store (of one kernel if given), page by page."""
+    from jointtune.db import RecordKey
+
     offset = 0
     while True:
-        page = store.list_records(kernel=kernel, limit=_PAGE, offset=offset)
+        page = store.list_records(RecordKey.any(kernel=kernel), limit=_PAGE, offset=offset)
         yield from page
         if len(page) < _PAGE:
             return

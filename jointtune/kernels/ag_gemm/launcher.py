@@ -4,7 +4,6 @@ what each mode does)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,7 +14,7 @@ from jointtune.kernels.ag_gemm.plans import build_plan
 from jointtune.kernels.runtime.calls import DTYPES, usable
 from jointtune.kernels.runtime.calls import config_json as config_json  # the op's config text, as users import it here
 from jointtune.kernels.runtime.family import StandinLaunch, register_family
-from jointtune.kernels.runtime.gemm import GemmFamily, check_gemm_operands
+from jointtune.kernels.runtime.gemm import GemmFamily, GemmInputs, check_gemm_operands
 from jointtune.kernels.runtime.launch import split_options
 from jointtune.kernels.runtime.op import Args, FusedOp, PerRank, Prepared
 from jointtune.kernels.runtime.plan import config_key, resolve_config
@@ -118,16 +117,6 @@ def reference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> list[torc
 # ---------------------------------------------------------------------------------------------- family
 
 
-@dataclass
-class AgGemmInputs:
-    """Every local rank's shards, and all ranks' A shards for the reference."""
-
-    problem: Any
-    a: list[torch.Tensor]
-    b: list[torch.Tensor]
-    all_a: list[torch.Tensor]
-
-
 def standin_launches(cfg: AgGemmConfig, *, M: int, N: int, K: int, world_size: int, dtype: torch.dtype,
                      device: torch.device) -> list[StandinLaunch]:  # fmt: skip
     """(kernel, arguments, options) of the big Triton kernel a call of this shape launches, with
@@ -170,20 +159,13 @@ def _split(kernel: Any, args: Any) -> StandinLaunch:
 
 
 class AgGemmFamily(GemmFamily):
-    op = _OP
-    launches = staticmethod(standin_launches)
-    config_type = AgGemmConfig
+    op, config_type, launches = _OP, AgGemmConfig, staticmethod(standin_launches)
+    split, symmetric_inputs = ("M", "N"), True  # A where the layer before leaves it, in symmetric memory
 
-    def make_inputs(self, problem: Any, world: World, *, seed: int, symmetric: bool = True) -> AgGemmInputs:
-        M, N, K = (problem.dim(d) for d in self.dims)
-        W = world.world_size
-        all_a, all_b = self.draw_shards(problem, world, seed=seed, split=("M", "N"), a_shape=(M // W, K),
-                                        b_shape=(K, N // W))  # fmt: skip
-        a = [all_a[r] for r in world.local_ranks]
-        b = [all_b[r].to(world.device) for r in world.local_ranks]
-        return AgGemmInputs(problem, self.in_symmetric(world, a) if symmetric else a, b, all_a)
+    def shard_shapes(self, M: int, N: int, K: int, world_size: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        return (M // world_size, K), (K, N // world_size)
 
-    def reference(self, inputs: AgGemmInputs) -> list[torch.Tensor]:
+    def reference(self, inputs: GemmInputs) -> list[torch.Tensor]:
         return reference(inputs.all_a, inputs.b)
 
     def call_shape(self, a0: torch.Tensor, b0: torch.Tensor, world_size: int) -> dict[str, int]:

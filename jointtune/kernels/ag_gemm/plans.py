@@ -31,6 +31,7 @@ import triton
 from jointtune.kernels.ag_gemm.args import AgGemmConfig, Shape, gemm_args, push_args
 from jointtune.kernels.ag_gemm.kernel import ag_gemm_kernel
 from jointtune.kernels.runtime.device import num_sms
+from jointtune.kernels.runtime.gemm import split_k_workspace
 from jointtune.kernels.runtime.launch import Launch
 from jointtune.kernels.runtime.signals import (
     allgather_push_kernel,
@@ -112,7 +113,7 @@ class PullPlan:
         self.launches = []
         for i, r in enumerate(world.local_ranks):
             tiles = cdiv(s.M, cfg.BLOCK_M) * cdiv(s.N_r, cfg.BLOCK_N)
-            ws, counts = _split_k_workspace(world, cfg, tiles, i)
+            ws, counts = split_k_workspace(world, "ag_gemm", cfg, tiles, i)
             stand = _stand_bc(s)
             args = gemm_args(cfg, s.W, a=self.shared.views[i], b=stand[0], c=stand[1], K=s.K, N_r=s.N_r, R=s.R,
                              rows=s.M, dummy=dummy, src=self.shared.views[i], deltas=self.shared.deltas[i], rank=r,
@@ -159,7 +160,7 @@ class CePlan:
             if cfg.ce_consumer == "triton":
                 for row_lo, n in [(r * s.R, s.R)] + [(lo, n) for _, _, lo, n, _ in mine]:
                     tiles = cdiv(n, cfg.BLOCK_M) * cdiv(s.N_r, cfg.BLOCK_N)
-                    ws, counts = _split_k_workspace(world, cfg, tiles, i)
+                    ws, counts = split_k_workspace(world, "ag_gemm", cfg, tiles, i)
                     bc = _stand_bc(s)
                     args = gemm_args(cfg, s.W, a=g, b=bc[0], c=bc[1], K=s.K, N_r=s.N_r, R=n, rows=n, dummy=dummy,
                                      ws=ws, counts=counts)  # fmt: skip
@@ -221,7 +222,7 @@ class PushPlan:
             phases = [(0, cfg.comm_sms, 1, 0), (cfg.comm_sms, consumers, 2, consumers)]
         self.phases: list[list[Launch]] = [[] for _ in phases]
         for i, r in enumerate(world.local_ranks):
-            ws, counts = _split_k_workspace(world, cfg, tiles, i)
+            ws, counts = split_k_workspace(world, "ag_gemm", cfg, tiles, i)
             deltas = world.int_table(tuple(p * self.box.slot for p in range(s.W)))
             for n, (pid_base, grid, epoch, takers) in enumerate(phases):
                 push = dict(inbox=self.box.base(i), inbox_deltas=self.box.deltas[i], flags=fl.local(i),
@@ -382,14 +383,6 @@ class PushOpenedPlan:
 
 
 # ------------------------------------------------------------------------------------------- helpers
-
-
-def _split_k_workspace(world: World, cfg: AgGemmConfig, tiles: int, i: int) -> tuple[Any, Any]:
-    if cfg.SPLIT_K == 1:
-        return None, None
-    ws = world.scratch("ag_gemm.splitk", tiles * cfg.BLOCK_M * cfg.BLOCK_N, torch.float32)[i]
-    counts = world.scratch("ag_gemm.splitk_counts", tiles, torch.int32)[i]
-    return ws, counts
 
 
 def _stand_bc(s: Shape) -> tuple[torch.Tensor, torch.Tensor]:

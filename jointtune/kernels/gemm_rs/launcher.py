@@ -4,7 +4,6 @@ what each mode does)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,7 +15,7 @@ from jointtune.kernels.gemm_rs.plans import build_plan
 from jointtune.kernels.runtime.calls import DTYPES, config_json, usable
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.family import StandinLaunch, register_family
-from jointtune.kernels.runtime.gemm import GemmFamily, check_gemm_operands
+from jointtune.kernels.runtime.gemm import GemmFamily, GemmInputs, check_gemm_operands
 from jointtune.kernels.runtime.op import Args, FusedOp, PerRank, Prepared
 from jointtune.kernels.runtime.plan import config_key, resolve_config
 from jointtune.kernels.runtime.symm import cdiv
@@ -103,18 +102,6 @@ def reference(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> list[torc
 # ---------------------------------------------------------------------------------------------- family
 
 
-@dataclass
-class GemmRsInputs:
-    """Every local rank's A and B, and all ranks' for the reference."""
-
-    problem: Any
-    a: list[torch.Tensor]
-    b: list[torch.Tensor]
-    all_a: list[torch.Tensor]
-    all_b: list[torch.Tensor]
-    ranks: tuple[int, ...]
-
-
 def standin_launches(cfg: GemmRsConfig, *, M: int, N: int, K: int, world_size: int, dtype: torch.dtype,
                      device: torch.device) -> list[StandinLaunch]:  # fmt: skip
     """(kernel, arguments, options) of the Triton kernels a call of this shape launches, with 1-element
@@ -170,21 +157,13 @@ def standin_launches(cfg: GemmRsConfig, *, M: int, N: int, K: int, world_size: i
 
 
 class GemmRsFamily(GemmFamily):
-    op = _OP
-    launches = staticmethod(standin_launches)
-    config_type = GemmRsConfig
+    op, config_type, launches = _OP, GemmRsConfig, staticmethod(standin_launches)
+    split, reference_reads_all_b = ("M", "K"), True  # every rank's rows of the sum need every rank's B
 
-    def make_inputs(self, problem: Any, world: World, *, seed: int, symmetric: bool = False) -> GemmRsInputs:
-        M, N, K = (problem.dim(d) for d in self.dims)
-        W = world.world_size
-        all_a, all_b = self.draw_shards(problem, world, seed=seed, split=("M", "K"), a_shape=(M, K // W),
-                                        b_shape=(K // W, N))  # fmt: skip
-        all_b = [x.to(world.device) for x in all_b]
-        a = [all_a[r] for r in world.local_ranks]
-        a = self.in_symmetric(world, a) if symmetric else a
-        return GemmRsInputs(problem, a, [all_b[r] for r in world.local_ranks], all_a, all_b, world.local_ranks)
+    def shard_shapes(self, M: int, N: int, K: int, world_size: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        return (M, K // world_size), (K // world_size, N)
 
-    def reference(self, inputs: GemmRsInputs) -> list[torch.Tensor]:
+    def reference(self, inputs: GemmInputs) -> list[torch.Tensor]:
         every = reference(inputs.all_a, inputs.all_b)
         return [every[r] for r in inputs.ranks]
 

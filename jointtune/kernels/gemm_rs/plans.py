@@ -31,6 +31,7 @@ from jointtune.kernels.gemm_rs.args import EPI_ATOMIC, EPI_SIGNAL, EPI_STORE, Ge
 from jointtune.kernels.gemm_rs.args import tile_work as _work
 from jointtune.kernels.gemm_rs.kernel import gemm_rs_kernel, release_flag_kernel
 from jointtune.kernels.runtime.device import num_sms
+from jointtune.kernels.runtime.gemm import split_k_workspace
 from jointtune.kernels.runtime.launch import Launch
 from jointtune.kernels.runtime.signals import open_call_kernel
 from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, inbox, offset, slot_elems
@@ -66,14 +67,6 @@ def _deltas(world: World, buf: SymmetricBuffer, i: int, extra: list[int]) -> tor
     return world.int_table(
         tuple(offset(buf.peers[i][p].data_ptr(), own, elem) + extra[p] for p in range(world.world_size))
     )
-
-
-def _split_k(world: World, cfg: GemmRsConfig, tiles: int, i: int) -> tuple[Any, Any]:
-    if cfg.SPLIT_K == 1:
-        return None, None
-    ws = world.scratch("gemm_rs.splitk", tiles * cfg.BLOCK_M * cfg.BLOCK_N, torch.float32)[i]
-    counts = world.scratch("gemm_rs.splitk_counts", tiles, torch.int32)[i]
-    return ws, counts
 
 
 def _stand_in(world: World, s: RsShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -127,7 +120,7 @@ class FusedPlan:
             else:
                 dest_deltas = world.int_table(tuple(p * slot for p in range(W)))
                 src_deltas = _deltas(world, buf, i, [r * slot] * W)
-            ws, counts = _split_k(world, cfg, tiles, i)
+            ws, counts = split_k_workspace(world, "gemm_rs", cfg, tiles, i)
             a, b, out = _stand_in(world, s)
             first = (r + 1) % W if epi_reduce or cfg.tile_order == "peers_first" else r
             for n, (base, grid, has_gemm, has_reduce, epoch, programs, own_tiles) in enumerate(phases):
@@ -204,7 +197,7 @@ class CePlan:
     @staticmethod
     def _tile_gemm(world: World, cfg: GemmRsConfig, s: RsShape, rows: int, dummy: torch.Tensor, i: int) -> Launch:
         tiles = _work(cfg, rows, rows, s.N) // cfg.SPLIT_K
-        ws, counts = _split_k(world, cfg, tiles, i)
+        ws, counts = split_k_workspace(world, "gemm_rs", cfg, tiles, i)
         a, b, out = _stand_in(world, s)
         work = tiles * cfg.SPLIT_K
         args = kernel_args(cfg, s, a=a, b=b, out=out, dummy=dummy, rank=0, rows=rows, seg_rows=rows, epi=EPI_STORE,

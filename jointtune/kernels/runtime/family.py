@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from jointtune.errors import UnknownNameError
+from jointtune.errors import UnknownNameError, registered
 
 if TYPE_CHECKING:
     import torch
@@ -131,11 +131,7 @@ def unregister_family(name: str) -> None:
 def get_family(name: str) -> Family:
     if name not in _FAMILIES:
         _load_builtin_families()
-    try:
-        return _FAMILIES[name]
-    except KeyError:
-        known = ", ".join(sorted(_FAMILIES)) or "none"
-        raise UnknownNameError(f"kernel: {name!r} is not a known kernel family; known: {known}") from None
+    return registered(_FAMILIES, name, "kernel: {name} is not a known kernel family")
 
 
 def family_names() -> list[str]:

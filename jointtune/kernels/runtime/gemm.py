@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -43,6 +44,29 @@ def check_gemm_operands(a: list[torch.Tensor], b: list[torch.Tensor], world: Any
     return rows, depth, cols
 
 
+@dataclass
+class GemmInputs:
+    """Every local rank's A and B, and what the family's reference needs of all ranks' (`all_a`; `all_b` where the
+    reference sums over every rank's B, else None), drawn for one problem."""
+
+    problem: Any
+    a: list[torch.Tensor]
+    b: list[torch.Tensor]
+    all_a: list[torch.Tensor]
+    all_b: list[torch.Tensor] | None = None
+    ranks: tuple[int, ...] = ()
+
+
+def split_k_workspace(world: Any, family: str, cfg: Any, tiles: int, i: int) -> tuple[Any, Any]:
+    """(fp32 workspace, per-tile counters) of local rank index `i` where `cfg` splits K, else (None, None): scratch
+    the world keeps per family, grown to the largest call, and left zeroed by every call (`tiles.merge_split_k`)."""
+    if cfg.SPLIT_K == 1:
+        return None, None
+    ws = world.scratch(f"{family}.splitk", tiles * cfg.BLOCK_M * cfg.BLOCK_N, torch.float32)[i]
+    counts = world.scratch(f"{family}.splitk_counts", tiles, torch.int32)[i]
+    return ws, counts
+
+
 class GemmFamily(OpFamily):
     """A GEMM family: problem M x N x K (global), 2MNK FLOPs, and the Triton launches of a config compiled ahead of
     its first call from the family's `launches(cfg, M=, N=, K=, world_size=, dtype=, device=)`."""
@@ -64,23 +88,40 @@ class GemmFamily(OpFamily):
     def call_shape(self, a0: torch.Tensor, b0: torch.Tensor, world_size: int) -> dict[str, int]:
         """The problem shape (global M, N, K) of a call from its first rank's A and B."""
 
-    def draw_shards(self, problem: Any, world: Any, *, seed: int, split: tuple[str, str], a_shape: tuple[int, int],
-                    b_shape: tuple[int, int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:  # fmt: skip
-        """Every rank's A shard (on the device) and B shard (on the CPU), fresh random and scaled by K^-1/4, all drawn
-        from one seed, so each rank can build the reference on its own; ShapeError unless the `split` dims divide
-        by the world size."""
-        K, W = problem.dim("K"), world.world_size
-        if problem.world_size != W or any(problem.dim(d) % W for d in split):
-            x, y = split
+    #: the dims a problem splits over the ranks (AG+GEMM: M and N; GEMM+RS: M and K)
+    split: ClassVar[tuple[str, str]]
+    #: whether a tuner's inputs put A in symmetric memory unless it says (as the layer before would leave it)
+    symmetric_inputs: ClassVar[bool] = False
+    #: whether the reference reads every rank's B (kept on the device in `GemmInputs.all_b`), or only the local ones
+    reference_reads_all_b: ClassVar[bool] = False
+
+    @abstractmethod
+    def shard_shapes(self, M: int, N: int, K: int, world_size: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(A's, B's) shape on one rank."""
+
+    def make_inputs(self, problem: Any, world: Any, *, seed: int, symmetric: bool | None = None) -> GemmInputs:
+        """Every rank's A and B shards, fresh random and scaled by K^-1/4, all drawn from one seed on the CPU, so each
+        rank can build the reference on its own; ShapeError unless the `split` dims divide by the world size."""
+        M, N, K = (problem.dim(d) for d in self.dims)
+        W = world.world_size
+        if problem.world_size != W or any(problem.dim(d) % W for d in self.split):
+            x, y = self.split
             raise ShapeError(
                 f"shape: {x}={problem.dim(x)} and {y}={problem.dim(y)} must be divisible by world_size={W} "
                 f"(the problem says {problem.world_size})"
             )
+        a_shape, b_shape = self.shard_shapes(M, N, K, W)
         dtype = getattr(torch, problem.dtype)
         gen = torch.Generator(device="cpu").manual_seed(seed)
         all_a = [(torch.randn(*a_shape, generator=gen) / K**0.25).to(dtype).to(world.device) for _ in range(W)]
         all_b = [(torch.randn(*b_shape, generator=gen) / K**0.25).to(dtype) for _ in range(W)]
-        return all_a, all_b
+        a = [all_a[r] for r in world.local_ranks]
+        if self.symmetric_inputs if symmetric is None else symmetric:
+            a = self.in_symmetric(world, a)
+        if not self.reference_reads_all_b:
+            return GemmInputs(problem, a, [all_b[r].to(world.device) for r in world.local_ranks], all_a)
+        all_b = [x.to(world.device) for x in all_b]
+        return GemmInputs(problem, a, [all_b[r] for r in world.local_ranks], all_a, all_b, world.local_ranks)
 
     @staticmethod
     def in_symmetric(world: Any, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
