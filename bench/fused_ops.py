@@ -11,7 +11,9 @@ Per shape, each an item on the record before the next starts:
   modes get theirs in symmetric memory (no side pays a copy the other is spared; gemm_rs's symmetric reduce-scatter
   still copies its [M/W, N] result out, about a microsecond at decode sizes);
 - the anchors: torch's fused op (ag_gemm, gemm_rs), the compute alone, each collective variant alone, and the ideal
-  bound max(compute alone, best collective alone).
+  bound max(compute alone, best collective alone); for flash_decode the user's own path (`user_paths`: SDPA over the
+  rank's KV slice, one all-gather of output and LSE per variant, a torch combine), which competes with the baseline
+  variants as the best unfused path, and SDPA alone as the compute.
 Every candidate is checked against the float32 reference eagerly and after graph replays with fresh inputs copied
 into the captured tensors, then timed three ways (max over ranks, medians): GPU time behind a hold and a device
 barrier (`ag_gemm_bench.Bench`), eager wall time of back-to-back calls, and CUDA-graph replays. A graph-replay stress
@@ -35,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
 
 TOL = 2e-2
+UNFUSED_ANCHOR = "unfused_sdpa:"  # an anchor that is a user's whole unfused path: it competes as the best unfused
 CALLS = 4  # calls per captured graph
 
 
@@ -161,7 +164,8 @@ def measure(rig: Rig, fn, bench, *, check: bool = True, graphable: bool = True) 
 
 
 def anchors(rig: Rig, bench, items, tag: str, limits) -> None:
-    """torch's fused op, the compute alone and each collective variant alone, for the GEMM families."""
+    """torch's fused op (GEMM families) or the user's SDPA path (flash_decode), the compute alone, each collective
+    variant alone."""
     import torch
     import torch.distributed as dist
 
@@ -208,6 +212,25 @@ def anchors(rig: Rig, bench, items, tag: str, limits) -> None:
                 full[0].copy_(part)
                 rows = world.collective_empty((part.shape[0] // world.world_size, part.shape[1]), a.dtype, v)
                 return measure(rig, lambda: world.reduce_scatter(full, rows, collective=v), bench, check=False)
+
+            items.run(f"{tag}|anchor:collective_alone:{v}", alone)
+    elif fam.name == "flash_decode":
+        from user_paths import SdpaGatherCombine, sdpa_partial
+
+        scale = x.q[0].shape[-1] ** -0.5
+        (q,), (k,), (v_,) = x.q, x.k, x.v
+        items.run(f"{tag}|anchor:compute_alone", lambda: measure(rig, lambda: sdpa_partial(q, k, v_, scale), bench,
+                                                                 check=False))  # fmt: skip
+        for v in variants:
+            items.run(
+                f"{tag}|anchor:{UNFUSED_ANCHOR}{v}",
+                lambda v=v: measure(rig, SdpaGatherCombine(world, x.q, x.k, x.v, scale, v), bench),
+            )
+
+            def alone(v=v):
+                path = SdpaGatherCombine(world, x.q, x.k, x.v, scale, v)
+                return measure(rig, lambda: world.all_gather(path.send, out=path.every, collective=v), bench,
+                               check=False)  # fmt: skip
 
             items.run(f"{tag}|anchor:collective_alone:{v}", alone)
 
@@ -342,6 +365,14 @@ def summarize(data: dict) -> dict:
         for regime, per in entry["modes"].items():
             unfused = {k: v for k, v in per.items() if k.startswith("baseline:")}
             ours = {k: v for k, v in per.items() if not k.startswith("baseline:")}
+            for name, a in entry["anchors"].items():  # a user's own unfused path (SDPA + all-gather + combine)
+                if (
+                    name.startswith(UNFUSED_ANCHOR)
+                    and a.get(regime)
+                    and a.get("eager_error", 1) <= TOL
+                    and a.get("graph_error", 1) <= TOL
+                ):
+                    unfused[name] = {"ms": a[regime], "config": None}
             if not unfused:
                 continue
             u = min(unfused, key=lambda k: unfused[k]["ms"])

@@ -2,7 +2,8 @@
 # bench/fused_ops.py on a lent 4-GPU machine: W=4 on all GPUs, then W=2 on GPUs 0,1 and 2,3 at once (two families side
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
-# Usage: bash bench/fused_ops_device.sh PHASE   (PHASE: decode4, decode2, flash4, flash2, large4, large2)
+# Usage: bash bench/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
+#   flashlong2 tune smoke)
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -15,6 +16,10 @@ fo() { # SECONDS NPROC FAMILY SHAPES OUT [more args]
 DECODE=64x8192x8192,128x8192x8192,256x8192x8192,128x6144x4096,128x4096x14336
 FLASH=1x64x8x32768x128,8x64x8x32768x128,32x64x8x8192x128,1x40x8x32768x128,8x56x8x8192x128
 LARGE=1024x8192x8192,8192x4096x12288
+# issue 31's remaining GEMM cells (M 16, 32 and 1024 at the three (N, K)) and Flash-Decode's long caches with the user's
+# SDPA path as an anchor (two 32K shapes again, to set that anchor beside the earlier runs)
+SMALL=16x8192x8192,32x8192x8192,16x6144x4096,32x6144x4096,16x4096x14336,32x4096x14336,1024x6144x4096,1024x4096x14336
+FLASH_LONG=1x64x8x524288x128,8x64x8x524288x128,32x64x8x131072x128,8x40x8x262144x128,32x56x8x131072x128,1x64x8x32768x128,8x64x8x32768x128
 for phase in "$@"; do
   case $phase in
     decode4)
@@ -46,6 +51,15 @@ for phase in "$@"; do
       CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$LARGE" ag_gemm_large_w2.json --per-mode 2 --stress 0 --item-timeout 40 --port 29511 &
       CUDA_VISIBLE_DEVICES=2,3 fo 200 2 gemm_rs "$LARGE" gemm_rs_large_w2.json --per-mode 2 --stress 0 --item-timeout 40 --port 29512 &
       wait ;;
+    small4)
+      fo 250 4 ag_gemm "$SMALL" ag_gemm_small_w4.json --per-mode 1 --stress 100 --item-timeout 60
+      fo 210 4 gemm_rs "$SMALL" gemm_rs_small_w4.json --per-mode 1 --stress 100 --item-timeout 60 ;;
+    small2)
+      CUDA_VISIBLE_DEVICES=0,1 fo 250 2 ag_gemm "$SMALL" ag_gemm_small_w2.json --per-mode 1 --stress 100 --item-timeout 60 --port 29511 &
+      CUDA_VISIBLE_DEVICES=2,3 fo 250 2 gemm_rs "$SMALL" gemm_rs_small_w2.json --per-mode 1 --stress 100 --item-timeout 60 --port 29512 &
+      wait ;;
+    flashlong4) fo 130 4 flash_decode "$FLASH_LONG" flash_decode_long_w4.json --per-mode 1 --stress 0 --item-timeout 60 ;;
+    flashlong2) CUDA_VISIBLE_DEVICES=0,1 fo 150 2 flash_decode "$FLASH_LONG" flash_decode_long_w2.json --per-mode 1 --stress 0 --item-timeout 60 ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
 done
