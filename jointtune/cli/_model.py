@@ -1,7 +1,7 @@
 """`jointtune tune --model CONFIG --tp W --tokens ... --kv-lens ...`: every fused-op shape of a model, one sweep.
 
-The model's ops (`jointtune.tp.shapes`) become jobs (`autotune.sweeps.models`), tuned by the same machinery as any
-sweep (resume, live progress, ETA, the tuned table, `--report`); the run ends with the model's per-layer table
+The model's ops (`jointtune.tp.shapes`) become jobs (`autotune.workers.sweeps.models`), tuned by the same machinery as
+any sweep (resume, live progress, ETA, the tuned table, `--report`); the run ends with the model's per-layer table
 (each op's shape per token count and layout, the chosen mode, its speedup against the best unfused path, and the
 sequence-parallel layer's fused ops together), and `--export FILE` writes the tuned records of exactly these
 shapes as a bundle (`jointtune import FILE` on the serving machines).

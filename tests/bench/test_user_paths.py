@@ -12,8 +12,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 from user_paths import SdpaGatherCombine  # noqa: E402
 
-from jointtune.kernels import get_family  # noqa: E402
-from jointtune.kernels.world import create_world  # noqa: E402
+from jointtune.kernels import create_world, get_family  # noqa: E402
 from jointtune.search_spaces import get_space  # noqa: E402
 
 

@@ -138,7 +138,7 @@ class JobModel(TuningModel):
 
 
 class ModelJobModel(TuningModel):
-    """A model's decoder layer: its fused-op shapes at each TP degree (`autotune.sweeps.models`)."""
+    """A model's decoder layer: its fused-op shapes at each TP degree (`autotune.workers.sweeps.models`)."""
 
     model: str = Field(min_length=1)
     tp: int | Annotated[list[int], Field(min_length=1)]  # each checked against the model (ModelConfig.check_tp)
@@ -178,7 +178,7 @@ class SweepFile:
     name: str
     imports: tuple[str, ...]
     profiles: dict[str, tuple[Job, ...]]
-    #: per profile, the model plans (`autotune.sweeps.models.ModelPlan`) its `model:` jobs expanded into
+    #: per profile, the model plans (`autotune.workers.sweeps.models.ModelPlan`) its `model:` jobs expanded into
     models: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def jobs(self, profile: str) -> tuple[Job, ...]:
@@ -264,7 +264,7 @@ def _jobs(
 
 def _model_jobs(loc: tuple[Any, ...], model: ModelJobModel, base: TuneSettings, problems: _Problems,
                 timings: list[str]) -> tuple[list[Job], list[Any]]:  # fmt: skip
-    """A `model:` job's jobs, one plan per TP degree and dtype (`autotune.sweeps.models`)."""
+    """A `model:` job's jobs, one plan per TP degree and dtype (`autotune.workers.sweeps.models`)."""
     from jointtune.autotune.workers.sweeps.models import model_plan
 
     where = _loc(loc)
