@@ -160,3 +160,40 @@ def test_the_rooms_import_each_other_only_as_their_docstrings_say() -> None:
     assert {t for t in reached["runtime"] if ".workers" in t} == {"jointtune.autotune.workers.online"}
     assert not {t for t in reached["tuner"] if ".runtime" in t or ".workers" in t}
 
+
+BENCH = ROOT.parent / "bench"
+
+
+def _bench_private_uses(path: Path) -> Iterator[str]:
+    """`line: what` for each private jointtune name a bench script reaches: a private module or name imported, or a
+    private attribute of an imported jointtune module or object (`ag._plan_key`)."""
+    tree = ast.parse(path.read_text())
+    bound: set[str] = set()  # local names of imported jointtune modules and objects
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("jointtune"):
+                    bound.add((alias.asname or alias.name).split(".")[0])
+                    if _private_owner(alias.name):
+                        yield f"{node.lineno}: import {alias.name}"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jointtune"):
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+                if _private_owner(node.module) or _private_owner(f"{node.module}.{alias.name}"):
+                    yield f"{node.lineno}: from {node.module} import {alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in bound:
+                yield f"{node.lineno}: {ast.unparse(node)}"
+
+
+def test_bench_uses_only_public_names() -> None:
+    """The benchmarks use what the package offers its users: an internal rename must not break them."""
+    scripts = sorted(BENCH.rglob("*.py"))
+    assert len(scripts) > 20  # the scanner sees the benchmarks
+    bad = [f"{p.relative_to(BENCH.parent)}:{use}" for p in scripts for use in _bench_private_uses(p)]
+    assert not bad, "private jointtune names in bench/ (make them public API, with a docstring):\n" + "\n".join(bad)
+

@@ -208,7 +208,7 @@ def nearest_lookup(dims: tuple[str, ...], versioned: bool) -> sa.Select:
     for their full rows in the same statement (so a winner deleted meanwhile can't fail the lookup,
     as it could when ranking and reading were two statements). Summing per-dim rows instead made PostgreSQL
     hash-join the whole dims table (about 30 ms a lookup at 100k records, measured with
-    bench/service_load.py's data); sorting full rows instead of ids costs 1-2 ms more at 2,500
+    bench/service/service_load.py's data); sorting full rows instead of ids costs 1-2 ms more at 2,500
     candidates. The exact shape scores 0 exactly. Dims are summed in the query's order, as
     `distance` has always been computed.
     """

@@ -210,7 +210,7 @@ class Store(contextlib.AbstractContextManager):
 
         JSON text, not Records: an export page is the one read that grows with the store, and
         splicing the database's own JSON of `shape` and `config` costs a fifth of loading them into
-        Python objects and dumping them again (measured by bench/export_vs_lookup.py's author)."""
+        Python objects and dumping them again (measured by bench/service/export_vs_lookup.py's author)."""
         check_page(limit, after)
         stmt = q.export_json(hardware_id=hardware_id, kernel=kernel, after=after, limit=limit)
         rows = self._run("exporting records", lambda s: s.execute(stmt).all(), write=False)

@@ -11,6 +11,7 @@ Example:
 from jointtune.families import BUILTIN_FAMILIES
 from jointtune.search_spaces._anchors import ANCHOR_DTYPE, ANCHOR_WORLD_SIZE, ANCHORS, anchor_problems
 from jointtune.search_spaces._config import canonical_json, config_hash
+from jointtune.search_spaces._gemm import row_tile
 from jointtune.search_spaces._params import (
     Condition,
     Constraint,
@@ -67,6 +68,7 @@ __all__ = [
     "parse_shape",
     "pow2",
     "register_space",
+    "row_tile",
     "space_names",
     "unregister_space",
     "when",

@@ -144,7 +144,7 @@ class EagerGraphs:
         self._replays: dict[tuple[Any, ...], _Replay] = {}
         self._seen: set[tuple[Any, ...]] = set()
         self._direct: set[tuple[Any, ...]] = set()  # call sites that run directly for good
-        #: eager calls replayed so far (a count to check against, as `bench/gpu_smoke.py` does)
+        #: eager calls replayed so far (a count to check against, as `bench/ops/gpu_smoke.py` does)
         self.replays = 0
 
     def call(

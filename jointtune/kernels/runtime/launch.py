@@ -102,6 +102,13 @@ class Launch:
             for i in self._index:  # don't keep the caller's tensors alive (or visible to torch's graph trees)
                 argv[i] = None
 
+    @property
+    def direct(self) -> bool:
+        """Whether a call hands its arguments straight to the compiled kernel (the cheap path, taken from the first
+        call's compile on), rather than through Triton's own launch path (the interpreter, a profiler's launch hook,
+        a slot whose alignment differs): what a benchmark of the host's cost per call reports."""
+        return self._compiled is not None
+
     def named(self) -> dict[str, Any]:
         """The fixed arguments by name (the slots read None between calls)."""
         return dict(zip(self.kernel.arg_names, self._argv))

@@ -52,6 +52,12 @@ class Prepared:
         for name, value in zip(names, values):
             setattr(self, name, value)
 
+    @property
+    def plan(self) -> Any:
+        """The launch plan this call re-issues, as its world keeps it: for benchmarks that look at its prepared
+        launches (`runtime.launch.Launch`, found in its attributes); its layout is the family's own."""
+        return self._plan
+
     def run(self) -> list[torch.Tensor]:
         bound = self._bound(self)
         self._plan(*bound)

@@ -24,7 +24,7 @@ value through shared memory behind a barrier), a barrier, then every thread load
 causality transitive through the CTA barrier (morally strong at CTA scope) and the system-scope release and
 acquire, so each thread's stores are visible to each reading thread, past any stale L1 line. `release_flag`
 and `wait_flag` take their barriers themselves; a kernel that releases through a counter puts one before it.
-`bench/handoff_litmus.py` checks the pattern on a GPU (and that a reader without the acquire reads stale data).
+`bench/ops/handoff_litmus.py` checks the pattern on a GPU (and that a reader without the acquire reads stale data).
 """
 
 from __future__ import annotations
@@ -78,7 +78,9 @@ def publish_call(state_ptr, epoch, num_programs):
 
 @triton.jit
 def release_flag(flag_ptrs_ptr, rank, index, epoch, WORLD: tl.constexpr):
-    # flag `index` (this rank's) at every peer := epoch, publishing this program's earlier writes (all threads')
+    """Flag `index` (this rank's) at every peer := `epoch`, publishing this program's earlier writes (all threads'):
+    a barrier, then one system-scope release per peer. `flag_ptrs_ptr`: every rank's flag buffer address, by rank.
+    The writer's half of every handoff between ranks (module doc); bench/ops/handoff_litmus.py checks it on GPUs."""
     tl.debug_barrier()
     for j in range(1, WORLD):
         peer = (rank + j) % WORLD
@@ -88,6 +90,8 @@ def release_flag(flag_ptrs_ptr, rank, index, epoch, WORLD: tl.constexpr):
 
 @triton.jit
 def wait_flag(flag_ptr, epoch):
+    """Wait until the flag at `flag_ptr` reaches `epoch`; what its writer released before it (`release_flag`) is then
+    visible to every thread of this program. The reader's half of every handoff (module doc)."""
     # Poll with plain volatile loads (no read-modify-write for the writer's atomic to queue behind), then
     # acquire once: what the writer released before the flag is visible to this program after it. The
     # acquiring read's value must be used: Triton (3.6 to 3.9) folds away a scalar `atomic_add(p, 0)` whose
@@ -255,9 +259,10 @@ def allgather_push_kernel(
 @triton.jit(do_not_specialize=["rank", "n_chunks", "chunk"])
 def release_chunk_kernel(flag_ptrs_ptr, flags_ptr, state_ptr, rank, n_chunks, chunk, WORLD: tl.constexpr,
                          WAIT_ALL: tl.constexpr):  # fmt: skip
-    # Queued behind the copy engine's copies of `chunk` into every peer: stream order puts them before
-    # this kernel, the system-scope release publishes them with the flag. WAIT_ALL: then wait for every
-    # peer's chunks (a gather-then-GEMM call on a world whose ranks run at once).
+    """One program that raises this rank's flag of `chunk` at every peer (epoch from the call state at `state_ptr`).
+    Queued behind the copy engine's copies of `chunk` into every peer: stream order puts them before this kernel,
+    the system-scope release publishes them with the flag. WAIT_ALL: then wait for every peer's chunks (a
+    gather-then-GEMM call on a world whose ranks run at once). bench/ag_gemm/ag_gemm_anatomy.py times it alone."""
     epoch = tl.load(state_ptr)
     release_flag(flag_ptrs_ptr, rank, rank * n_chunks + chunk, epoch, WORLD)
     if WAIT_ALL:
@@ -266,7 +271,9 @@ def release_chunk_kernel(flag_ptrs_ptr, flags_ptr, state_ptr, rank, n_chunks, ch
 
 @triton.jit(do_not_specialize=["rank", "n_chunks", "p_lo", "p_hi", "c_lo", "c_hi"])
 def wait_chunks_kernel(flags_ptr, state_ptr, rank, n_chunks, p_lo, p_hi, c_lo, c_hi):
-    # One program: the stream's next kernel (a library GEMM) starts only after these chunks arrived.
+    """One program that waits for chunks [c_lo, c_hi] of peers [p_lo, p_hi] (offsets from `rank`) of this call:
+    the stream's next kernel (a library GEMM) starts only after they arrived. bench/ag_gemm/ag_gemm_anatomy.py and
+    ag_gemm_host.py time it alone."""
     wait_chunks(flags_ptr, tl.load(state_ptr), rank, n_chunks, p_lo, p_hi, c_lo, c_hi)
 
 

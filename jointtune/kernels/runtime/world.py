@@ -160,6 +160,15 @@ class World(ABC):
             self._scratch[key] = bufs
         return bufs
 
+    def held(self, name: str, dtype: torch.dtype) -> SymmetricBuffer | None:
+        """The symmetric buffer `name` of `dtype` as the world holds it now, or None; allocates nothing (unlike
+        `symmetric`): for diagnostics that read what a call left in a family's buffer."""
+        return self._buffers.get((name, dtype))
+
+    def held_scratch(self, name: str, dtype: torch.dtype) -> list[torch.Tensor] | None:
+        """The scratch buffer `name` of `dtype` per local rank as the world holds it now, or None (see `held`)."""
+        return self._scratch.get((name, dtype))
+
     def symmetric(self, name: str, shape: Sequence[int], dtype: torch.dtype, *, zero: bool = False) -> SymmetricBuffer:
         """The buffer `name`, at least `prod(shape)` elements, reused across calls."""
         numel = 1
