@@ -7,12 +7,16 @@
     python bench/tuner/tuner_experiments.py tables tune.db --out bench/results --tag 2xH200_2026-11-22
     python bench/tuner/tuner_experiments.py compare bench/results/ground_truth_*.json \
         --out bench/results/strategies.json
+    python bench/tuner/tuner_experiments.py curves bench/results/ground_truth_*.json \
+        --out bench/results/tuner_curves.json
 
 `tables` turns every exhaustive study into a replay table (each config's measured p50 in µs, null
 for a config that failed): the ground truth. `compare` replays search strategies against those
 tables over many seeds (same budget each) and reports how many measured trials each needed to get
 within 3% of the exhaustive best, and the gap left after the budget: sample efficiency (experiment
-2) and joint vs two-stage tuning (experiment 1) on the same GPU-measured latencies.
+2) and joint vs two-stage tuning (experiment 1) on the same GPU-measured latencies. `curves` (issue 34) replays
+the tuner itself (its start, then TPE) for 3 seeds per table and writes best-so-far against trials, one panel per
+family and world size: the JSON always, the PNG where matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -146,6 +150,90 @@ def run_compare(args: argparse.Namespace) -> None:
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
+def _best_so_far(curve: list[float | None], trials: int) -> list[float | None]:
+    """Best latency after each measured trial (None until one succeeded), held flat past the curve's end."""
+    out, best = [], None
+    for value in curve:
+        if value is not None and (best is None or value < best):
+            best = value
+        out.append(best)
+    return out + [best] * (trials - len(out))
+
+
+def run_curves(args: argparse.Namespace) -> None:
+    """Best-so-far against trials of the tuner's own strategy, `args.seeds` seeds per table, grouped by family and
+    world size; trials to within `args.tolerance` of the exhaustive best per seed."""
+    panels: dict[str, list[dict]] = {}
+    devices = set()
+    for path in args.tables:
+        devices.add(json.loads(Path(path).read_text()).get("device", "unknown"))
+        table = ReplayTable.load(path)
+        best = table.best_us
+        target = best * (1 + args.tolerance)
+        runs = []
+        for seed in range(args.seeds):
+            curve = replay(table, args.strategy, trials=args.trials, seed=seed)
+            so_far = _best_so_far(curve, args.trials)
+            needed = next((i for i, v in enumerate(so_far, 1) if v is not None and v <= target), None)
+            runs.append({"seed": seed, "best_so_far_us": so_far, "trials_to_target": needed})
+        panel = f"{table.space.name} W={table.problem.world_size}"
+        panels.setdefault(panel, []).append(
+            {"table": str(path), "shape": _shape_text(table), "configs": len(table.latencies), "best_us": best,
+             "runs": runs}
+        )  # fmt: skip
+        hits = [r["trials_to_target"] for r in runs]
+        print(f"{panel} {_shape_text(table)}: best {best:.1f} µs; trials to within {args.tolerance:.0%}: {hits}")
+    out = Path(args.out)
+    report = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": "replayed on the CPU; latencies measured on " + ", ".join(sorted(devices)),
+        "command": " ".join(["python", *sys.argv]),
+        "strategy": args.strategy,
+        "seeds": args.seeds,
+        "trials": args.trials,
+        "tolerance": args.tolerance,
+        "panels": panels,
+    }
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    try:
+        _curves_by_panel_png(report, out.with_suffix(".png"))
+    except ImportError:
+        print(f"wrote {out} (matplotlib is not installed: no plot)")
+        return
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+def _curves_by_panel_png(report: dict, path: Path) -> None:
+    """One panel per family and world size: each table's seeds as gap to its exhaustive best (%) per trial."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = report["panels"]
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (name, tables) in zip(axes.flat, panels.items()):
+        for i, entry in enumerate(tables):
+            for run in entry["runs"]:
+                gaps = [None if v is None else 100 * (v / entry["best_us"] - 1) for v in run["best_so_far_us"]]
+                label = entry["shape"] if run["seed"] == 0 else None
+                ax.plot(range(1, len(gaps) + 1), gaps, color=colors[i % len(colors)], alpha=0.75, label=label)
+        ax.axhline(100 * report["tolerance"], color="grey", linestyle=":", label=f"{report['tolerance']:.0%}")
+        ax.set_yscale("symlog", linthresh=1)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("measured trials")
+        ax.set_ylabel("best so far: gap to exhaustive best (%)")
+        ax.set_title(f"{name} ({report['strategy']}, {report['seeds']} seeds each)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
@@ -162,8 +250,15 @@ def main() -> None:
     c.add_argument("--seeds", type=int, default=20)
     c.add_argument("--trials", type=int, default=48)
     c.add_argument("--tolerance", type=float, default=0.03)
+    v = sub.add_parser("curves", help="best-so-far against trials of the tuner, per family and world size")
+    v.add_argument("tables", nargs="+")
+    v.add_argument("--out", required=True, help="JSON path; the PNG goes next to it (with matplotlib)")
+    v.add_argument("--strategy", default="tpe-warm", choices=STRATEGIES, help="tpe-warm: the tuner's own")
+    v.add_argument("--seeds", type=int, default=3)
+    v.add_argument("--trials", type=int, default=24)
+    v.add_argument("--tolerance", type=float, default=0.03)
     args = ap.parse_args()
-    tables(args) if args.what == "tables" else run_compare(args)
+    {"tables": tables, "compare": run_compare, "curves": run_curves}[args.what](args)
 
 
 if __name__ == "__main__":

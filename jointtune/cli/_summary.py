@@ -167,6 +167,10 @@ def print_summary(
         line += f", {len(already)} already tuned"
     _say(console, line + f"; a fused mode beat the baseline on {len(fused)} of {len(results)}", style="bold")
     _say(console, f"results: the store at {redact_url(url)} (best config per shape; trial history in its studies)")
+    if now:
+        _say(console, "how each shape went (why it stopped, proposals the space refused, warm starts):")
+        for r in now:
+            _say(console, f"  {r.summary_line()}")
     if report is not None:
         paths = write_report_now(results, report)
         _say(console, f"report:  {len(paths)} files in {report}/ (tuning curves as PNG, results.json)")

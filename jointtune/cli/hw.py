@@ -23,7 +23,8 @@ def hw(
         typer.Option("--gpus-per-node", help="GPUs a node gives the job (default: those torch sees)."),
     ] = None,
 ) -> None:
-    """Show the hardware fingerprint: key fields (they make the hardware id) and recorded versions."""
+    """Show the hardware fingerprint: key fields (they make the hardware id), the architecture derived from them
+    (GPUs of one architecture share warm starts) and recorded versions."""
     from jointtune.hardware import KEY_FIELDS, detect
 
     fingerprint = detect(gpus_per_node=gpus_per_node)
@@ -43,5 +44,6 @@ def hw(
         if field == "hardware_id":
             continue
         shown = "-" if value is None else ".".join(map(str, value)) if isinstance(value, list) else str(value)
-        table.add_row(field, shown, "key" if field in KEY_FIELDS else "recorded")
+        role = "key" if field in KEY_FIELDS else "derived" if field == "arch" else "recorded"
+        table.add_row(field, shown, role)
     Console().print(table)

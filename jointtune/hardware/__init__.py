@@ -33,6 +33,8 @@ from jointtune.hardware._fingerprint import (
     KEY_FIELDS,
     HardwareError,
     HardwareFingerprint,
+    arch_name,
+    arch_of,
     memory_bucket_gib,
     normalize_gpu_name,
 )
@@ -44,6 +46,8 @@ __all__ = [
     "KEY_FIELDS",
     "HardwareError",
     "HardwareFingerprint",
+    "arch_name",
+    "arch_of",
     "available_collectives",
     "cpu_fingerprint",
     "current_limits",

@@ -12,6 +12,11 @@ The *key fields* (`KEY_FIELDS`) say what "alike" means; they alone make `hardwar
     interconnect        "nvlink", "pcie-p2p" or "none" between those GPUs (worst pair decides)
     nvlink_links        NVLink links per GPU pair, fewest over the pairs; 0 without NVLink
 
+The *architecture* (`arch`, "sm_90" for H100 and H200 alike, "cpu" for the interpreter) is derived from the
+compute capability and shown beside the key fields (`to_json`, `arch_of` for a stored profile or a bare id): the
+tuner takes tuned configs of the same shape on another GPU of the same architecture as warm starts (a prior, never
+the answer), since those GPUs run the same kernels with the same limits.
+
 Only *recorded* (shown to people, never keyed, so a driver or library update keeps every stored
 result): the name as reported, driver, CUDA/HIP runtime, torch and Triton versions, CPU model, and
 where the topology was read from. `hardware_id` is a readable slug plus the first 8 hex digits of a
@@ -66,6 +71,32 @@ _MEMORY_WORD = re.compile(r"^(\d+(gb|g|gib)|hbm\d*e?|gddr\d*x?)$")
 _FORM_WORDS = {"sxm": re.compile(r"^sxm\d*$"), "pcie": re.compile(r"^pcie\d*$"), "nvl": re.compile(r"^nvl$")}
 _MULTI_FORM = frozenset({"v100", "a100", "a800", "h100", "h800", "h200", "b100", "b200"})
 _SLUG = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+
+
+_ID_ARCH = re.compile(r"-sm(\d+)(\d)-")
+
+
+def arch_name(compute_capability: Sequence[int]) -> str:
+    """The architecture of a compute capability as `nvcc` names it: (9, 0) -> "sm_90", (10, 0) -> "sm_100"; the
+    interpreter's (0, 0) -> "cpu"."""
+    major, minor = (int(v) for v in compute_capability)
+    return "cpu" if (major, minor) == (0, 0) else f"sm_{major}{minor}"
+
+
+def arch_of(hardware_id: str, fingerprint: Mapping[str, Any] | None = None) -> str | None:
+    """The architecture of a stored hardware profile: from its fingerprint (`arch`, else its compute capability),
+    else from its id as `hardware_id` writes it ("h100-sxm-sm90-x8-nvlink-..." -> "sm_90"); None when neither says.
+    Profiles stored before `arch` existed, and placeholders with an empty fingerprint, are read the same way."""
+    data = fingerprint or {}
+    if isinstance(data.get("arch"), str) and data["arch"]:
+        return str(data["arch"])
+    cc = data.get("compute_capability")
+    if isinstance(cc, Sequence) and not isinstance(cc, str) and len(cc) == 2 and all(_is_count(v) for v in cc):
+        return "cpu" if data.get("name") == CPU_NAME else arch_name(cc)
+    if hardware_id.startswith(CPU_NAME + "-"):
+        return "cpu"
+    match = _ID_ARCH.search(hardware_id)
+    return f"sm_{match.group(1)}{match.group(2)}" if match else None
 
 
 class HardwareError(JointtuneError, ValueError):
@@ -156,6 +187,11 @@ class HardwareFingerprint:
     def is_interpreter(self) -> bool:
         return self.name == CPU_NAME
 
+    @property
+    def arch(self) -> str:
+        """The GPU architecture ("sm_90"), "cpu" for the interpreter: not a key field (the compute capability is)."""
+        return "cpu" if self.is_interpreter else arch_name(self.compute_capability)
+
     def key_dict(self) -> dict[str, Any]:
         """The key fields as plain JSON values: what `hardware_id` hashes."""
         data = {f: getattr(self, f) for f in KEY_FIELDS}
@@ -174,15 +210,16 @@ class HardwareFingerprint:
         return "-".join(parts)
 
     def to_json(self) -> dict[str, Any]:
-        """Every field plus `hardware_id` (for people and fixtures; `from_json` recomputes it)."""
+        """Every field plus `arch` and `hardware_id` (for people and fixtures; `from_json` recomputes both)."""
         data = asdict(self)
         data["compute_capability"] = list(self.compute_capability)
+        data["arch"] = self.arch
         data["hardware_id"] = self.hardware_id
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> HardwareFingerprint:
-        """Rebuild from `to_json()` output; unknown keys (such as `hardware_id`) are ignored."""
+        """Rebuild from `to_json()` output; unknown and derived keys (`arch`, `hardware_id`) are ignored."""
         missing = [f for f in KEY_FIELDS if f not in data]
         if missing:
             raise HardwareError(f"fingerprint: fields {missing} are missing; required: {list(KEY_FIELDS)}")

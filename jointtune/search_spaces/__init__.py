@@ -25,6 +25,7 @@ from jointtune.search_spaces._params import (
     format_value,
     next_pow2,
     pow2,
+    rule_field,
     when,
 )
 from jointtune.search_spaces._problem import DTYPE_BYTES, DeviceLimits, Problem, normalize_dtype
@@ -69,6 +70,7 @@ __all__ = [
     "pow2",
     "register_space",
     "row_tile",
+    "rule_field",
     "space_names",
     "unregister_space",
     "when",

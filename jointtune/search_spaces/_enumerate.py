@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from jointtune.search_spaces._space import Space
 
 Partial = dict[str, Value]
+#: a structural assignment and its components' valid partial configs (every component non-empty)
+Branch = tuple[Partial, list[list[Partial]]]
 
 
 class _Plan:
@@ -127,3 +129,38 @@ def iter_configs(space: Space, ctx: Context, where: Mapping[str, Value]) -> Iter
             for part in combo:
                 merged.update(part)
             yield {name: merged[name] for name in sorted(merged, key=plan.order.__getitem__)}
+
+
+def valid_branches(space: Space, ctx: Context, where: Mapping[str, Value]) -> list[Branch]:
+    """The branches that hold valid configs, in enumeration order; cached on the space per (context, `where`), so
+    the tuner's many questions about one problem (nearest valid config, the config at an index) solve it once."""
+    key = (tuple(sorted(ctx.items())), tuple(sorted(where.items())))
+    found = space._plans.get(key)
+    if found is None:
+        found = [(assign, comps) for assign, comps in _Plan(space, ctx, where).branches() if all(comps)]
+        if len(space._plans) > 64:
+            space._plans.clear()
+        space._plans[key] = found
+    return found
+
+
+def config_at(space: Space, ctx: Context, where: Mapping[str, Value], index: int) -> Partial | None:
+    """The config `iter_configs` yields at `index` (None past the end), found without walking to it: the branch
+    by its count, then each component's part by mixed radix, the last component varying fastest."""
+    order = {p.name: i for i, p in enumerate(space.params)}
+    for assign, components in valid_branches(space, ctx, where):
+        size = 1
+        for parts in components:
+            size *= len(parts)
+        if index >= size:
+            index -= size
+            continue
+        merged = dict(assign)
+        picks = []
+        for parts in reversed(components):
+            index, at = divmod(index, len(parts))
+            picks.append(parts[at])
+        for part in reversed(picks):
+            merged.update(part)
+        return {name: merged[name] for name in sorted(merged, key=order.__getitem__)}
+    return None

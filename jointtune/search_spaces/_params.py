@@ -182,6 +182,12 @@ class Constraint:
         return {"name": self.name, "fields": list(self.fields), "rule": self.rule}
 
 
+def rule_field(message: str) -> str:
+    """The field (or rule, such as "shared memory") a constraint's message names first: "kv_split: 512 is not
+    allowed..." -> "kv_split". What the tuner counts refused and moved proposals by."""
+    return message.split(":", 1)[0].strip() or message[:40]
+
+
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()

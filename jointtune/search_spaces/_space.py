@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jointtune.errors import SpaceError
 from jointtune.search_spaces._collectives import collective_mask
 from jointtune.search_spaces._config import canonical_json, config_hash
-from jointtune.search_spaces._enumerate import count_configs, iter_configs
+from jointtune.search_spaces._enumerate import config_at, count_configs, iter_configs, valid_branches
+from jointtune.search_spaces._nearest import nearest
 from jointtune.search_spaces._params import (
     Condition,
     Constraint,
@@ -38,6 +40,8 @@ from jointtune.search_spaces._shape import example_shape, parse_shape
 
 if TYPE_CHECKING:
     import optuna
+
+    from jointtune.search_spaces._sampler import ValidSampler
 
 
 def _setting(p: Param, config: Mapping[str, Value]) -> str:
@@ -66,7 +70,8 @@ class Space:
     `derive(problem)` adds numbers the constraints read (e.g. rows per rank `R`); `check_problem`
     rejects shapes the family can't run; `default(ctx)` gives a config valid for every problem;
     `seeds(ctx)` names a few configs worth a tuner's first trials in this regime (those the problem
-    allows are tried after the default; they change no record's meaning, so not the version).
+    allows are tried after the default; they change no record's meaning, so not the version); `starts(ctx)`
+    one reasonable config per mode, from which `mode_starts` covers every mode the seeds and default miss.
     Bump `revision` whenever constraint code or the default changes meaning.
     """
 
@@ -85,6 +90,7 @@ class Space:
         nondeterministic: Sequence[str] = (),
         dtypes: Sequence[str] = tuple(DTYPE_BYTES),
         seeds: Callable[[Context], Sequence[Mapping[str, Value]]] | None = None,
+        starts: Callable[[Context], Sequence[Mapping[str, Value]]] | None = None,
         example: Sequence[int] | None = None,
         stored: Callable[[Problem], Problem] | None = None,
     ) -> None:
@@ -94,6 +100,7 @@ class Space:
         #: a real shape in `dims` order, as messages show how to write one (default: 4096x8192x...)
         self.example = "x".join(map(str, self._example)) if self._example else example_shape(len(dims))
         self._seeds = seeds
+        self._starts = starts
         #: element types the family's kernels run (a problem of another dtype is refused before any trial)
         self.dtypes = tuple(dtypes)
         #: modes whose results may differ in the last bits between identical calls (atomic reductions):
@@ -113,6 +120,8 @@ class Space:
         #: {param: allowed values} that narrowed the registered space to this one ({} for a full space)
         self.restriction: dict[str, list[Value]] = {}
         self._contexts: dict[tuple[Problem, DeviceLimits], dict[str, int]] = {}
+        #: valid branches per (context, pinned values): `_enumerate.valid_branches`, for `nearest_valid`, `config_at`
+        self._plans: dict[tuple, list] = {}
         self._check_definition()
         #: params that conditions read: enumeration branches on them before the rest
         self.structural = frozenset(f for p in self.params if p.when for f in p.when.fields)
@@ -232,6 +241,7 @@ class Space:
             nondeterministic=[m for m in self.nondeterministic if m in kept.get("mode", ())],
             dtypes=self.dtypes,
             seeds=self._seeds,
+            starts=self._starts,
             example=self._example,
             stored=self._stored,
         )
@@ -301,6 +311,15 @@ class Space:
             if p.when is None or p.when.holds(config):
                 config[p.name] = trial.suggest_categorical(p.name, list(p.choices))
         return config
+
+    def sampler(
+        self, base: optuna.samplers.BaseSampler, problem: Problem, limits: DeviceLimits, *, seed: int = 0
+    ) -> ValidSampler:
+        """`base` made to propose only configs this space takes for `problem` on this device (`_sampler`): a
+        proposal that breaks a rule is moved to the nearest valid config instead of being refused."""
+        from jointtune.search_spaces._sampler import ValidSampler
+
+        return ValidSampler(base, self, problem, limits, seed=seed)
 
     def distributions(self) -> dict[str, optuna.distributions.CategoricalDistribution]:
         """Each param's Optuna distribution, for `optuna.trial.create_trial` when importing results."""
@@ -401,6 +420,45 @@ class Space:
             )
         return best
 
+    def nearest_valid(
+        self,
+        config: Mapping[str, Any],
+        problem: Problem,
+        limits: DeviceLimits,
+        *,
+        pinned: Mapping[str, Any] | None = None,
+        seed: int = 0,
+    ) -> dict[str, Value] | None:
+        """The valid config nearest to `config` (same mode where that mode has one; `_nearest` says how near is
+        measured), keeping `pinned` values as given; None when no valid config has them. Ties are broken by
+        `seed`, so the same call always answers the same."""
+        found = valid_branches(self, self.context(problem, limits), self._where(pinned))
+        return nearest(self, found, dict(config), random.Random(seed))
+
+    def mode_starts(self, problem: Problem, limits: DeviceLimits) -> list[dict[str, Value]]:
+        """One valid config for every mode this problem allows, in the order of `modes`: the first of the seeds,
+        the default, the baseline and the family's starts (`starts`) of that mode that the problem takes, else the
+        valid config of that mode nearest to the first of them. A tuner's start covers every mode with these
+        (issue 34: a short tune that never tried the copy engine missed most of the gain). Empty without `mode`."""
+        if not self.modes:
+            return []
+        ctx = self.context(problem, limits)
+        candidates = [*(self._seeds(ctx) if self._seeds else ()), self._default(ctx), self.baseline(problem, limits)]
+        candidates += self._starts(ctx) if self._starts else ()
+        out = []
+        for mode in self.modes:
+            if not self.count(problem, limits, where={"mode": mode}):
+                continue
+            mine = [c for c in candidates if c.get("mode") == mode]
+            valid = [canonical for canonical, errors in (self._check(c, ctx) for c in mine) if not errors]
+            if valid:
+                out.append(valid[0])
+                continue
+            near = self.nearest_valid(mine[0] if mine else {"mode": mode}, problem, limits, pinned={"mode": mode})
+            if near is not None:
+                out.append(near)
+        return out
+
     def seeds(self, problem: Problem, limits: DeviceLimits) -> list[dict[str, Value]]:
         """The space's seed configs this problem and device allow (canonical), for a tuner's first trials."""
         if self._seeds is None:
@@ -434,6 +492,13 @@ class Space:
     ) -> Iterator[dict[str, Value]]:
         """Every valid config (optionally only those with the given field values), in a fixed order."""
         return iter_configs(self, self.context(problem, limits), self._where(where))
+
+    def config_at(
+        self, index: int, problem: Problem, limits: DeviceLimits, *, where: Mapping[str, Any] | None = None
+    ) -> dict[str, Value] | None:
+        """The config `enumerate` yields at `index` (None past its end), without walking to it: a uniform draw of
+        the valid configs is `config_at(rng.randrange(count(...)))`."""
+        return config_at(self, self.context(problem, limits), self._where(where), index)
 
     def count(self, problem: Problem, limits: DeviceLimits, *, where: Mapping[str, Any] | None = None) -> int:
         """How many configs `enumerate` yields, without building them."""

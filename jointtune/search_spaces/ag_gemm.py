@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from jointtune.search_spaces._collectives import ALL_GATHER, collective_available, collective_param
 from jointtune.search_spaces._gemm import (
+    BIG_TILE,
     ce_params,
     comm_constraints,
     mode_param,
@@ -74,6 +75,24 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     return [
         {"mode": "push", "comm_sms": 8, "chunk_m": one_chunk(ctx["R"]), **tile},
         {"mode": "pull", **tile},
+    ]
+
+
+def _starts(ctx: Context) -> list[dict[str, Value]]:
+    """One config per mode for a tuner's start, sized by the rows per rank (so by the world size): one row tile over
+    up to 128 rows, else the large fused tile; half of R per pushed chunk from 2048 rows (`default_chunk_m`); the
+    copy engine in one chunk below 2048 rows per rank, two from there; both push_cublas forms (whichever the default
+    is not). Not measured per world size yet: the start only has to land in each mode's good region."""
+    R = ctx["R"]
+    tile = row_tile(ctx["M"]) if ctx["M"] <= 128 else dict(BIG_TILE)
+    chunk = default_chunk_m(R) or one_chunk(R)
+    sms = 1 << (min(16, max(1, ctx["num_sms"] // 4)).bit_length() - 1)
+    return [
+        {"mode": "pull", **tile},
+        {"mode": "push", "comm_sms": sms, "chunk_m": chunk, **tile},
+        {"mode": "push_cublas", "push_by": "sm", "gemm_order": "gathered", "comm_sms": sms},
+        {"mode": "push_cublas", "push_by": "ce", "gemm_order": "local_first", "chunk_m": chunk},
+        {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1 if R < LOCAL_FIRST_FROM_ROWS else 2},
     ]
 
 
@@ -136,4 +155,5 @@ AG_GEMM = Space(
     check_problem=_check_problem,
     default=_default,
     seeds=_seeds,
+    starts=_starts,
 )

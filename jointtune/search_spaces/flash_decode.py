@@ -190,6 +190,21 @@ def _default(ctx: Context) -> dict[str, Value]:
     return {"mode": "baseline", **tiles}
 
 
+def _starts(ctx: Context) -> list[dict[str, Value]]:
+    """One config per mode for a tuner's start: the default's decode tiles under each mode, a flag per decode item
+    up to 16 items (else a flag per 4), 8 push programs in wait mode. Not measured per world size."""
+    default = _default(ctx)
+    tiles = {name: default[name] for name in ("kv_split", "BLOCK_N", "heads_per_program", "num_warps", "num_stages")}
+    items = ctx["B"] * ctx["H"] // int(tiles["heads_per_program"])
+    per_flag = 1 if items <= PULL_MAX_ITEMS else 4
+    return [
+        {"mode": "fused", **tiles, "items_per_flag": per_flag},
+        {"mode": "pull", **tiles, "items_per_flag": per_flag},
+        {"mode": "wait", **tiles, "items_per_flag": per_flag, "push_programs": 8},
+        {"mode": "baseline", **tiles},
+    ]
+
+
 _COMM = when(mode=("fused", "pull", "wait"))
 
 FLASH_DECODE = Space(
@@ -250,4 +265,5 @@ FLASH_DECODE = Space(
     dtypes=("bfloat16", "float16"),
     check_problem=_check_problem,
     default=_default,
+    starts=_starts,
 )

@@ -78,6 +78,20 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     return [{"mode": mode, "reduce_by": "epilogue", "chunk_m": 256, **BIG_TILE} for mode in ("pull", "push")]
 
 
+def _starts(ctx: Context) -> list[dict[str, Value]]:
+    """One config per mode for a tuner's start (the seeds cover pull and push): cuBLAS + pull-and-sum and the copy
+    engine as the default has them, atomic with the fused tile of the seeds' regime. Not measured per world size."""
+    tile = row_tile(ctx["M"]) if ctx["M"] <= 128 else dict(BIG_TILE)
+    reduce_beside = _pow2_at_most(16, max(1, ctx["num_sms"] // 4))
+    return [
+        {"mode": "pull", "reduce_by": "epilogue", "chunk_m": 256, **tile},
+        {"mode": "push", "reduce_by": "epilogue", "chunk_m": 256, **tile},
+        {"mode": "atomic", "chunk_m": 256, "reduce_sms": reduce_beside, "tile_order": "peers_first", **tile},
+        {"mode": "pull_cublas", "reduce_sms": _pow2_at_most(64, ctx["num_sms"])},
+        {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "reduce_sms": _pow2_at_most(128, ctx["num_sms"])},
+    ]
+
+
 def _pow2_at_most(want: int, num_sms: int) -> int:
     return 1 << (min(want, num_sms).bit_length() - 1)
 
@@ -161,4 +175,5 @@ GEMM_RS = Space(
     default=_default,
     nondeterministic=NONDETERMINISTIC,
     seeds=_seeds,
+    starts=_starts,
 )

@@ -20,6 +20,8 @@ from jointtune.hardware import (
     HardwareError,
     HardwareFingerprint,
     _topology,
+    arch_of,
+    cpu_fingerprint,
     current_limits,
     detect,
     memory_bucket_gib,
@@ -264,6 +266,19 @@ def test_json_round_trip() -> None:
     assert HardwareFingerprint.from_json(minimal).hardware_id == H200X2.hardware_id
 
 
+def test_the_architecture_is_shared_by_gpus_of_one_generation_and_keys_nothing() -> None:
+    h100 = dataclasses.replace(H200X2, name="h100-sxm", memory_gib=80)
+    a100 = dataclasses.replace(H200X2, name="a100-sxm", compute_capability=(8, 0), num_sms=108, memory_gib=80)
+    assert H200X2.arch == h100.arch == "sm_90" and a100.arch == "sm_80" and cpu_fingerprint().arch == "cpu"
+    assert h100.hardware_id != H200X2.hardware_id  # an id still names one GPU: arch only groups them
+    assert HardwareFingerprint.from_json(H200X2.to_json()) == H200X2 and H200X2.to_json()["arch"] == "sm_90"
+    # a stored profile: its fingerprint says it; an older one by its compute capability; a placeholder by its id
+    assert arch_of(h100.hardware_id, {**h100.to_json(), "arch": None}) == "sm_90"
+    assert arch_of("b200-sxm-sm100-x8-nvlink-0a1b2c3d", {}) == "sm_100"
+    assert arch_of(cpu_fingerprint(gpus_per_node=2).hardware_id) == "cpu"
+    assert arch_of("my-cluster-gpus") is None
+
+
 def test_from_json_names_missing_fields() -> None:
     with pytest.raises(HardwareError, match=r"\['num_sms', 'gpus_per_node', 'interconnect', 'nvlink_links'\] are"):
         HardwareFingerprint.from_json({"name": "h200-sxm", "compute_capability": [9, 0], "memory_gib": 144})
@@ -294,7 +309,9 @@ def test_recorded_fixture_round_trips_to_its_id(path: Path) -> None:
     data = json.loads(path.read_text())
     fingerprint = HardwareFingerprint.from_json(data)
     assert fingerprint.hardware_id == data["hardware_id"]
-    assert fingerprint.to_json() == data
+    # `arch` is derived (from the compute capability) and was added after most fixtures were recorded
+    assert fingerprint.to_json() == {**data, "arch": fingerprint.arch}
+    assert arch_of(data["hardware_id"], data) == arch_of(data["hardware_id"]) == fingerprint.arch
     if not fingerprint.is_interpreter and fingerprint.raw_name:
         assert normalize_gpu_name(fingerprint.raw_name) == fingerprint.name
 
@@ -382,8 +399,8 @@ def test_cli_hw_table_shows_the_id_and_roles() -> None:
     assert result.exit_code == 0, result.output
     assert f"hardware id: {detect().hardware_id}" in result.output
     rows = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") == 4}
-    assert set(rows) == {f.name for f in dataclasses.fields(HardwareFingerprint)}
-    assert all(("key" in rows[f]) == (f in KEY_FIELDS) for f in rows)
+    assert set(rows) == {f.name for f in dataclasses.fields(HardwareFingerprint)} | {"arch"}
+    assert all(("key" in rows[f]) == (f in KEY_FIELDS) for f in rows) and "derived" in rows["arch"]
 
 
 @pytest.mark.skipif(hardware.gpu_device_present(), reason="this machine shows GPU device files")

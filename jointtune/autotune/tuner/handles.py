@@ -2,8 +2,10 @@
 
 The study name comes from the job's tuning key on this hardware (`keys`), so every group that
 serves the job meets in the same study. The first group to open it (under the study lock) fills
-its warm-start queue: the baseline, the space default and the best configs of the nearest shapes
-already in the store (or, for exhaustive studies, every valid config). When a trial becomes the
+its start (`search.initial_configs`): the baseline, the space default, the priors the store holds
+(`priors`: nearest shapes, the same shape on another GPU of the same architecture or at another
+world size; listed in the study's `jt_priors`), the seeds and one config of every mode (or, for
+exhaustive studies, every valid config). When a trial becomes the
 study's best, the record goes to the store right away, so a sweep killed half way still leaves
 its best configs behind; every later trial raises that record's trial count (`note_trials`), so the
 record says as many trials as the sweep's table.
@@ -22,6 +24,7 @@ import optuna
 
 from jointtune.autotune.tuner.keys import TuningKey, triton_version
 from jointtune.autotune.tuner.locks import study_lock
+from jointtune.autotune.tuner.priors import find_priors
 from jointtune.autotune.tuner.search import Searcher, baseline_config, enqueue, initial_configs
 from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import (
@@ -31,6 +34,7 @@ from jointtune.autotune.tuner.studies import (
     STUDY_INIT,
     STUDY_JOB,
     STUDY_KEY,
+    STUDY_PRIORS,
     STUDY_SPACE,
     StudyState,
     trial_config,
@@ -133,13 +137,12 @@ class StudyHandle:
         return self.job.settings.strategy == "exhaustive"
 
     def _initialise(self, store: Store) -> None:
-        warm = []
+        priors = []
         if self.job.settings.warm_start and not self.exhaustive:
-            any_version = self.key.replace(kernel_version=None, timing="gpu")  # gpu records of any kernel version
-            near = store.nearest(any_version, limit=self.job.settings.warm_start)
-            warm = [record.config for record, _ in near]
-        queue = initial_configs(self.space, self.problem, self.limits, warm=warm, exhaustive=self.exhaustive)
+            priors = find_priors(store, self.key, limit=self.job.settings.warm_start)
+        queue = initial_configs(self.space, self.problem, self.limits, warm=priors, exhaustive=self.exhaustive)
         enqueue(self.study, queue)
+        self.study.set_user_attr(STUDY_PRIORS, [start.source for start in queue if start.source is not None])
         self.study.set_user_attr(STUDY_JOB, self.job.to_json())
         self.study.set_user_attr(STUDY_KEY, self.key.to_json())
         self.study.set_user_attr(STUDY_SPACE, self.space.name)

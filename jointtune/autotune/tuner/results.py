@@ -18,7 +18,16 @@ import optuna
 
 from jointtune.autotune.tuner.keys import TuningKey
 from jointtune.autotune.tuner.settings import Job
-from jointtune.autotune.tuner.studies import ATTR_HOST, ATTR_P10, ATTR_P90, StudyState, trial_config, trial_kind
+from jointtune.autotune.tuner.studies import (
+    ATTR_HOST,
+    ATTR_P10,
+    ATTR_P90,
+    ATTR_RETRY_OF,
+    ATTR_ROLE,
+    StudyState,
+    trial_config,
+    trial_kind,
+)
 from jointtune.timings import measured_as
 
 if TYPE_CHECKING:
@@ -131,8 +140,33 @@ class JobResult:
                 out.append((i, None, trial.user_attrs.get("fail_reason")))
         return out
 
+    @property
+    def stop_text(self) -> str | None:
+        """Why it stopped, in a sentence (`StudyState.explain`); None while it runs."""
+        return self.state.explain(self.job.settings) if self.trials else None
+
+    def start_roles(self) -> dict[str, int]:
+        """How many configs of each role its start held (baseline, default, warm, seed, mode, grid)."""
+        roles: dict[str, int] = {}
+        for trial in self.trials:
+            role = trial.user_attrs.get(ATTR_ROLE)
+            if role is not None and ATTR_RETRY_OF not in trial.user_attrs:
+                roles[role] = roles.get(role, 0) + 1
+        return roles
+
+    def summary_line(self) -> str:
+        """One line for a closing summary: why it stopped, what the space refused, which warm starts it took."""
+        priors: dict[str, int] = {}
+        for source in self.state.priors:
+            priors[source.get("kind", "?")] = priors.get(source.get("kind", "?"), 0) + 1
+        warm = ", ".join(f"{kind} {n}" for kind, n in priors.items())
+        parts = [self.stop_text or "running", self.state.proposals_text()]
+        parts.append(f"warm starts: {len(self.state.priors)} ({warm})" if priors else "warm starts: none in the store")
+        return f"{job_label(self.job)} — " + "; ".join(parts)
+
     def to_json(self) -> dict[str, Any]:
         best = self.state.best
+        state = self.state
         return {
             "job": self.job.to_json(),
             "study": self.study_name,
@@ -148,6 +182,17 @@ class JobResult:
             "baseline_us": self.baseline_us,
             "speedup": self.speedup,
             "best_config": self.best_config,
+            "stop": self.stop_text,
+            "start": self.start_roles(),
+            "warm_starts": state.priors,
+            "proposals": {
+                "refused": state.refused_count,
+                "refused_why": dict(state.refused),
+                "moved_trials": state.moved_trials,
+                "redrawn_draws": state.redrawn,
+                "moved_to_nearest": state.moved_nearest,
+                "moved_why": dict(state.moved),
+            },
         }
 
 

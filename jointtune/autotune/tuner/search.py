@@ -4,18 +4,25 @@
   own groups) and `constant_liar=True` (trials running in other groups count as pending). A fresh
   sampler is built for every ask, seeded from the study's seed and how many trials it holds, so a
   study's suggestions depend only on its history: a resumed or restarted study asks exactly what an
-  uninterrupted one would have.
-- Invalid configs (`space.violations`) never reach a rank: they are told PRUNED with reason
-  "invalid" (TPE learns to avoid them) and don't count; a streak of them stops the study.
+  uninterrupted one would have, and two fresh studies with the same seed ask the same.
+- Proposals inside the valid space: the sampler is wrapped by the space (`Space.sampler`), so a draw
+  that breaks a rule of the problem or the device is drawn again (or, as a last resort, moved to the
+  nearest valid config of its mode) before it becomes a trial; the trial notes what happened and why
+  (`jt_moved`). A config the space still refuses (an enqueued one, or fixed values that leave nothing
+  valid) never reaches a rank: it is told PRUNED with reason "invalid" (`jt_refused` names the rules it
+  broke) and doesn't count; a streak of them stops the study.
 - A config that already has a result is answered from it (`jt_cached`) instead of run again, and
   the next trial is a valid config without a result drawn at random (TPE tends to propose its
-  incumbent again and again); when no such config is left the search says "exhausted" (the
-  coordinator stops the study then only once no claimed trial is left to run). A config that
-  a claimed trial is running right now is skipped (told FAIL, reason "duplicate").
+  incumbent again and again; `Space.config_at` picks it without walking the enumeration); when
+  no such config is left the search says "exhausted" (the coordinator stops the study then only
+  once no claimed trial is left to run). A config that a claimed trial is running right now is
+  skipped (told FAIL, reason "duplicate"). A stop's reason in words goes to the study (`jt_stop_detail`).
 - Up front (`check_study`): a restriction that leaves nothing it asked for, and an exhaustive
   study bigger than its budget, are refused before any rank starts.
-- Warm start: the baseline, the space default and the best configs of the nearest tuned shapes
-  are enqueued first; exhaustive studies enqueue every valid config.
+- The start (`initial_configs`), enqueued in a fixed order before any sampling: the baseline (in each
+  collective variant), the space default, the priors (`priors`: tuned configs of neighbouring shapes,
+  world sizes and GPUs), the space's seeds, then one config of every mode not covered yet
+  (`Space.mode_starts`); exhaustive studies enqueue every valid config.
 
 Example:
     >>> searcher = Searcher(space, problem, limits, settings)                # doctest: +SKIP
@@ -25,11 +32,10 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import optuna
 from optuna.trial import TrialState
@@ -38,37 +44,47 @@ from jointtune.autotune.tuner.studies import (
     ATTR_CACHED,
     ATTR_CONFIG,
     ATTR_DETAIL,
+    ATTR_MOVED,
     ATTR_P10,
     ATTR_P50,
     ATTR_P90,
+    ATTR_PRIOR,
     ATTR_REASON,
+    ATTR_REFUSED,
     ATTR_ROLE,
+    STUDY_STOP_DETAIL,
     quiet_optuna,
     trial_kind,
 )
-from jointtune.search_spaces import canonical_json
+from jointtune.search_spaces import canonical_json, rule_field
 
 if TYPE_CHECKING:
     from jointtune.autotune.tuner.settings import TuneSettings
     from jointtune.search_spaces import DeviceLimits, Problem, Space
 
-#: larger spaces are explored with Optuna's random sampler instead of a walk of their configs
-_MAX_WALK = 2_000_000
-#: invalid proposals in a row after which the sampler is handed a valid unseen config from the walk: in a space
-#: where few of the cross product's configs are valid for the problem (flash_decode's heads_per_program must
-#: divide the GQA group: 1 of 16 choices for multi-head attention), a sampler alone runs into the invalid streak
-#: long before the valid configs are used up
+#: invalid proposals in a row after which the sampler is handed a valid unseen config from the walk. The space's
+#: sampler proposes valid configs only, so this is a backstop for fixed values (a two-stage search's) that leave
+#: the sampler nothing valid to move to
 _INVALID_NUDGE = 20
 _HISTORY_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 
 
+def sampler_seed(seed: int, n_history: int) -> int:
+    """The seed of the sampler for the next ask: the study seed mixed with the history length."""
+    return (seed * 1_000_003 + n_history * 7_919 + 17) % (2**31 - 1)
+
+
 def make_sampler(strategy: str, seed: int, n_history: int, *, startup_trials: int = 10) -> optuna.samplers.BaseSampler:
-    """The sampler for the next ask; its seed mixes the study seed with the history length."""
-    mixed = (seed * 1_000_003 + n_history * 7_919 + 17) % (2**31 - 1)
+    """The sampler for the next ask (`sampler_seed`); the Searcher wraps it in the space's (`Space.sampler`)."""
+    mixed = sampler_seed(seed, n_history)
     if strategy == "tpe":
         with quiet_optuna():
             return optuna.samplers.TPESampler(
-                multivariate=True, group=True, constant_liar=True, seed=mixed, n_startup_trials=startup_trials
+                multivariate=True,
+                group=True,
+                constant_liar=True,
+                seed=mixed,
+                n_startup_trials=startup_trials,
             )
     return optuna.samplers.RandomSampler(seed=mixed)
 
@@ -144,51 +160,95 @@ def _asks_for_baseline(space: Space, settings: TuneSettings) -> bool:
     return any(space.param("mode").canonical(m) == "baseline" for m in modes)
 
 
+class Start(NamedTuple):
+    """One config of a study's start: why it is there (`role`), the config, and for a prior where it came from."""
+
+    role: str
+    config: dict[str, Any]
+    source: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A tuned config from elsewhere (another shape, world size or GPU), with where it came from (`source`: plain
+    JSON, noted on its trial)."""
+
+    config: Mapping[str, Any]
+    source: Mapping[str, Any] = field(default_factory=dict)
+
+
 def initial_configs(
     space: Space,
     problem: Problem,
     limits: DeviceLimits,
     *,
-    warm: Iterable[Mapping[str, Any]] = (),
+    warm: Iterable[Mapping[str, Any] | Prior] = (),
     exhaustive: bool = False,
-) -> list[tuple[str, dict[str, Any]]]:
-    """(role, config) to enqueue before any sampling: baseline (in each collective variant the device runs), default,
-    warm configs, the space's seeds, then (for exhaustive studies) every other valid config. Invalid and repeated
-    configs are dropped."""
-    out: list[tuple[str, dict[str, Any]]] = []
+) -> list[Start]:
+    """The start, enqueued before any sampling, in this order: the baseline (in each collective variant the device
+    runs), the default, the warm configs (priors), the space's seeds, then one config of each mode not covered yet
+    (`Space.mode_starts`), and for exhaustive studies every other valid config. Repeats are dropped; a warm config
+    the space refuses here (tuned at another world size or on another GPU, say) is moved to the nearest valid one,
+    and its source says which fields moved (`adapted`); other refused configs are dropped."""
+    out: list[Start] = []
     seen: set[str] = set()
 
-    def add(role: str, config: Mapping[str, Any]) -> None:
+    def add(role: str, config: Mapping[str, Any], source: Mapping[str, Any] | None = None) -> None:
         if space.violations(config, problem, limits):
             return
         canonical = space.validate(config, problem, limits)
         key = canonical_json(canonical)
         if key not in seen:
             seen.add(key)
-            out.append((role, canonical))
+            out.append(Start(role, canonical, dict(source) if source is not None else None))
 
     base = baseline_config(space, problem, limits)
     add("baseline", base)
     for variant in baseline_variants(space, base, limits):  # the best unfused path is the fastest of them
         add("baseline", variant)
-    # A sub-space (`Space.restrict`) that excludes the family default gets no stand-in for it: the
-    # nearest valid config is a fallback to run, not a good first guess worth a trial.
+    # A sub-space (`Space.restrict`) that excludes the family default gets no stand-in for it under that name:
+    # its mode is covered below, by the valid config of that mode nearest to it.
     full = space.restricted_from
     if full is None or not space.violations(full.default(problem, limits), problem, limits):
         add("default", space.default(problem, limits))
-    for config in warm:
-        add("warm", config)
+    for item in warm:
+        config, source = (item.config, dict(item.source)) if isinstance(item, Prior) else (item, None)
+        add("warm", *_adapted(space, problem, limits, config, source))
     for config in space.seeds(problem, limits):
         add("seed", config)
+    covered = {start.config.get("mode") for start in out}
+    for config in space.mode_starts(problem, limits):
+        if config.get("mode") not in covered:
+            add("mode", config)
     if exhaustive:
         for config in space.enumerate(problem, limits):
             add("grid", config)
     return out
 
 
-def enqueue(study: optuna.Study, configs: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-    for role, config in configs:
-        study.enqueue_trial(dict(config), user_attrs={ATTR_ROLE: role})
+def _adapted(
+    space: Space, problem: Problem, limits: DeviceLimits, config: Mapping[str, Any], source: dict[str, Any] | None
+) -> tuple[Mapping[str, Any], dict[str, Any] | None]:
+    """A warm config as this problem takes it: as given if valid, else the nearest valid config (the source, made
+    if there was none, lists the fields that moved)."""
+    if not space.violations(config, problem, limits):
+        return config, source
+    near = space.nearest_valid(config, problem, limits)
+    if near is None:
+        return config, source
+    moved = sorted(name for name in {*config, *near} if config.get(name) != near.get(name))
+    return near, {**(source or {}), "adapted": moved}
+
+
+def enqueue(study: optuna.Study, configs: Sequence[Start | tuple[str, Mapping[str, Any]]]) -> None:
+    """Enqueue a start in order; each trial notes its role (and a prior its source)."""
+    for entry in configs:
+        role, config = entry[0], entry[1]
+        attrs: dict[str, Any] = {ATTR_ROLE: role}
+        source = entry[2] if len(entry) > 2 else None
+        if source is not None:
+            attrs[ATTR_PRIOR] = source
+        study.enqueue_trial(dict(config), user_attrs=attrs)
 
 
 @dataclass
@@ -247,20 +307,21 @@ class Searcher:
         explore = False
         while True:
             n_history = len(study.get_trials(deepcopy=False, states=_HISTORY_STATES))
-            study.sampler = make_sampler(
+            base = make_sampler(
                 self.settings.strategy, self.settings.seed, n_history, startup_trials=self.settings.startup_trials
             )
+            sampler = self.space.sampler(
+                base, self.problem, self.limits, seed=sampler_seed(self.settings.seed, n_history)
+            )
+            study.sampler = sampler
             waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
             if explore and not waiting:
                 total = self.space.count(self.problem, self.limits, where=self.fixed or None)
-                if total > _MAX_WALK:
-                    study.sampler = make_sampler("random", self.settings.seed, n_history)
-                else:
-                    taken = set(known) | running
-                    fresh = self.unseen_config(taken, total=total, seed=self.settings.seed * 7_919 + n_history)
-                    if fresh is None:
-                        return "exhausted"
-                    study.enqueue_trial(fresh)
+                taken = set(known) | running
+                fresh = self.unseen_config(taken, total=total, seed=self.settings.seed * 7_919 + n_history)
+                if fresh is None:
+                    return self._stop(study, "exhausted", f"every one of the {total:,} valid configs has a result")
+                study.enqueue_trial(fresh)
             elif self.fixed and not waiting:
                 study.enqueue_trial(self.fixed)
             with quiet_optuna():
@@ -274,13 +335,17 @@ class Searcher:
                 config, problems = dict(trial.params), [str(exc)]
             key = canonical_json(config)
             trial.set_user_attr(ATTR_CONFIG, key)
+            moved = sampler.moved.get(trial._trial_id)
+            if moved is not None:
+                trial.set_user_attr(ATTR_MOVED, moved)
             if problems:
                 trial.set_user_attr(ATTR_REASON, "invalid")
+                trial.set_user_attr(ATTR_REFUSED, sorted({rule_field(m) for m in problems}))
                 trial.set_user_attr(ATTR_DETAIL, "; ".join(problems)[:2000])
                 study.tell(trial, state=TrialState.PRUNED)
                 invalid += 1
                 if invalid >= self.settings.max_invalid_streak:
-                    return "invalid-streak"
+                    return self._stop(study, "invalid-streak", f"the space refused {invalid} proposals in a row")
                 if invalid % _INVALID_NUDGE == 0:
                     explore = True
                 continue
@@ -295,21 +360,28 @@ class Searcher:
             repeated += 1
             explore = True
             if repeated >= self.settings.max_duplicate_streak:
-                return "exhausted"
+                detail = f"{repeated} proposals in a row repeated configs that have a result or are running"
+                return self._stop(study, "exhausted", detail)
+
+    @staticmethod
+    def _stop(study: optuna.Study, reason: str, detail: str) -> str:
+        """`reason`, with why in words noted on the study (read back only once the study is stopped)."""
+        study.set_user_attr(STUDY_STOP_DETAIL, detail)
+        return reason
 
     def unseen_config(self, known: Collection[str], *, total: int, seed: int) -> dict[str, Any] | None:
         """A valid config without a result, uniformly at random (None when every one has one).
 
-        Walks the space's enumeration (honouring `fixed`) to a random index: one pass at most.
+        Draws indices into the space's enumeration (honouring `fixed`; `Space.config_at` finds one without
+        walking to it); after 64 draws that all have a result, picks among the rest by one pass.
         """
         where = self.fixed or None
         if total == 0:
             return None
         rng = random.Random(seed)
         for _ in range(64):
-            index = rng.randrange(total)
-            config = next(itertools.islice(self.space.enumerate(self.problem, self.limits, where=where), index, None))
-            if canonical_json(config) not in known:
+            config = self.space.config_at(rng.randrange(total), self.problem, self.limits, where=where)
+            if config is not None and canonical_json(config) not in known:
                 return config
         unseen = [
             c for c in self.space.enumerate(self.problem, self.limits, where=where) if canonical_json(c) not in known

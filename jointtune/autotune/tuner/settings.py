@@ -27,6 +27,8 @@ STRATEGIES = ("tpe", "random", "exhaustive")
 MAX_SECONDS = 1e6
 #: the largest count any setting may ask for: what a 32-bit column of either database holds
 MAX_COUNT = 2**31 - 1
+#: trials of history before TPE models it, unless `n_startup` says otherwise (`TuneSettings.startup_trials`)
+STARTUP_TRIALS = 10
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,10 @@ class TuneSettings:
 
     @property
     def startup_trials(self) -> int:
-        """Random trials before TPE models the history: a quarter of the budget, 2..10."""
-        return self.n_startup if self.n_startup is not None else max(2, min(10, self.trials // 4))
+        """Trials of history (the start included) before TPE models it: 10 whatever the budget, so a short and a
+        long tune of one seed ask the same first configs (a budget-sized random start made a 16-trial and a
+        48-trial tune explore differently from their first trial: issue 34)."""
+        return self.n_startup if self.n_startup is not None else STARTUP_TRIALS
 
     def replace(self, **changes: Any) -> TuneSettings:
         return dataclasses.replace(self, **changes)
@@ -166,13 +170,8 @@ class Job:
         return f"{self.kernel} {dims} {self.dtype} w{self.world_size}{timing}"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kernel": self.kernel,
-            "shape": dict(self.shape),
-            "dtype": self.dtype,
-            "world_size": self.world_size,
-            "settings": self.settings.to_json(),
-        }
+        return {"kernel": self.kernel, "shape": dict(self.shape), "dtype": self.dtype, "world_size": self.world_size,
+                "settings": self.settings.to_json()}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Job:

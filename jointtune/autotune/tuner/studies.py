@@ -3,8 +3,13 @@
 Trial states carry our meaning:
   COMPLETE            a measured config (value = p50 µs; user attrs p10_us/p50_us/p90_us)
   PRUNED + fail_reason   a config that failed: compile, incorrect, timeout, crash or error count
-                      against the budget; "invalid" (never ran) does not. TPE ranks pruned trials
+                      against the budget; "invalid" (a config the space refused; never ran) does not,
+                      and `jt_refused` names the fields or rules it broke. TPE ranks pruned trials
                       below every complete one, so it learns to avoid failing regions.
+  jt_moved            the sampler's proposal broke a rule and was moved to the nearest valid config
+                      (`{"fields": moved, "why": rules broken}`): it ran as moved, and counts
+  jt_role, jt_prior   why a trial of the start is there (baseline, default, warm, seed, mode, grid)
+                      and, for a prior (a warm start), where it came from (`priors`)
   jt_cached           a repeat suggestion answered from an earlier trial of the same config: free,
                       not counted, told with the earlier result so TPE's history stays truthful
   FAIL                interrupted (its group died, or it went stale): not a result; the same
@@ -45,12 +50,18 @@ ATTR_DEADLINE = "jt_deadline"
 ATTR_ROLE = "jt_role"
 ATTR_CACHED = "jt_cached"
 ATTR_RETRY_OF = "jt_retry_of"
+ATTR_PRIOR = "jt_prior"
+ATTR_MOVED = "jt_moved"
+ATTR_REFUSED = "jt_refused"
 ATTR_P10, ATTR_P50, ATTR_P90 = "p10_us", "p50_us", "p90_us"
 #: host time (µs) to launch one call: what an eager caller pays per call even when the GPU is idle
 ATTR_HOST = "host_us"
 #: study user attrs
 STUDY_JOB, STUDY_KEY, STUDY_SPACE, STUDY_BASELINE = "jt_job", "jt_key", "jt_space", "jt_baseline"
 STUDY_INIT, STUDY_STOPPED = "jt_init", "jt_stopped"
+#: study user attrs: why the search stopped, in words (beside the reason code in STUDY_STOPPED); the priors the
+#: start holds (their sources, as the trials note them)
+STUDY_STOP_DETAIL, STUDY_PRIORS = "jt_stop_detail", "jt_priors"
 #: reasons that count as a trial (the config ran and failed); "invalid" never ran
 COUNTED_FAILURES = frozenset({"compile", "incorrect", "timeout", "crash", "error"})
 
@@ -72,8 +83,9 @@ def quiet_optuna() -> Iterator[None]:
 def retry_interrupted(study: optuna.Study, trial: FrozenTrial) -> None:
     """Enqueue an interrupted trial's params again, so its config still runs exactly once."""
     attrs = {ATTR_RETRY_OF: trial.number}
-    if ATTR_ROLE in trial.user_attrs:
-        attrs[ATTR_ROLE] = trial.user_attrs[ATTR_ROLE]
+    for name in (ATTR_ROLE, ATTR_PRIOR):
+        if name in trial.user_attrs:
+            attrs[name] = trial.user_attrs[name]
     study.enqueue_trial(dict(trial.params), user_attrs=attrs)
     log.info("trial %d of %s was interrupted; enqueued it again", trial.number, study.study_name)
 
@@ -161,6 +173,17 @@ class StudyState:
     since_best: int = 0
     stopped: str | None = None
     exhaustive: bool = False
+    #: proposals the space refused (never ran, no trial), by the field or rule they broke
+    refused: collections.Counter[str] = field(default_factory=collections.Counter)
+    #: trials whose sampler draws the space refused (drawn again, or at last moved to the nearest valid config)
+    #: before they ran, by the field or rule the draws broke; how many draws that was; how many were moved
+    moved: collections.Counter[str] = field(default_factory=collections.Counter)
+    moved_trials: int = 0
+    redrawn: int = 0
+    moved_nearest: int = 0
+    #: the sources of the priors (warm starts) the start holds, in trial order
+    priors: list[dict[str, Any]] = field(default_factory=list)
+    stop_detail: str | None = None
 
     @classmethod
     def of(
@@ -171,11 +194,12 @@ class StudyState:
         exhaustive: bool = False,
     ) -> StudyState:
         attrs = attrs or {}
-        state = cls(stopped=attrs.get(STUDY_STOPPED), exhaustive=exhaustive)
+        state = cls(stopped=attrs.get(STUDY_STOPPED), exhaustive=exhaustive, stop_detail=attrs.get(STUDY_STOP_DETAIL))
         baseline = attrs.get(STUDY_BASELINE)
         for trial in sorted(trials, key=lambda t: t.number):
             kind = trial_kind(trial)
             state.kinds[kind] += 1
+            state._note_proposal(trial, kind)
             if kind not in ("ok", "failed"):
                 continue
             state.counted.append(trial)
@@ -193,6 +217,23 @@ class StudyState:
                 state.since_best += 1
         return state
 
+    def _note_proposal(self, trial: FrozenTrial, kind: str) -> None:
+        """Count what the space did to the trial's proposal (refused, or moved into the valid space), and its
+        prior's source."""
+        attrs = trial.user_attrs
+        if kind == "invalid":
+            why = attrs.get(ATTR_REFUSED) or [str(attrs.get(ATTR_DETAIL, "unknown")).split(":", 1)[0]]
+            self.refused.update(why)
+        moved = attrs.get(ATTR_MOVED)
+        if moved and kind not in ("cached", "skipped", "interrupted"):
+            self.moved_trials += 1
+            self.moved.update(moved.get("why", ()))
+            self.redrawn += int(moved.get("redrawn", 0))
+            self.moved_nearest += bool(moved.get("fields"))
+        source = attrs.get(ATTR_PRIOR)
+        if source and ATTR_RETRY_OF not in attrs:
+            self.priors.append(source)
+
     @property
     def trial_count(self) -> int:
         """The study's trials as every view reports them (the sweep's table, a record's `trials`, so `db
@@ -209,6 +250,11 @@ class StudyState:
         return self.kinds["waiting"]
 
     @property
+    def refused_count(self) -> int:
+        """Proposals the space refused: none of them ran or cost a trial."""
+        return self.kinds["invalid"]
+
+    @property
     def best_value(self) -> float | None:
         return float(self.best.value) if self.best is not None and self.best.value is not None else None
 
@@ -218,7 +264,8 @@ class StudyState:
         return settings.trials
 
     def done(self, settings: TuneSettings) -> str | None:
-        """Why the study needs no more trials (None while it does)."""
+        """Why the study needs no more trials (None while it does). Patience is judged once the start is
+        measured (no enqueued config waits): the start's trials are not the search failing to improve."""
         if self.stopped:
             return self.stopped
         if self.exhaustive:
@@ -227,9 +274,44 @@ class StudyState:
             return "trials"
         if settings.time_budget_s is not None and self.elapsed_s >= settings.time_budget_s:
             return "time"
-        if settings.patience is not None and self.best is not None and self.since_best >= settings.patience:
+        patient = settings.patience is not None and self.best is not None and self.waiting == 0
+        if patient and self.since_best >= settings.patience:  # type: ignore[operator]
             return "patience"
         return None
+
+    def explain(self, settings: TuneSettings) -> str | None:
+        """Why the study stopped, in a sentence (None while it runs): `done` with its numbers."""
+        reason = self.done(settings)
+        if reason is None:
+            return None
+        if reason == "trials":
+            return f"used its budget of {settings.trials} trials"
+        if reason == "time":
+            return f"used its time budget: {self.elapsed_s:.1f} s of trial time of {settings.time_budget_s:g} s"
+        if reason == "patience" and self.best is not None:
+            return (
+                f"patience: {self.since_best} trials since the best (trial {self.best.number}, "
+                f"{self.best_value:,.1f} µs) without a faster one (patience {settings.patience})"
+            )
+        if reason == "exhausted" and self.exhaustive:
+            return f"measured every valid config ({self.trial_count})"
+        return f"{reason}: {self.stop_detail}" if self.stop_detail else reason
+
+    def proposals_text(self) -> str:
+        """How the space treated the proposals: "refused 0 proposals (no trial spent); 12 draws redrawn inside the
+        valid space for 5 trials, 1 moved to the nearest valid config (heads_per_program 5, shared memory 1)"."""
+
+        def why(counts: collections.Counter[str]) -> str:
+            return " (" + ", ".join(f"{name} {n}" for name, n in counts.most_common()) + ")" if counts else ""
+
+        n = self.refused_count
+        text = f"refused {n} proposal{'' if n == 1 else 's'}{why(self.refused)} (no trial spent)"
+        if self.moved_trials:
+            text += (
+                f"; {self.redrawn} sampler draws redrawn inside the valid space for {self.moved_trials} trials, "
+                f"{self.moved_nearest} moved to the nearest valid config{why(self.moved)}"
+            )
+        return text
 
     def available(self, settings: TuneSettings) -> int:
         """Trials a group may still claim now (running trials of other groups hold their slots)."""

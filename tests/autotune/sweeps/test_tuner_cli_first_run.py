@@ -136,9 +136,9 @@ def test_a_sweep_log_shows_progress_and_says_what_next_and_a_rerun_knows_what_is
     lines = [line for line in out.splitlines() if "jt_sleep M=320 float32 w2: " in line]
     assert re.match(r"^\[\d+:\d\d\] jt_sleep M=320 float32 w2: \d/6 trials, best [\d,.]+ µs, baseline", lines[0])
     assert all(", ETA " in line for line in lines[:-1])
-    assert lines[-1].endswith(
-        "6/6 trials, best 5,000 µs, baseline 44,581 µs, speedup 8.92x, failures (invalid 1), done: trials"
-    )
+    assert lines[-1].endswith("6/6 trials, best 5,000 µs, baseline 44,581 µs, speedup 8.92x, failures -, done: trials")
+    # the summary says why each shape stopped and what the space refused (every proposal is one it takes)
+    assert "jt_sleep M=320 float32 w2 — used its budget of 6 trials; refused 0 proposals (no trial spent)" in out
     assert "jointtune sweep first-run: 1/1 shapes done, 6/6 trials" in out
     # the summary: where the results are and what to run next
     assert "1 shape tuned now (6 trials); a fused mode beat the baseline on 1 of 1" in out

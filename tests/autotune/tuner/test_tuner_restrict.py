@@ -89,7 +89,7 @@ def test_an_exhaustive_study_larger_than_its_budget_is_refused_up_front(families
     assert "which has 9 valid configs; allowed: >= 9" in err
 
 
-def test_a_sub_space_without_the_family_default_spends_no_trial_on_a_stand_in(families) -> None:
+def test_a_sub_space_without_the_family_default_gets_no_stand_in_but_its_mode_is_covered(families) -> None:
     from jointtune.autotune.tuner.search import initial_configs
     from jointtune.search_spaces import DeviceLimits, get_space
 
@@ -98,8 +98,13 @@ def test_a_sub_space_without_the_family_default_spends_no_trial_on_a_stand_in(fa
     limits = DeviceLimits.nominal_hopper()
     inside = full.restrict({"splits": [2, 4]})  # the family default (splits=2, order=mk) lies inside
     outside = full.restrict({"splits": [4, 8]})
-    assert [role for role, _ in initial_configs(inside, problem, limits)] == ["baseline", "default"]
-    assert [role for role, _ in initial_configs(outside, problem, limits)] == ["baseline"]
+    assert [s.role for s in initial_configs(inside, problem, limits)] == ["baseline", "default"]
+    # the start covers mode=split all the same: with its valid config nearest to the default (splits=4, order=mk)
+    start = initial_configs(outside, problem, limits)
+    assert [(s.role, s.config) for s in start] == [
+        ("baseline", {"mode": "baseline"}),
+        ("mode", {"mode": "split", "splits": 4, "order": "mk"}),
+    ]
 
 
 @pytest.mark.parametrize(

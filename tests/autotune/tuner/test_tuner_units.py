@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 from jointtune.autotune.tuner.keys import TuningKey, triton_version
 from jointtune.autotune.tuner.locks import study_lock
-from jointtune.autotune.tuner.search import Proposal, Searcher, initial_configs
+from jointtune.autotune.tuner.search import Prior, Proposal, Searcher, initial_configs
 from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import ATTR_CACHED, ATTR_DETAIL, ATTR_REASON, StudyState, open_storage, trial_kind
 from jointtune.autotune.tuner.timing import measure, percentile, percentiles
@@ -57,7 +57,7 @@ def test_settings_reject_bad_values_by_name():
     with pytest.raises(TuningError, match="settings: 'trails' is not a setting"):
         TuneSettings.from_json({"trails": 3})
     job = Job.of("jt_sleep", PROBLEM, TuneSettings(trials=5, patience=2))
-    assert Job.from_json(job.to_json()) == job and job.settings.startup_trials == 2
+    assert Job.from_json(job.to_json()) == job and job.settings.startup_trials == 10  # whatever the budget
 
 
 def test_percentiles_and_local_timing():
@@ -151,21 +151,30 @@ def _picky_space() -> Space:
     )
 
 
-def test_invalid_suggestions_are_pruned_uncounted_and_bounded():
-    space = _picky_space()
+def test_proposals_stay_inside_the_valid_space_and_a_refused_config_costs_no_trial():
+    space = _picky_space()  # under mode=fast only x=7 of 12 is valid
+    for strategy in ("random", "tpe"):
+        study = optuna.create_study()
+        searcher = Searcher(space, PROBLEM, LIMITS, TuneSettings(trials=10, seed=2, strategy=strategy))
+        for _ in range(8):
+            proposal = searcher.propose(study)
+            assert isinstance(proposal, Proposal) and not space.violations(proposal.config, PROBLEM, LIMITS)
+            study.tell(proposal.trial, 1.0)
+        state = StudyState.of(study.trials)
+        assert state.refused_count == 0 and state.proposals_text().startswith("refused 0 proposals")
+        assert state.moved_trials and state.moved == {"x": state.moved_trials}  # draws of mode=fast, x!=7, redrawn
+    # fixed values that leave nothing valid (a two-stage search's): refused, never run, never counted, bounded
     study = optuna.create_study()
     settings = TuneSettings(trials=10, max_invalid_streak=5, seed=2, strategy="random")
-    searcher = Searcher(space, PROBLEM, LIMITS, settings)
-    outcomes = [searcher.propose(study) for _ in range(3)]
-    for outcome in outcomes:
-        if isinstance(outcome, Proposal):
-            study.tell(outcome.trial, 1.0)
-    assert "invalid-streak" in outcomes
+    searcher = Searcher(space, PROBLEM, LIMITS, settings, fixed={"mode": "fast", "x": 3})
+    assert searcher.propose(study) == "invalid-streak"
     invalid = [t for t in study.trials if trial_kind(t) == "invalid"]
-    assert invalid and all(t.state == TrialState.PRUNED for t in invalid)
+    assert len(invalid) == 5 and all(t.state == TrialState.PRUNED for t in invalid)
     assert all("x:" in t.user_attrs[ATTR_DETAIL] and t.user_attrs[ATTR_REASON] == "invalid" for t in invalid)
-    state = StudyState.of(study.trials)
-    assert len(state.counted) == sum(isinstance(o, Proposal) for o in outcomes)
+    state = StudyState.of(study.trials, attrs=study.user_attrs)
+    assert state.trial_count == 0 and state.refused_count == 5 and state.refused == {"x": 5}
+    assert state.proposals_text() == "refused 5 proposals (x 5) (no trial spent)"
+    assert study.user_attrs["jt_stop_detail"] == "the space refused 5 proposals in a row"
 
 
 def test_a_sparse_space_is_searched_to_its_end_not_cut_by_the_invalid_streak():
@@ -206,27 +215,35 @@ def test_repeats_are_answered_from_history_and_exploration_finds_new_configs():
     assert all(t.value in (1.0, 2.0) for t in cached if t.state == TrialState.COMPLETE)
 
 
-def test_initial_configs_put_the_baseline_first_and_drop_invalid_or_repeated_warm_configs(families):
+def test_the_start_puts_the_baseline_first_adapts_refused_priors_and_repeats_nothing(families):
     space = families.SLEEP_SPACE
-    warm = [{"mode": "fast", "tile": 4, "chunk": 2}, {"mode": "fast", "tile": 16, "chunk": 4}, {"mode": "baseline"}]
+    prior = Prior({"mode": "fast", "tile": 16, "chunk": 4}, {"kind": "other-world-size", "world_size": 4})
+    warm = [{"mode": "fast", "tile": 4, "chunk": 2}, prior, {"mode": "baseline"}]
     configs = initial_configs(space, PROBLEM, LIMITS, warm=warm)
-    assert configs == [
+    assert [(s.role, s.config) for s in configs[:3]] == [
         ("baseline", {"mode": "baseline"}),
         ("default", {"mode": "fast", "tile": 1, "chunk": 1}),
         ("warm", {"mode": "fast", "tile": 4, "chunk": 2}),
     ]
+    # tile*chunk = 64 breaks the rule here: the prior runs as the valid config nearest to it, and says what moved
+    (adapted,) = configs[3:]
+    assert adapted.role == "warm" and not space.violations(adapted.config, PROBLEM, LIMITS)
+    assert adapted.source["kind"] == "other-world-size" and adapted.source["adapted"]
+    assert set(adapted.source["adapted"]) <= {"tile", "chunk"} and adapted.config["mode"] == "fast"
     assert len(initial_configs(space, PROBLEM, LIMITS, exhaustive=True)) == 13
 
 
-def test_the_space_s_seeds_come_after_the_warm_configs_and_repeat_none():
+def test_the_space_s_seeds_come_after_the_warm_configs_then_every_mode_left_and_repeat_none():
     from jointtune.search_spaces import DeviceLimits, get_space
 
     space, limits = get_space("gemm_rs"), DeviceLimits.nominal_hopper()
     problem = space.make_problem("64x8192x8192", dtype="bf16", world_size=2)
     seeds = space.seeds(problem, limits)
     configs = initial_configs(space, problem, limits, warm=[seeds[1]])
-    assert [role for role, _ in configs] == ["baseline", "default", "warm", "seed"]
-    assert [c for _, c in configs[2:]] == [seeds[1], seeds[0]]  # a warm config is not tried again as a seed
+    assert [s.role for s in configs] == ["baseline", "default", "warm", "seed", "mode", "mode"]
+    assert [s.config for s in configs[2:4]] == [seeds[1], seeds[0]]  # a warm config is not tried again as a seed
+    modes = [s.config["mode"] for s in configs]
+    assert sorted(modes) == sorted(space.modes) and len(set(modes)) == len(modes)
 
 
 def test_sweeps_are_registered_in_the_storage(families, sqlite_url):
@@ -257,3 +274,20 @@ def test_groups_are_planned_per_world_size_on_gpus_and_as_local_worlds_on_cpus()
     assert [(s.world_kind, s.nprocs, len(s.jobs)) for s in cpu.specs] == [("local", 1, 3)] * 2
     with pytest.raises(TuningError, match="world_size: 4 is not allowed on this node; it has 2 GPU"):
         plan_groups(jobs, url="sqlite:////tmp/x.db", gpus=2)
+
+
+def test_patience_waits_for_the_start_and_says_why_it_stopped():
+    study = optuna.create_study()
+    for value in (1.0, 2.0, 3.0):
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs={"jt_config": f'{{"x":{value}}}'}))
+    study.enqueue_trial({"x": 4})  # the start's last config, not measured yet
+    settings = TuneSettings(trials=10, patience=2)
+    waiting = StudyState.of(study.get_trials())
+    assert waiting.since_best == 2 and waiting.done(settings) is None and waiting.explain(settings) is None
+    trial = study.ask()
+    study.tell(trial, 5.0)
+    state = StudyState.of(study.get_trials())
+    assert state.done(settings) == "patience"
+    why = "patience: 3 trials since the best (trial 0, 1.0 µs) without a faster one (patience 2)"
+    assert state.explain(settings) == why
+    assert StudyState.of(study.get_trials()).explain(TuneSettings(trials=4)) == "used its budget of 4 trials"

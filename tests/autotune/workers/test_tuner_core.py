@@ -99,6 +99,9 @@ def test_warm_start_enqueues_baseline_default_and_nearest_shapes_best(families, 
         ("default", {"mode": "fast", "tile": 1, "chunk": 1}),
         ("warm", warm),
     ]
+    # where the warm start came from is on its trial (a gpu-timed record: the interp study had none of its own)
+    source = trials[2].user_attrs["jt_prior"]
+    assert source["kind"] == "nearest-shape" and source["shape"] == {"M": 32} and source["timing"] == "gpu"
 
 
 def test_precompile_hook_sees_each_config_before_it_runs(families, sqlite_url):
@@ -118,6 +121,8 @@ def test_time_budget_and_patience_stop_a_study_early(families, sqlite_url):
     tune(sqlite_url, slow)
     result = result_of(sqlite_url, slow)
     assert result.done_reason == "time" and 1 <= result.counted < 10
+    assert result.stop_text.startswith("used its time budget: ")
+    assert result.stop_text.endswith(" of trial time of 0.15 s")
     patient = sleep_job(m=32, trials=50, patience=2, strategy="exhaustive")
     tune(sqlite_url, patient)
     assert result_of(sqlite_url, patient).done_reason == "exhausted"  # exhaustive ignores patience
@@ -126,6 +131,11 @@ def test_time_budget_and_patience_stop_a_study_early(families, sqlite_url):
     result = result_of(sqlite_url, patient)
     assert result.done_reason == "patience"
     assert result.state.since_best == 3
+    # it says why, with the numbers: how many trials since which best, and the setting
+    best = result.state.best
+    since = f"since the best (trial {best.number}, {best.value:,.1f} µs)"
+    assert result.stop_text == f"patience: 3 trials {since} without a faster one (patience 3)"
+    assert result.to_json()["stop"] == result.stop_text and result.summary_line().count(result.stop_text) == 1
 
 
 def test_many_groups_of_jobs_share_one_database_and_two_runs_agree(families, sqlite_url, tmp_path):

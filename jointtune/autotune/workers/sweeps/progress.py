@@ -41,11 +41,11 @@ def _speedup(result: JobResult) -> str:
 
 
 def failures_text(result: JobResult) -> str:
-    """Failed trials by reason, and invalid suggestions (which cost no trial) in parentheses."""
+    """Failed trials by reason, and proposals the space refused (which cost no trial) in parentheses."""
     parts = [f"{reason} {n}" for reason, n in sorted(result.state.failures.items())]
-    invalid = result.state.kinds["invalid"]
-    if invalid:
-        parts.append(f"(invalid {invalid})")
+    refused = result.state.refused_count
+    if refused:
+        parts.append(f"(refused {refused}, no trial)")
     return ", ".join(parts) or "-"
 
 
