@@ -43,7 +43,7 @@ _EXPORTS: dict[str, str] = {
     # the world the kernel families' ops run in, and each built-in family's op (`jointtune.families`)
     "create_world": "jointtune.kernels",
     "World": "jointtune.kernels",
-    **{family.name: family.kernels for family in BUILTIN_FAMILIES},
+    **{op: family.kernels for family in BUILTIN_FAMILIES for op in family.exports},
 }
 
 __all__ = [
@@ -56,7 +56,7 @@ __all__ = [
     "__version__",
     "create_world",
     "joint_autotune",
-    *(family.name for family in BUILTIN_FAMILIES),
+    *(op for family in BUILTIN_FAMILIES for op in family.exports),
 ]
 
 

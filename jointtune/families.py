@@ -21,10 +21,17 @@ from typing import Any
 @dataclass(frozen=True)
 class BuiltinFamily:
     """One built-in family: its name and its `Space`'s name in its space module, `jointtune.search_spaces.<name>`; its
-    kernel package is `jointtune.kernels.<name>` (its launcher registers the family; it exports the op `<name>`)."""
+    kernel package is `jointtune.kernels.<name>` (its launcher registers the family; it exports the op `<name>`, and
+    `ops` names any other op of the package the root exports too, such as a second form of the same kernel)."""
 
     name: str
     space: str
+    ops: tuple[str, ...] = ()
+
+    @property
+    def exports(self) -> tuple[str, ...]:
+        """The ops `from jointtune import ...` finds in this family's kernel package."""
+        return (self.name, *self.ops)
 
     @property
     def space_module(self) -> str:
