@@ -54,8 +54,8 @@ class Items:
         self.path, self.rank, self.timeout_s = path, rank, timeout_s
         self.done = finished(read_events(path))
 
-    def _write(self, event: dict) -> None:
-        if self.rank == 0:
+    def _write(self, event: dict, *, any_rank: bool = False) -> None:
+        if self.rank == 0 or any_rank:
             with self.path.open("a") as f:
                 f.write(json.dumps(event) + "\n")
                 f.flush()
@@ -70,7 +70,8 @@ class Items:
 
         def fire() -> None:  # a collective with a stuck peer never returns: only a new process can go on
             print(f"rank {self.rank}: item {item_id} did not finish in {limit:.0f} s; ending the group", flush=True)
-            self._write({"event": "hung", "id": item_id, "after_s": limit})
+            # any rank's watchdog may fire first, and the group ends before the others' do: each records the hang
+            self._write({"event": "hung", "id": item_id, "after_s": limit}, any_rank=True)
             os._exit(HUNG)
 
         dog = threading.Timer(limit, fire)
