@@ -25,7 +25,8 @@ from jointtune.db._migrate import MigrationResult, head_revision
 from jointtune.db._store import Store, open_store
 from jointtune.db._url import ENV_DB_URL, default_sqlite_path, is_memory_sqlite, redact_url, resolve_db_url
 from jointtune.db._values import HardwareProfile, InvalidRecordError, KernelInfo
-from jointtune.db.record import KEY_FIELDS, PUBLISHED, STORE_SET, LookupOut, NewRecord, Record, RecordKey
+from jointtune.db.key import RecordKey
+from jointtune.db.record import KEY_FIELDS, PUBLISHED, STORE_SET, LookupOut, NewRecord, Record
 from jointtune.db.schema import HardwareIn, RecordIn
 
 __all__ = [

@@ -25,7 +25,8 @@ from sqlalchemy.ext.compiler import compiles
 from jointtune.canonical import config_hash, shape_key
 from jointtune.db._models import RECORD_KEY, HardwareRow, KernelRow, RecordRow
 from jointtune.db._values import HardwareProfile, KernelInfo
-from jointtune.db.record import PUBLISHED, RECORD_FIELDS, NewRecord, Record, RecordKey
+from jointtune.db.key import RecordKey
+from jointtune.db.record import PUBLISHED, RECORD_FIELDS, NewRecord, Record
 
 #: columns a better record replaces: all but the key, the id and `created_at` (from the first insert)
 _REPLACED = tuple(name for name in RECORD_FIELDS if name not in (*RECORD_KEY, "id", "created_at"))

@@ -47,7 +47,8 @@ from jointtune.db._migrate import MigrationResult, current_revision, head_revisi
 from jointtune.db._models import LIST_ORDER, RECORD_KEY, HardwareRow, KernelRow, RecordRow
 from jointtune.db._url import backend_name, is_memory_sqlite, redact_url, resolve_db_url
 from jointtune.db._values import HardwareProfile, KernelInfo
-from jointtune.db.record import NewRecord, Record, RecordKey
+from jointtune.db.key import RecordKey
+from jointtune.db.record import NewRecord, Record
 from jointtune.errors import StoreError
 
 T = TypeVar("T")
