@@ -31,12 +31,23 @@ def test_the_benchmark_runs_every_path_on_simulated_ranks_and_writes_its_result(
     for cell in (prefill, decode):
         assert set(cell["paths"]) == {"jointtune/sp", "jointtune/standard", "torch/nccl"}
         assert all(err < 2e-2 for err in cell["errors"].values()), cell["errors"]  # every path against the reference
-        assert set(cell["breakdown"]["jointtune"]) == {"qkv", "o_proj", "gate_up", "down", "attention"}
-        assert isinstance(cell["breakdown"]["torch_standard"]["all_reduce"], float)
+        breakdown = cell["breakdown"]
+        assert set(breakdown["jointtune"]) == {"qkv", "o_proj", "gate_up", "down", "attention"}
+        assert all(isinstance(us, float) for us in breakdown["jointtune"].values()), breakdown["jointtune"]
+        assert all(isinstance(breakdown["torch_standard"][op], float) for op in ("all_reduce", "add_rms_norm"))
+        # the op each timed entry ran, in the layout the cell chose (the faster one: either may win here)
+        fused = breakdown["layout"] == "standard"
+        assert breakdown["jointtune_kernels"]["o_proj"].startswith("gemm_ar_rmsnorm" if fused else "gemm_rs")
+        assert breakdown["jointtune_kernels"]["down"].startswith("gemm_ar (" if fused else "gemm_rs")
         assert cell["jointtune_tokens_per_s"] > 0 and cell["torch_standard_tokens_per_s"] > 0
     assert set(decode["attention"]["us_per_layer"]) == {"flash_decode", "sdpa"}  # both kernels timed, one chosen
     assert sorted(result["layout_rule"]["measured"]) == ["2", "8"]
     assert result["config_sources"]["ag_gemm"] == {"nearest-store": 4}  # the layers' configs came from the store
+    # jointtune/standard's row-parallel ops: o_proj with the RMSNorm epilogue, down (one layer: the stack's last) with
+    # the residual, at 8 and 2 tokens, each run fused (the store's configs)
+    for kernel, mode, K in (("gemm_ar_rmsnorm", "two_shot", 256), ("gemm_ar", "one_shot", 512)):
+        assert result["config_sources"][kernel] == {"nearest-store": 2}
+        assert sorted(result["config_modes"][kernel].items()) == [(f"M={m},N=256,K={K} eager", mode) for m in (2, 8)]
     kinds = {a["anchor"] for a in result["anchors"]}
     assert {"prefill >= 1.15x the standard torch TP layer", "decode >= 1.10x the standard torch TP layer"} <= kinds
     assert all(a["passed"] for a in result["anchors"] if a["anchor"].startswith("correct"))
