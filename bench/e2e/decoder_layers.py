@@ -154,10 +154,16 @@ def command() -> str:
     return f"python {argv}"
 
 
+#: on a GPU, eager calls (the correctness check, the eager step before a capture or a compile) use the records the
+#: graph replays run (tuned with --timing graph), so the error checked is that of the configs timed
+GRAPH_FIRST = "eager:graph,gpu;graph:gpu,eager"
+
+
 def tuning_of(args: argparse.Namespace, world: Any) -> tuple[Tuning, str | None]:
     """The layers' Tuning: a fresh store holding --bundle's records (imported by rank 0), or --db."""
+    fallback = GRAPH_FIRST if world.kind == "cuda" else None
     if args.bundle is None:
-        return Tuning(db_url=args.db), args.db
+        return Tuning(db_url=args.db, timing_fallback=fallback), args.db
     from jointtune.db import open_store
     from jointtune.server.bundle import import_bundle
 
@@ -170,7 +176,7 @@ def tuning_of(args: argparse.Namespace, world: Any) -> tuple[Tuning, str | None]
     if world.rank == 0:
         import_bundle(open_store(url), Path(args.bundle).read_text())
     barrier(world)
-    return Tuning(db_url=url), url
+    return Tuning(db_url=url, timing_fallback=fallback), url
 
 
 def build(cfg: Any, world: Any, args: argparse.Namespace, tuning: Tuning) -> tuple[list[Any], list[Any]]:
