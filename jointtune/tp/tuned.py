@@ -1,9 +1,12 @@
 """The fused ops as the tensor-parallel layers call them: through `@joint_autotune`, as any user code does.
 
-Each op (`ag_gemm`, `gemm_rs`, `flash_decode`) is a launcher decorated with `@joint_autotune(space=...)`, so a
-layer's config comes from the decorator's chain (its cache, the local store, the service, then the miss policy),
-the same on every rank, timed the way the call runs (eager, or `graph` while a CUDA graph is captured). Layers
-with the same `Tuning` share one launcher per op, so eighty layers of one shape resolve a key once.
+Each op (`ag_gemm`, `gemm_rs`, `flash_decode`, and GEMM + all-reduce as `gemm_ar` and `gemm_ar_rmsnorm`) is a
+launcher decorated with `@joint_autotune(space=..., kernel=...)`, so a layer's config comes from the decorator's chain
+(its cache, the local store, the service, then the miss policy), the same on every rank, timed the way the call runs
+(eager, or `graph` while a CUDA graph is captured). `gemm_ar_rmsnorm` searches gemm_ar's space but keeps records of
+its own (the epilogue changes the work), and an untuned key of either resolves to the space default, the `baseline`
+(cuBLAS + the best unfused all-reduce). Layers with the same `Tuning` share one launcher per op, so eighty layers of
+one shape resolve a key once.
 
 `torch.compile` can't trace the decorator (a lookup may open a database). So every eager call also remembers the
 config text each policy resolved to, by the call's exact shapes; while `torch.compile` traces, the op is
