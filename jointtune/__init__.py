@@ -10,45 +10,40 @@ command stay fast: nothing here imports torch, Triton or Optuna until a name tha
 asked for. A kernel op asked for on a machine without a GPU chooses Triton's CPU interpreter
 first (it must be chosen before the first kernel is defined), so the same script runs on a GPU
 node and on a laptop. To export a name, add it to `_EXPORTS` and `__all__`, and to the
-`TYPE_CHECKING` block for type checkers.
+`TYPE_CHECKING` block for type checkers. A built-in family's op is exported from its line in
+`jointtune.families`, with nothing to add here.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from jointtune._lazy import lazy_exports
+from jointtune._version import __version__
 from jointtune.errors import JointtuneError
+from jointtune.families import BUILTIN_FAMILIES
 
 if TYPE_CHECKING:
-    from jointtune.autotune.decorator import joint_autotune
+    from jointtune.autotune.runtime.decorator import joint_autotune
     from jointtune.autotune.runtime.launcher import JointAutotuned
     from jointtune.autotune.runtime.policies import CaptureMissError
     from jointtune.autotune.runtime.rules import NoConfigError
-    from jointtune.autotune.settings import TuneSettings
-    from jointtune.kernels.ag_gemm import ag_gemm
-    from jointtune.kernels.flash_decode import flash_decode
-    from jointtune.kernels.gemm_ar import gemm_ar, gemm_ar_rmsnorm
-    from jointtune.kernels.gemm_rs import gemm_rs
-    from jointtune.kernels.world import World, create_world
+    from jointtune.autotune.tuner.settings import TuneSettings
+    from jointtune.kernels import World, create_world
 
-__version__ = "0.1.0"
 
-#: public name -> (module that defines it, whether it is a kernel op or world: chooses the interpreter first)
-_EXPORTS: dict[str, tuple[str, bool]] = {
-    "joint_autotune": ("jointtune.autotune.decorator", False),
-    "JointAutotuned": ("jointtune.autotune.runtime.launcher", False),
-    "NoConfigError": ("jointtune.autotune.runtime.rules", False),
-    "CaptureMissError": ("jointtune.autotune.runtime.policies", False),
-    "TuneSettings": ("jointtune.autotune.settings", False),
-    # the kernel families' ops, and the world they run in
-    "ag_gemm": ("jointtune.kernels.ag_gemm", True),
-    "gemm_rs": ("jointtune.kernels.gemm_rs", True),
-    "flash_decode": ("jointtune.kernels.flash_decode", True),
-    "gemm_ar": ("jointtune.kernels.gemm_ar", True),
-    "gemm_ar_rmsnorm": ("jointtune.kernels.gemm_ar", True),
-    "create_world": ("jointtune.kernels.world", True),
-    "World": ("jointtune.kernels.world", True),
+#: public name -> the module that defines it (a kernel op's is under `jointtune.kernels`, which chooses Triton's CPU
+#: interpreter where there is no GPU as it is imported, before Triton loads)
+_EXPORTS: dict[str, str] = {
+    "joint_autotune": "jointtune.autotune.runtime.decorator",
+    "JointAutotuned": "jointtune.autotune.runtime.launcher",
+    "NoConfigError": "jointtune.autotune.runtime.rules",
+    "CaptureMissError": "jointtune.autotune.runtime.policies",
+    "TuneSettings": "jointtune.autotune.tuner.settings",
+    # the world the kernel families' ops run in, and each built-in family's op (`jointtune.families`)
+    "create_world": "jointtune.kernels",
+    "World": "jointtune.kernels",
+    **{op: family.kernels for family in BUILTIN_FAMILIES for op in family.exports},
 }
 
 __all__ = [
@@ -59,27 +54,10 @@ __all__ = [
     "TuneSettings",
     "World",
     "__version__",
-    "ag_gemm",
     "create_world",
-    "flash_decode",
-    "gemm_ar",
-    "gemm_ar_rmsnorm",
-    "gemm_rs",
     "joint_autotune",
+    *(op for family in BUILTIN_FAMILIES for op in family.exports),
 ]
 
 
-def __getattr__(name: str) -> Any:
-    entry = _EXPORTS.get(name)
-    if entry is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, is_kernel = entry
-    if is_kernel:  # the kernels package chooses Triton's CPU interpreter where there is no GPU, before Triton loads
-        importlib.import_module("jointtune.kernels")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

@@ -6,6 +6,11 @@ without reading our code.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class JointtuneError(Exception):
     """Root of every error jointtune raises on purpose."""
@@ -24,6 +29,16 @@ class UnknownNameError(JointtuneError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; we want it plain.
         return str(self.args[0]) if self.args else ""
+
+
+def registered(table: Mapping[str, T], name: str, what: str) -> T:
+    """`table[name]` of a registry, or UnknownNameError naming `what` it is (e.g. "kernel: 'x' is not a known kernel
+    family") and the names there are."""
+    try:
+        return table[name]
+    except KeyError:
+        known = ", ".join(sorted(table)) or "none"
+        raise UnknownNameError(f"{what.format(name=repr(name))}; known: {known}") from None
 
 
 class StoreError(JointtuneError, RuntimeError):

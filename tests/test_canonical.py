@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from jointtune import canonical
-from jointtune.autotune.keys import shape_text
+from jointtune.autotune.tuner.keys import shape_text
 from jointtune.db import config_hash, shape_key
 from jointtune.search_spaces import canonical_json
 from jointtune.search_spaces import config_hash as space_config_hash

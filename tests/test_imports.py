@@ -14,6 +14,7 @@ defines them.
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,22 +49,16 @@ def _private_owner(target: str) -> str | None:
 
 
 def _lazy_exports(package: str) -> dict[str, str]:
-    """name -> defining module, for a package whose `__init__` has a literal `_EXPORTS` dict."""
-    tree = ast.parse(MODULES[package].read_text())
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign):
-            target = node.target
-        elif isinstance(node, ast.Assign):
-            target = node.targets[0]
-        else:
-            continue
-        if isinstance(target, ast.Name) and target.id == "_EXPORTS" and isinstance(node.value, ast.Dict):
-            out = {}
-            for key, value in zip(node.value.keys, node.value.values):
-                module = value.elts[0].value if isinstance(value, ast.Tuple) else value.value
-                out[key.value] = module if module.startswith("jointtune") else f"{package}.{module}"
-            return out
-    return {}
+    """name -> defining module, for a package whose `__init__` keeps an `_EXPORTS` dict (name -> module, or name ->
+    (module, flag)); read from the imported package, which such an `__init__` keeps light (lazy exports)."""
+    if "_EXPORTS" not in MODULES[package].read_text():
+        return {}
+    exports = getattr(importlib.import_module(package), "_EXPORTS", {})
+    out = {}
+    for name, value in exports.items():
+        module = value[0] if isinstance(value, tuple) else value
+        out[name] = module if module.startswith("jointtune") else f"{package}.{module}"
+    return out
 
 
 def _imports(module: str) -> Iterator[tuple[int, str, str | None, bool]]:
@@ -103,12 +98,13 @@ def _graph() -> dict[str, set[str]]:
 
 def test_the_scanner_sees_the_package() -> None:
     """The two tests below pass vacuously if the scanner finds nothing: check it finds what we know is there."""
-    assert {"jointtune.autotune.decorator", "jointtune.autotune.runtime.rules", "jointtune.db._url"} <= set(MODULES)
+    known = {"jointtune.autotune.runtime.decorator", "jointtune.autotune.runtime.rules", "jointtune.db._url"}
+    assert known <= set(MODULES)
     graph = _graph()
-    assert "jointtune.autotune.runtime.launcher" in graph["jointtune.autotune.decorator"]
+    assert "jointtune.autotune.runtime.launcher" in graph["jointtune.autotune.runtime.decorator"]
     # a function-level import is an edge; a TYPE_CHECKING one is not
-    assert "jointtune.autotune.runtime.triton_compat" in graph["jointtune.autotune.decorator"]
-    assert "jointtune.autotune.settings" not in graph["jointtune.autotune.decorator"]
+    assert "jointtune.autotune.runtime.triton_compat" in graph["jointtune.autotune.runtime.decorator"]
+    assert "jointtune.autotune.tuner.settings" not in graph["jointtune.autotune.runtime.decorator"]
     # lazy exports are followed to the module that defines the name
     assert _lazy_exports("jointtune.autotune")["detect"] == "jointtune.hardware"
     assert _lazy_exports("jointtune")["NoConfigError"] == "jointtune.autotune.runtime.rules"
@@ -146,3 +142,57 @@ def test_the_import_graph_has_no_cycle() -> None:
         if module not in state:
             visit(module, [module])
     assert not cycles, "import cycles (move what both sides need into a module of its own):\n" + "\n".join(cycles)
+
+
+def test_autotune_is_three_rooms_with_no_loose_module() -> None:
+    root = ROOT / "autotune"
+    entries = sorted(p.name for p in root.iterdir() if p.name != "__pycache__" and (p.is_dir() or p.suffix == ".py"))
+    assert entries == ["__init__.py", "runtime", "tuner", "workers"]
+
+
+def test_the_rooms_import_each_other_only_as_their_docstrings_say() -> None:
+    """The tuner imports neither other room; the run-time path reaches the workers through one entry point."""
+    reached: dict[str, set[str]] = {"runtime": set(), "tuner": set()}
+    for module in MODULES:
+        room = module.split(".")[2] if module.startswith("jointtune.autotune.") else None
+        if room in reached:
+            reached[room] |= {t for _, t, _, _ in _imports(module) if t.startswith("jointtune.autotune.")}
+    assert {t for t in reached["runtime"] if ".workers" in t} == {"jointtune.autotune.workers.online"}
+    assert not {t for t in reached["tuner"] if ".runtime" in t or ".workers" in t}
+
+
+BENCH = ROOT.parent / "bench"
+
+
+def _bench_private_uses(path: Path) -> Iterator[str]:
+    """`line: what` for each private jointtune name a bench script reaches: a private module or name imported, or a
+    private attribute of an imported jointtune module or object (`ag._plan_key`)."""
+    tree = ast.parse(path.read_text())
+    bound: set[str] = set()  # local names of imported jointtune modules and objects
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("jointtune"):
+                    bound.add((alias.asname or alias.name).split(".")[0])
+                    if _private_owner(alias.name):
+                        yield f"{node.lineno}: import {alias.name}"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jointtune"):
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+                if _private_owner(node.module) or _private_owner(f"{node.module}.{alias.name}"):
+                    yield f"{node.lineno}: from {node.module} import {alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in bound:
+                yield f"{node.lineno}: {ast.unparse(node)}"
+
+
+def test_bench_uses_only_public_names() -> None:
+    """The benchmarks use what the package offers its users: an internal rename must not break them."""
+    scripts = sorted(BENCH.rglob("*.py"))
+    assert len(scripts) > 20  # the scanner sees the benchmarks
+    bad = [f"{p.relative_to(BENCH.parent)}:{use}" for p in scripts for use in _bench_private_uses(p)]
+    assert not bad, "private jointtune names in bench/ (make them public API, with a docstring):\n" + "\n".join(bad)

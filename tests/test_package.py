@@ -28,9 +28,9 @@ def test_import_jointtune_loads_no_torch_triton_or_optuna() -> None:
 
 
 def test_public_names_come_from_the_root_as_triton_autotune_users_expect() -> None:
-    from jointtune.autotune.decorator import joint_autotune
+    from jointtune.autotune.runtime.decorator import joint_autotune
     from jointtune.kernels.ag_gemm import ag_gemm
-    from jointtune.kernels.world import create_world
+    from jointtune.kernels.runtime.world import create_world
 
     assert jointtune.joint_autotune is joint_autotune
     assert jointtune.ag_gemm is ag_gemm and jointtune.create_world is create_world

@@ -48,8 +48,8 @@ def test_each_python_block_runs_as_written(index: int, tmp_path: Path) -> None:
 
 
 def test_the_exhaustive_restrict_example_counts_what_it_says() -> None:
-    from jointtune.autotune.settings import TuneSettings
     from jointtune.autotune.tuner.handles import study_space
+    from jointtune.autotune.tuner.settings import TuneSettings
     from jointtune.cli.tune import parse_restrictions
     from jointtune.kernels import get_family
     from jointtune.search_spaces import DeviceLimits

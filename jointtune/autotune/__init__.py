@@ -1,20 +1,18 @@
-"""Autotuning: the run-time decorator, the tuner, the processes that run it, and sweeps.
+"""Autotuning: the run-time decorator, the tuner, and the processes that run it, in three rooms.
 
-Four subpackages, and the modules they share:
+    runtime/   the run-time path: `@joint_autotune` (the thin factory users import, also from `jointtune`), the
+               lookup chain, rank agreement, timing policies, the service client, the Triton drop-in, and
+               tuning a key online (through the workers' one entry point, `workers.online`)
+    tuner/     the study side: search, Optuna studies, timing a config, results, replay, and the values every
+               room passes around: what to tune (`Job`) and how (`TuneSettings`), tuning keys and study names
+    workers/   the process side: coordinator, executor, rank processes, supervisor, watchdog, runner, online
+               tuning's entry point, and sweeps (`workers/sweeps/`: sweep files, the registry, progress, ETA,
+               reports)
 
-    decorator.py   `@joint_autotune`, the thin factory users import (also from `jointtune`)
-    settings.py    what to tune (`Job`) and how (`TuneSettings`): plain values every part passes around
-    keys.py        a tuning key and the study name derived from it; `triton_version`
-    runtime/       the run-time path: lookups, rank agreement, timing policies, the service client,
-                   the Triton drop-in, tuning a key online
-    tuner/         the study side: search, Optuna studies, timing a config, results, replay
-    workers/       the process side: coordinator, executor, rank processes, supervisor, watchdog, runner
-    sweeps/        sweep files, the sweep registry, progress, ETA, reports
-
-Each subpackage's docstring says what it owns and what it may import. The tuner imports none of the
-others; sweeps/ builds on it, workers/ on both; runtime/ reaches workers/ only to tune a key online, and
-only the decorator and the lazy exports (here and in `jointtune`) import runtime/. Hardware fingerprints,
-which every part uses, live beside this package in `jointtune.hardware`.
+Each room's docstring says what it owns and what it may import. The tuner imports neither of the others;
+workers/ builds on it; runtime/ imports the tuner's shared values and reaches workers/ only to tune a key online,
+through `workers.online`, and only the lazy exports (here and in `jointtune`) import runtime/. Hardware
+fingerprints, which every part uses, live beside this package in `jointtune.hardware`.
 
 Names are re-exported lazily: `from jointtune.autotune import detect` imports only the module that
 defines `detect`, so light users (the service, the CLI's `hw`) never pay for torch, Triton or
@@ -24,22 +22,23 @@ Optuna they don't use. To export a name, add one line to `_EXPORTS` (name -> sub
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from jointtune._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from jointtune.autotune.decorator import joint_autotune
     from jointtune.autotune.runtime.client import ConfigClient, ServiceWarning
+    from jointtune.autotune.runtime.decorator import joint_autotune
     from jointtune.autotune.runtime.launcher import JointAutotuned
     from jointtune.autotune.runtime.lookup import LookupWarning
     from jointtune.autotune.runtime.rules import NoConfigError
     from jointtune.autotune.runtime.triton_compat import JointAutotuner
-    from jointtune.autotune.settings import Job, TuneSettings
-    from jointtune.autotune.sweeps.registry import load_sweep, register_sweep
-    from jointtune.autotune.sweeps.sweepfile import load_sweep_file
     from jointtune.autotune.tuner.replay import ReplayTable, compare, replay
     from jointtune.autotune.tuner.results import collect
+    from jointtune.autotune.tuner.settings import Job, TuneSettings
     from jointtune.autotune.workers.runner import run_jobs
+    from jointtune.autotune.workers.sweeps.registry import load_sweep, register_sweep
+    from jointtune.autotune.workers.sweeps.sweepfile import load_sweep_file
     from jointtune.hardware import (
         KEY_FIELDS,
         HardwareError,
@@ -65,19 +64,19 @@ _EXPORTS: dict[str, str] = {
     "normalize_gpu_name": "jointtune.hardware",
     "parse_topo_matrix": "jointtune.hardware",
     "ConfigClient": "runtime.client",
-    "joint_autotune": "decorator",
+    "joint_autotune": "runtime.decorator",
     "JointAutotuned": "runtime.launcher",
     "NoConfigError": "runtime.rules",
     "JointAutotuner": "runtime.triton_compat",
     "LookupWarning": "runtime.lookup",
     "ServiceWarning": "runtime.client",
-    "Job": "settings",
-    "TuneSettings": "settings",
+    "Job": "tuner.settings",
+    "TuneSettings": "tuner.settings",
     "run_jobs": "workers.runner",
     "collect": "tuner.results",
-    "load_sweep_file": "sweeps.sweepfile",
-    "register_sweep": "sweeps.registry",
-    "load_sweep": "sweeps.registry",
+    "load_sweep_file": "workers.sweeps.sweepfile",
+    "register_sweep": "workers.sweeps.registry",
+    "load_sweep": "workers.sweeps.registry",
     "ReplayTable": "tuner.replay",
     "replay": "tuner.replay",
     "compare": "tuner.replay",
@@ -113,15 +112,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    path = module if module.startswith("jointtune.") else f"{__name__}.{module}"
-    value = getattr(importlib.import_module(path), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

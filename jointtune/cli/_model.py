@@ -1,7 +1,7 @@
 """`jointtune tune --model CONFIG --tp W --tokens ... --kv-lens ...`: every fused-op shape of a model, one sweep.
 
-The model's ops (`jointtune.tp.shapes`) become jobs (`autotune.sweeps.models`), tuned by the same machinery as any
-sweep (resume, live progress, ETA, the tuned table, `--report`); the run ends with the model's per-layer table
+The model's ops (`jointtune.tp.shapes`) become jobs (`autotune.workers.sweeps.models`), tuned by the same machinery as
+any sweep (resume, live progress, ETA, the tuned table, `--report`); the run ends with the model's per-layer table
 (each op's shape per token count and layout, the chosen mode, its speedup against the best unfused path, and each
 layout's tuned ops of one layer together), and `--export FILE` writes the tuned records of exactly these
 shapes as a bundle (`jointtune import FILE` on the serving machines).
@@ -26,9 +26,9 @@ from rich.table import Table
 from jointtune.errors import TuningError
 
 if TYPE_CHECKING:
-    from jointtune.autotune.settings import Job
-    from jointtune.autotune.sweeps.models import ModelPlan
     from jointtune.autotune.tuner.results import JobResult
+    from jointtune.autotune.tuner.settings import Job
+    from jointtune.autotune.workers.sweeps.models import ModelPlan
 
 
 def check_export_path(text: str | None) -> Path | None:
@@ -54,7 +54,7 @@ def _num(value: float | None, fmt: str) -> str:
 
 def layer_table(plan: ModelPlan, results: Sequence[JobResult]) -> Table:
     """The model's per-layer table (`layer_rows`)."""
-    from jointtune.autotune.sweeps.models import layer_rows
+    from jointtune.autotune.workers.sweeps.models import layer_rows
 
     table = Table(title=f"{plan.name} at TP={plan.tp}: each op of a decoder layer", title_justify="left")
     columns = ("tokens", "op", "layout", "kernel", "shape", "W", "mode", "best µs", "unfused µs", "speedup", "note")
@@ -72,20 +72,19 @@ def write_bundle_of(url: str, jobs: Sequence[Job], path: Path, hardware_id: str)
     """The stored records of `jobs` (this hardware, each job's timing policy) as one bundle file; returns the count.
 
     Written whole to a `.partial` file and moved into place, so a failed export leaves no half bundle."""
-    from jointtune import __version__
+    from jointtune._version import __version__
+    from jointtune.autotune.tuner.keys import TuningKey
     from jointtune.db import PUBLISHED, Store
     from jointtune.kernels import get_family
     from jointtune.server.bundle import parse_bundle
     from jointtune.server.schemas import SCHEMA_VERSION
-    from jointtune.timings import measured_as
 
     with Store(url) as store:
         profile = store.get_hardware(hardware_id)
         records = []
         for job in jobs:
-            record = store.best(kernel=job.kernel, kernel_version=get_family(job.kernel).version, shape=dict(job.shape),
-                                dtype=job.dtype, world_size=job.world_size, hardware_id=hardware_id,
-                                timing=measured_as(job.settings.timing, hardware_id))  # fmt: skip
+            version = get_family(job.kernel).version
+            record = store.best(TuningKey.of(job.kernel, version, job.problem, hardware_id, job.settings.timing))
             if record is not None:
                 records.append({name: getattr(record, name) for name in PUBLISHED})
     if profile is None:
@@ -141,7 +140,7 @@ def describe(plan: ModelPlan) -> str:
 def plan_from_options(model: str, *, tp: int | None, tokens: str | None, kv_lens: str | None, attention: str,
                       decode_max: int, dtype: str, settings: Any) -> ModelPlan:  # fmt: skip
     """The plan `tune --model` runs, every option checked (one line naming the option otherwise)."""
-    from jointtune.autotune.sweeps.models import model_plan, parse_counts
+    from jointtune.autotune.workers.sweeps.models import model_plan, parse_counts
 
     if tp is None:
         raise TuningError("--tp: required with --model (the tensor-parallel degree, e.g. --tp 2)")

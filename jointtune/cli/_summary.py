@@ -118,7 +118,7 @@ def print_interrupted(
     console: Console, results: Sequence[JobResult], *, url: str, elapsed_s: float, again: str
 ) -> None:
     """What a Ctrl-C leaves: the finished trials and best configs are stored, and the same command resumes."""
-    from jointtune.autotune.sweeps.eta import fmt_duration
+    from jointtune.autotune.workers.sweeps.eta import fmt_duration
     from jointtune.db import redact_url
 
     trials = sum(r.counted for r in results)
@@ -129,7 +129,7 @@ def print_interrupted(
 
 
 def write_report_now(results: Sequence[JobResult], report: Path) -> list[Path]:
-    from jointtune.autotune.sweeps.report import write_report
+    from jointtune.autotune.workers.sweeps.report import write_report
 
     try:
         return write_report(results, report)
@@ -152,9 +152,9 @@ def print_summary(
 
     Exits 1 when a shape could not be tuned at all (every trial failed).
     """
-    from jointtune.autotune.sweeps.eta import fmt_duration
-    from jointtune.autotune.sweeps.progress import summary_table
     from jointtune.autotune.tuner.results import job_label
+    from jointtune.autotune.workers.sweeps.eta import fmt_duration
+    from jointtune.autotune.workers.sweeps.progress import summary_table
     from jointtune.db import redact_url, resolve_db_url
     from jointtune.hardware import CPU_NAME
 

@@ -80,16 +80,16 @@ def list_command(
     from rich.table import Table
 
     from jointtune.cli._checks import existing_store_url
-    from jointtune.db import Store
+    from jointtune.db import RecordKey, Store
     from jointtune.errors import UnknownNameError
 
-    filters = {"kernel": kernel, "hardware_id": hardware, "dtype": dtype, "world_size": world_size, "timing": timing}
+    where = RecordKey.any(kernel=kernel, hardware_id=hardware, dtype=dtype, world_size=world_size, timing=timing)
     with Store(existing_store_url(db)) as store:
         if kernel is not None and not store.list_kernels(name=kernel):  # a typo shows no empty table
             stored = sorted({k.name for k in store.list_kernels()})
             raise UnknownNameError(f"--kernel: {kernel!r} has no records in this store; stored kernels: {stored}")
-        records = store.list_records(**filters, limit=limit, offset=offset)
-        total = store.count_records(**filters)
+        records = store.list_records(where, limit=limit, offset=offset)
+        total = store.count_records(where)
     table = Table(title=f"{store.display_url}: {len(records)} of {total} records", title_justify="left")
     columns = ("id", "kernel", "kernel version", "shape", "dtype", "ws", "timing", "hardware", "p50 µs", "speedup",
                "trials", "config")  # fmt: skip

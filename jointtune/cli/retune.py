@@ -1,9 +1,9 @@
 """`jointtune retune`: find the keys a new kernel or space version left behind, and tune them again.
 
-After an upgrade that changes a kernel family's code (its version is derived from everything its kernels import,
-`jointtune.kernels._version`), no lookup finds the records measured on the old code. This command lists those keys
-(and the keys whose record was searched in an older space), then re-tunes the ones tuned on this machine with the
-settings their last study used, through the same runner as `tune` and `sweep` (progress, resume, summary).
+After an upgrade that changes a kernel family's code (its version is derived from everything its kernels
+import, `jointtune.kernels.runtime.version`), no lookup finds the records measured on the old code. This command lists
+those keys (and the keys whose record was searched in an older space), then re-tunes the ones tuned on this machine
+with the settings their last study used, through the same runner as `tune` and `sweep` (progress, resume, summary).
 """
 
 from __future__ import annotations

@@ -141,13 +141,13 @@ def export_command(
     """Write one hardware's profile and all its records to a bundle file (the format /v1/bundles serves),
     streamed a page at a time; the file is replaced only once it is complete."""
     from jointtune.cli._checks import existing_store_url
-    from jointtune.db import Store
+    from jointtune.db import RecordKey, Store
     from jointtune.server.bundle import write_bundle
     from jointtune.server.limits import listed
 
     partial = output.with_name(output.name + ".partial")
     with Store(existing_store_url(db)) as store:
-        if kernel is not None and not store.count_records(kernel=kernel, hardware_id=hardware):
+        if kernel is not None and not store.count_records(RecordKey.any(kernel=kernel, hardware_id=hardware)):
             stored = sorted({k.name for k in store.list_kernels()})
             raise BundleFileError(
                 f"--kernel: {hardware!r} has no records of {kernel!r}; stored kernels: {listed(stored, len(stored))}"

@@ -29,8 +29,8 @@ from jointtune.errors import TuningError
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from jointtune.autotune.settings import Job, TuneSettings
     from jointtune.autotune.tuner.results import JobResult
+    from jointtune.autotune.tuner.settings import Job, TuneSettings
     from jointtune.autotune.workers.coordinator import GroupOptions
 
 _DB_HELP = "database URL of the store and the Optuna studies (default: $JOINTTUNE_DB_URL or the per-user SQLite file)"
@@ -47,7 +47,7 @@ def _env_int(name: str, default: int) -> int:
 
 def _options(heartbeat: int | None, grace: int | None) -> GroupOptions:
     """Heartbeat and grace from the options, else $JOINTTUNE_HEARTBEAT_S / $JOINTTUNE_GRACE_S."""
-    from jointtune.autotune.settings import MAX_SECONDS
+    from jointtune.autotune.tuner.settings import MAX_SECONDS
     from jointtune.autotune.workers.coordinator import GroupOptions
 
     defaults = GroupOptions()
@@ -254,10 +254,10 @@ def tune(
     ] = None,
 ) -> None:
     """Tune one kernel for one shape on this node, or (--model) every fused-op shape of a model."""
-    from jointtune.autotune.settings import Job, TuneSettings
     from jointtune.autotune.tuner.handles import study_space
     from jointtune.autotune.tuner.results import job_label
     from jointtune.autotune.tuner.search import check_study
+    from jointtune.autotune.tuner.settings import Job, TuneSettings
     from jointtune.autotune.workers.runner import prepare_interpreter
     from jointtune.cli._checks import prepare_report_dir
     from jointtune.cli.db import shape_text
@@ -355,10 +355,10 @@ def sweep(
 ) -> None:
     """Tune every job of a sweep file's profile on this node (and register it for workers)."""
     from jointtune._command import jointtune_command
-    from jointtune.autotune.sweeps.registry import register_sweep
-    from jointtune.autotune.sweeps.sweepfile import load_sweep_file
     from jointtune.autotune.tuner.studies import open_storage
     from jointtune.autotune.workers.runner import prepare_interpreter
+    from jointtune.autotune.workers.sweeps.registry import register_sweep
+    from jointtune.autotune.workers.sweeps.sweepfile import load_sweep_file
     from jointtune.cli._checks import check_profile, prepare_report_dir
     from jointtune.db import open_store, redact_url, resolve_db_url
 
@@ -398,9 +398,9 @@ def worker(
     grace: Annotated[int | None, typer.Option(help="seconds without a heartbeat before a trial is stale")] = None,
 ) -> None:
     """Work on a registered sweep until none of its studies has work left."""
-    from jointtune.autotune.sweeps.registry import load_sweep
     from jointtune.autotune.tuner.studies import open_storage
     from jointtune.autotune.workers.runner import prepare_interpreter
+    from jointtune.autotune.workers.sweeps.registry import load_sweep
     from jointtune.cli._checks import check_profile, existing_store_url
     from jointtune.db import open_store
 

@@ -5,14 +5,16 @@ an embedded SQLite file by default or any PostgreSQL URL. Trial history is not h
 Optuna's RDB storage on the same database URL (see `_models` for why).
 
 A record's format is defined once, by `schema.RecordIn`; `jointtune.db.record` builds the store's values
-(`NewRecord`, `Record`) and the lookup's answer (`LookupOut`) from it.
+(`NewRecord`, `Record`), the key that names a record (`RecordKey`: what every lookup, filter and tuning key
+carries) and the lookup's answer (`LookupOut`) from it.
 
 Example:
     >>> from jointtune.db import NewRecord, open_store                    # doctest: +SKIP
     >>> store = open_store()            # $JOINTTUNE_DB_URL or ~/.local/share/jointtune/jointtune.db  # doctest: +SKIP
     >>> record, stored = store.upsert_record(NewRecord(...))              # doctest: +SKIP
-    >>> store.best(kernel="ag_gemm", kernel_version=v, shape={"M": 8192, "N": 4096, "K": 12288},  # doctest: +SKIP
-    ...            dtype="bfloat16", world_size=2, hardware_id=hw)
+    >>> key = RecordKey(kernel="ag_gemm", kernel_version=v, shape={"M": 8192, "N": 4096, "K": 12288},  # doctest: +SKIP
+    ...                 dtype="bfloat16", world_size=2, hardware_id=hw)
+    >>> store.best(key)                                                    # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -23,23 +25,25 @@ from jointtune.db._migrate import MigrationResult, head_revision
 from jointtune.db._store import Store, open_store
 from jointtune.db._url import ENV_DB_URL, default_sqlite_path, is_memory_sqlite, redact_url, resolve_db_url
 from jointtune.db._values import HardwareProfile, InvalidRecordError, KernelInfo
-from jointtune.db.record import PUBLISHED, STORE_SET, LookupOut, NewRecord, Record
-from jointtune.db.schema import HardwareIn, LookupKey, RecordIn
+from jointtune.db.key import RecordKey
+from jointtune.db.record import KEY_FIELDS, PUBLISHED, STORE_SET, LookupOut, NewRecord, Record
+from jointtune.db.schema import HardwareIn, RecordIn
 
 __all__ = [
     "ENV_DB_URL",
+    "KEY_FIELDS",
     "PUBLISHED",
     "STORE_SET",
     "HardwareIn",
     "HardwareProfile",
     "InvalidRecordError",
     "KernelInfo",
-    "LookupKey",
     "LookupOut",
     "MigrationResult",
     "NewRecord",
     "Record",
     "RecordIn",
+    "RecordKey",
     "Store",
     "config_hash",
     "default_sqlite_path",

@@ -12,37 +12,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from jointtune.db._values import InvalidRecordError, invalid
-from jointtune.db.schema import MAX_INT32, TIMINGS, HardwareIn, LookupKey, Name64, Name128
+from jointtune.db.schema import MAX_INT32, TIMINGS, HardwareIn, Name64, Name128
 
 #: the most rows one list call returns
 MAX_PAGE = 10_000
-
-
-def check_key(
-    kernel: Any,
-    kernel_version: Any,
-    shape: Any,
-    dtype: Any,
-    world_size: Any,
-    hardware_id: Any,
-    *,
-    versioned: bool,
-    timing: Any = "gpu",
-) -> LookupKey:
-    """A lookup key with canonical values (dtype aliases resolved); `kernel_version` may be None only
-    when not `versioned` (any version)."""
-    if versioned and kernel_version is None:
-        raise InvalidRecordError(
-            "query: kernel_version: None is not allowed; exact lookups need a version",
-            [{"loc": ["kernel_version"], "msg": "exact lookups need a version", "type": "missing"}],
-        )
-    fields = {"kernel": kernel, "kernel_version": kernel_version, "shape": shape, "dtype": dtype}
-    try:
-        return LookupKey.model_validate(
-            {**fields, "world_size": world_size, "hardware_id": hardware_id, "timing": timing}
-        )
-    except ValidationError as exc:
-        raise invalid("query", exc) from None
 
 
 def check_timing(timing: Any) -> None:

@@ -26,6 +26,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from jointtune.db.record import KEY_FIELDS
+
 #: stable constraint names, so later migrations can refer to them on every backend
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -41,8 +43,8 @@ JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 #: Alembic's version table for our schema (Optuna's `alembic_version` shares the database)
 VERSION_TABLE = "jt_alembic_version"
 
-#: the columns that identify a record: one best config per key
-RECORD_KEY = ("kernel", "kernel_version", "shape_key", "dtype", "world_size", "hardware_id", "timing")
+#: the columns that identify a record: one best config per key (the key's fields, the shape as its canonical text)
+RECORD_KEY = tuple("shape_key" if name == "shape" else name for name in KEY_FIELDS)
 #: the order records are listed in, a page at a time
 LIST_ORDER = ("kernel", "kernel_version", "hardware_id", "dtype", "world_size", "shape_key", "id")
 

@@ -25,6 +25,7 @@ from sqlalchemy.ext.compiler import compiles
 from jointtune.canonical import config_hash, shape_key
 from jointtune.db._models import RECORD_KEY, HardwareRow, KernelRow, RecordRow
 from jointtune.db._values import HardwareProfile, KernelInfo
+from jointtune.db.key import RecordKey
 from jointtune.db.record import PUBLISHED, RECORD_FIELDS, NewRecord, Record
 
 #: columns a better record replaces: all but the key, the id and `created_at` (from the first insert)
@@ -179,10 +180,7 @@ EXACT = sa.select(_RECORDS).where(*_key_clauses(True), _RECORDS.c.shape_key == s
 RAISE_TRIALS = (
     sa.update(_RECORDS)
     .where(
-        *(
-            _RECORDS.c[name] == sa.bindparam(f"k_{name}")
-            for name in ("kernel", "kernel_version", "dtype", "world_size", "hardware_id", "timing", "shape_key")
-        ),
+        *(_RECORDS.c[name] == sa.bindparam(f"k_{name}") for name in RECORD_KEY),
         _RECORDS.c.study_name == sa.bindparam("k_study_name"),
         _RECORDS.c.trials < sa.bindparam("new_trials"),
     )
@@ -190,27 +188,12 @@ RAISE_TRIALS = (
 )
 
 
-def key_params(
-    *,
-    kernel: str,
-    kernel_version: str | None,
-    shape: dict[str, int],
-    dtype: str,
-    world_size: int,
-    hardware_id: str,
-    timing: str,
-) -> dict[str, Any]:
-    """Values for `EXACT` and `nearest_lookup` (kernel_version only when given)."""
-    params = {
-        "kernel": kernel,
-        "dtype": dtype,
-        "world_size": world_size,
-        "hardware_id": hardware_id,
-        "timing": timing,
-        "shape_key": shape_key(shape),
-    }
-    if kernel_version is not None:
-        params["kernel_version"] = kernel_version
+def key_params(key: RecordKey) -> dict[str, Any]:
+    """Values for `EXACT` and `nearest_lookup` of a checked key (kernel_version only when given)."""
+    params = {name: getattr(key, name) for name in RECORD_KEY if name not in ("kernel_version", "shape_key")}
+    params["shape_key"] = shape_key(key.shape)
+    if key.kernel_version is not None:
+        params["kernel_version"] = key.kernel_version
     return params
 
 
@@ -224,7 +207,7 @@ def nearest_lookup(dims: tuple[str, ...], versioned: bool) -> sa.Select:
     for their full rows in the same statement (so a winner deleted meanwhile can't fail the lookup,
     as it could when ranking and reading were two statements). Summing per-dim rows instead made PostgreSQL
     hash-join the whole dims table (about 30 ms a lookup at 100k records, measured with
-    bench/service_load.py's data); sorting full rows instead of ids costs 1-2 ms more at 2,500
+    bench/service/service_load.py's data); sorting full rows instead of ids costs 1-2 ms more at 2,500
     candidates. The exact shape scores 0 exactly. Dims are summed in the query's order, as
     `distance` has always been computed.
     """

@@ -14,13 +14,14 @@ per operation; the SQL lives in `_queries`, argument checks in `_checks`, migrat
 Example:
     >>> store = open_store("sqlite:///tuning.db")                         # doctest: +SKIP
     >>> record, stored = store.upsert_record(new_record)                  # doctest: +SKIP
-    >>> store.nearest(kernel="ag_gemm", kernel_version=None, shape={"M": 4096, "N": 4096, "K": 8192},
-    ...               dtype="bfloat16", world_size=2, hardware_id=hw)    # doctest: +SKIP
+    >>> store.nearest(RecordKey(kernel="ag_gemm", kernel_version=None, shape={"M": 4096, "N": 4096, "K": 8192},
+    ...                         dtype="bfloat16", world_size=2, hardware_id=hw))    # doctest: +SKIP
     [(Record(id=1, ...), 1.0)]
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -31,8 +32,9 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
+from jointtune.canonical import shape_key
 from jointtune.db import _queries as q
-from jointtune.db._checks import check_hardware, check_kernel, check_key, check_page, check_timing, in_id_range
+from jointtune.db._checks import check_hardware, check_kernel, check_page, check_timing, in_id_range
 from jointtune.db._engine import (
     CONNECT_TIMEOUT_S,
     SQLITE_BUSY_TIMEOUT_S,
@@ -45,8 +47,8 @@ from jointtune.db._migrate import MigrationResult, current_revision, head_revisi
 from jointtune.db._models import LIST_ORDER, RECORD_KEY, HardwareRow, KernelRow, RecordRow
 from jointtune.db._url import backend_name, is_memory_sqlite, redact_url, resolve_db_url
 from jointtune.db._values import HardwareProfile, KernelInfo
+from jointtune.db.key import RecordKey
 from jointtune.db.record import NewRecord, Record
-from jointtune.dtypes import canonical_dtype
 from jointtune.errors import StoreError
 
 T = TypeVar("T")
@@ -57,7 +59,7 @@ _IMPORT_BATCH = 400
 _YIELD_EVERY = 100
 
 
-class Store:
+class Store(contextlib.AbstractContextManager):
     """Best configs per (kernel, kernel_version, shape, dtype, world_size, hardware) in one database.
 
     Opening migrates an empty or outdated database (pass `migrate=False` to only inspect it).
@@ -94,10 +96,7 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.display_url!r})"
 
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: object) -> None:  # `with Store(url) as store:` closes it at the end
         self.close()
 
     def close(self) -> None:
@@ -150,35 +149,15 @@ class Store:
             session.execute(q.ensure_kernel(dialect, record.kernel, record.kernel_version))
             session.execute(q.ensure_hardware(dialect, record.hardware_id))
             stored_id = session.execute(q.upsert_record(dialect, record)).scalar_one_or_none()
-            params = q.key_params(
-                kernel=record.kernel,
-                kernel_version=record.kernel_version,
-                shape=record.shape,
-                dtype=record.dtype,
-                world_size=record.world_size,
-                hardware_id=record.hardware_id,
-                timing=record.timing,
-            )
+            params = q.key_params(RecordKey.of(record))
             return q.to_record(session.execute(q.EXACT, params).one()), stored_id is not None
 
         return self._run("publishing a record", run, write=True)
 
-    def note_trials(
-        self,
-        *,
-        kernel: str,
-        kernel_version: str,
-        shape: dict[str, int],
-        dtype: str,
-        world_size: int,
-        hardware_id: str,
-        timing: str,
-        study_name: str,
-        trials: int,
-    ) -> bool:
+    def note_trials(self, key: RecordKey, *, study_name: str, trials: int) -> bool:
         """Raise the trial count of the key's record to `trials` if study `study_name` made it (a record
         kept from another study keeps its own count). Returns whether a record changed."""
-        params = _checked_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, timing, versioned=True)
+        params = q.key_params(key.checked())
         params = {f"k_{name}": value for name, value in params.items()}
         params.update(k_study_name=study_name, new_trials=int(trials))
         return self._run("counting trials", lambda s: s.execute(q.RAISE_TRIALS, params).rowcount > 0, write=True)
@@ -232,7 +211,7 @@ class Store:
 
         JSON text, not Records: an export page is the one read that grows with the store, and
         splicing the database's own JSON of `shape` and `config` costs a fifth of loading them into
-        Python objects and dumping them again (measured by bench/export_vs_lookup.py's author)."""
+        Python objects and dumping them again (measured by bench/service/export_vs_lookup.py's author)."""
         check_page(limit, after)
         stmt = q.export_json(hardware_id=hardware_id, kernel=kernel, after=after, limit=limit)
         rows = self._run("exporting records", lambda s: s.execute(stmt).all(), write=False)
@@ -243,40 +222,20 @@ class Store:
             out.append((row.id, q.export_text(row)))
         return out
 
-    def best(
-        self,
-        *,
-        kernel: str,
-        kernel_version: str,
-        shape: dict[str, int],
-        dtype: str,
-        world_size: int,
-        hardware_id: str,
-        timing: str = "gpu",
-    ) -> Record | None:
-        """The stored record for exactly this key (of this timing policy), or None."""
-        params = _checked_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, timing, versioned=True)
+    def best(self, key: RecordKey) -> Record | None:
+        """The stored record for exactly this key (of its timing policy), or None."""
+        params = q.key_params(key.checked())
         row = self._lookup("looking up a record", lambda conn: conn.execute(q.EXACT, params).first())
         return None if row is None else q.to_record(row)
 
-    def nearest(
-        self,
-        *,
-        kernel: str,
-        kernel_version: str | None,
-        shape: dict[str, int],
-        dtype: str,
-        world_size: int,
-        hardware_id: str,
-        limit: int = 1,
-        timing: str = "gpu",
-    ) -> list[tuple[Record, float]]:
-        """Records of the same kernel, hardware, dtype, world size and timing policy (and kernel_version
+    def nearest(self, key: RecordKey, *, limit: int = 1) -> list[tuple[Record, float]]:
+        """Records of the key's kernel, hardware, dtype, world size and timing policy (and kernel_version
         unless None) with the same dim names, closest first: distance = Euclidean distance between the
         log2 of the dims (0 for the exact shape). Ties go to the lower p50, then the older record."""
-        params = _checked_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, timing, versioned=False)
+        key = key.checked(versioned=False)
+        params = q.key_params(key)
         check_page(limit, 0)
-        versioned = kernel_version is not None
+        versioned, shape = key.kernel_version is not None, key.shape
 
         def run(conn: sa.Connection) -> list[tuple[Record, float]]:
             if limit == 1 and versioned:  # the common lookup: one probe of the unique key
@@ -295,52 +254,26 @@ class Store:
         stmt = sa.select(RecordRow).where(RecordRow.id == record_id)
         return self._run("reading a record", lambda s: _first(s.scalars(stmt).first()), write=False)
 
-    def list_records(
-        self,
-        *,
-        kernel: str | None = None,
-        kernel_version: str | None = None,
-        hardware_id: str | None = None,
-        dtype: str | None = None,
-        world_size: int | None = None,
-        timing: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> list[Record]:
-        """Records matching every given filter, in a stable order (kernel, hardware, dtype, shape, id)."""
+    def list_records(self, where: RecordKey | None = None, *, limit: int = 100, offset: int = 0) -> list[Record]:
+        """Records matching every field of `where` that is not None (`RecordKey.any(kernel="ag_gemm")`; None: all),
+        in a stable order (kernel, hardware, dtype, shape, id)."""
         check_page(limit, offset)
-        where = _filters(kernel, kernel_version, hardware_id, dtype, world_size, timing)
+        where = _filters(where)
         order = [getattr(RecordRow, name) for name in LIST_ORDER]  # the index ix_jt_records_list
         stmt = sa.select(RecordRow).where(*where).order_by(*order).limit(limit).offset(offset)
         rows = self._run("listing records", lambda s: s.scalars(stmt).all(), write=False)
         return [q.to_record(row) for row in rows]
 
-    def count_records(
-        self,
-        *,
-        kernel: str | None = None,
-        kernel_version: str | None = None,
-        hardware_id: str | None = None,
-        dtype: str | None = None,
-        world_size: int | None = None,
-        timing: str | None = None,
-    ) -> int:
-        where = _filters(kernel, kernel_version, hardware_id, dtype, world_size, timing)
+    def count_records(self, where: RecordKey | None = None) -> int:
+        """How many records match every field of `where` that is not None (None: all)."""
+        where = _filters(where)
         stmt = sa.select(sa.func.count()).select_from(RecordRow).where(*where)
         return self._run("counting records", lambda s: int(s.execute(stmt).scalar_one()), write=False)
 
-    def key_values(
-        self,
-        columns: Sequence[str],
-        *,
-        kernel: str,
-        hardware_id: str | None = None,
-        dtype: str | None = None,
-        world_size: int | None = None,
-        limit: int = 100,
-    ) -> list[tuple[Any, ...]]:
-        """The distinct values of some key `columns` among a kernel's records (optionally of one hardware, dtype
-        and world size), in order, at most `limit` of them: what a lookup's miss says the store has nearby.
+    def key_values(self, columns: Sequence[str], where: RecordKey, *, limit: int = 100) -> list[tuple[Any, ...]]:
+        """The distinct values of some key `columns` among the records of `where`'s kernel (and of its hardware,
+        dtype and world size where not None; its other fields are not read), in order, at most `limit` of them:
+        what a lookup's miss says the store has nearby.
 
         The filters are a prefix of the lookup index, so the database reads that index's range instead of
         whole records (a miss's explanation loaded up to 1,000 full records: 100-270 ms)."""
@@ -348,8 +281,9 @@ class Store:
         unknown = [name for name in columns if name not in q.KEY_VALUE_COLUMNS]
         if unknown or not columns:
             raise ValueError(f"columns: {unknown or columns!r} is not allowed; use some of {q.KEY_VALUE_COLUMNS}")
-        given = {"kernel": kernel, "hardware_id": hardware_id, "dtype": _dtype(dtype), "world_size": world_size}
-        params = {name: value for name, value in given.items() if value is not None}
+        if where.kernel is None:
+            raise ValueError("where: a kernel is required; key values are read from one kernel's records")
+        params = {k: v for k, v in where.where().items() if k in ("kernel", "hardware_id", "dtype", "world_size")}
         stmt = q.key_values(tuple(columns), tuple(params))
         return self._lookup(
             "reading a kernel's keys", lambda c: [tuple(r) for r in c.execute(stmt, {**params, "limit": limit})]
@@ -489,42 +423,10 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _checked_key(
-    kernel: str,
-    kernel_version: str | None,
-    shape: dict[str, int],
-    dtype: str,
-    world_size: int,
-    hardware_id: str,
-    timing: str,
-    *,
-    versioned: bool,
-) -> dict[str, Any]:
-    """A lookup key checked (bad input: one clear error) and bound for the prebuilt lookup statements."""
-    key = check_key(kernel, kernel_version, shape, dtype, world_size, hardware_id, versioned=versioned, timing=timing)
-    return q.key_params(**dict(key))
-
-
-def _filters(
-    kernel: str | None,
-    kernel_version: str | None,
-    hardware_id: str | None,
-    dtype: str | None,
-    world_size: int | None,
-    timing: str | None,
-) -> list[sa.ColumnElement[bool]]:
+def _filters(where: RecordKey | None) -> list[sa.ColumnElement[bool]]:
     """The filters of `list_records` and `count_records` (a timing that is not a policy is refused)."""
-    check_timing(timing)
-    return q.filters(
-        kernel=kernel,
-        kernel_version=kernel_version,
-        hardware_id=hardware_id,
-        dtype=_dtype(dtype),
-        world_size=world_size,
-        timing=timing,
-    )
-
-
-def _dtype(dtype: str | None) -> str | None:
-    """A dtype filter under the name the store keeps (aliases such as 'bf16' resolved)."""
-    return None if dtype is None else canonical_dtype(dtype) or dtype
+    given = {} if where is None else where.where()
+    check_timing(given.get("timing"))
+    if "shape" in given:
+        given["shape_key"] = shape_key(given.pop("shape"))
+    return q.filters(**given)

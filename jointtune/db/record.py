@@ -4,6 +4,9 @@
 limits and defaults. Everything else that carries a record is built from it here, never retyped:
 
 - `NewRecord`, the value a tuner hands the store: RecordIn's fields and defaults, in its order;
+- `KEY_FIELDS`, what names a record (kernel, kernel version, shape, dtype, world size, hardware, timing policy),
+  from which `jointtune.db.key.RecordKey` is built the same way: the one key the store, the client, the lookup
+  route, the decorator's run-time identity and the tuner's key carry;
 - `Record`, what the store holds and returns: RecordIn's fields plus `STORE_SET`, the fields the store
   sets (id, shape_key, config_hash, speedup, created_at, updated_at), declared only here;
 - `LookupOut` (with `Latency3` and `Provenance`), the lookup's answer: the service builds it from a
@@ -109,6 +112,13 @@ class _NewRecordMethods:
         return type(self).of(checked)
 
     @classmethod
+    def for_key(cls, key: Any, **result: Any) -> Self:
+        """A result to publish for `key` (a `RecordKey`, or anything with its fields): the key's fields, then the
+        result's own (space and Triton versions, config, latencies, baseline, trials, study). Tuners build every
+        record they publish here."""
+        return cls(**{name: getattr(key, name) for name in KEY_FIELDS}, **result)
+
+    @classmethod
     def of(cls, checked: RecordIn) -> Self:
         """The NewRecord of a record the schema accepted (dims sorted by name)."""
         data = checked.model_dump()
@@ -140,6 +150,14 @@ class _RecordMethods:
         data["created_at"] = data["created_at"].isoformat()
         data["updated_at"] = data["updated_at"].isoformat()
         return data
+
+
+#: the fields that name a record, in RecordIn's order: the store keeps one record per key (its unique key, with the
+#: shape as its canonical text), and every lookup, tuning key and query names one
+KEY_FIELDS: tuple[str, ...] = tuple(
+    name for name in PUBLISHED
+    if name in {"kernel", "kernel_version", "shape", "dtype", "world_size", "hardware_id", "timing"}
+)  # fmt: skip
 
 
 NewRecord = _dataclass(
@@ -235,5 +253,5 @@ LookupOut = create_model(
     distance=(float, ...),
 )
 
-__all__ = ["FIELD_TYPES", "PUBLISHED", "RECORD_FIELDS", "STORE_SET", "Latency3", "LookupOut", "NewRecord",
+__all__ = ["FIELD_TYPES", "KEY_FIELDS", "PUBLISHED", "RECORD_FIELDS", "STORE_SET", "Latency3", "LookupOut", "NewRecord",
            "Provenance", "Record"]  # fmt: skip

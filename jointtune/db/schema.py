@@ -47,7 +47,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from jointtune import __version__
+from jointtune._version import __version__
 from jointtune.canonical import MAX_DIM
 from jointtune.dtypes import DTYPE_ALIASES, TORCH_DTYPES, canonical_dtype
 from jointtune.timings import TIMINGS
@@ -353,20 +353,6 @@ class HardwareIn(BaseModel):
     hardware_id: Name128
     name: Text256
     fingerprint: JsonObject = Field(default_factory=dict)
-
-
-class LookupKey(BaseModel):
-    """What a lookup asks for; `kernel_version` None means any version (nearest lookups only)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-    kernel: Name128
-    kernel_version: Name64 | None
-    shape: Shape
-    dtype: Dtype
-    world_size: WorldSize
-    hardware_id: Name128
-    timing: Timing = "gpu"
 
 
 def error_loc(parts: Any) -> list[int | str]:

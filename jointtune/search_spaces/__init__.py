@@ -8,8 +8,10 @@ Example:
     {'mode': 'push_cublas', 'push_by': 'ce', 'gemm_order': 'local_first', 'chunk_m': 2048}
 """
 
+from jointtune.families import BUILTIN_FAMILIES
 from jointtune.search_spaces._anchors import ANCHOR_DTYPE, ANCHOR_WORLD_SIZE, ANCHORS, anchor_problems
 from jointtune.search_spaces._config import canonical_json, config_hash
+from jointtune.search_spaces._gemm import row_tile
 from jointtune.search_spaces._params import (
     Condition,
     Constraint,
@@ -32,11 +34,10 @@ from jointtune.search_spaces._shape import parse_shape
 from jointtune.search_spaces._space import Space
 from jointtune.search_spaces.ag_gemm import AG_GEMM
 from jointtune.search_spaces.flash_decode import FLASH_DECODE
-from jointtune.search_spaces.gemm_ar import GEMM_AR
 from jointtune.search_spaces.gemm_rs import GEMM_RS
 
-for _space in (AG_GEMM, GEMM_RS, FLASH_DECODE, GEMM_AR):
-    register_space(_space)
+for _family in BUILTIN_FAMILIES:  # every built-in family's space, from the one table of them
+    register_space(_family.load_space())
 
 __all__ = [
     "AG_GEMM",
@@ -45,7 +46,6 @@ __all__ = [
     "ANCHOR_WORLD_SIZE",
     "DTYPE_BYTES",
     "FLASH_DECODE",
-    "GEMM_AR",
     "GEMM_RS",
     "Condition",
     "Constraint",
@@ -69,6 +69,7 @@ __all__ = [
     "parse_shape",
     "pow2",
     "register_space",
+    "row_tile",
     "rule_field",
     "space_names",
     "unregister_space",

@@ -7,7 +7,7 @@ Example:
 
 from __future__ import annotations
 
-from jointtune.errors import SpaceError, UnknownNameError
+from jointtune.errors import SpaceError, registered
 from jointtune.search_spaces._space import Space
 
 _SPACES: dict[str, Space] = {}
@@ -26,11 +26,7 @@ def unregister_space(name: str) -> None:
 
 
 def get_space(name: str) -> Space:
-    try:
-        return _SPACES[name]
-    except KeyError:
-        known = ", ".join(sorted(_SPACES)) or "none"
-        raise UnknownNameError(f"space: {name!r} is not a known search space; known: {known}") from None
+    return registered(_SPACES, name, "space: {name} is not a known search space")
 
 
 def space_names() -> list[str]:

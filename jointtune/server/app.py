@@ -23,7 +23,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 
-from jointtune import __version__
+from jointtune._version import __version__
 from jointtune.db import InvalidRecordError
 from jointtune.db.schema import NAME_CHARS, error_loc, printable
 from jointtune.errors import StoreError

@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from jointtune import __version__
+from jointtune._version import __version__
 from jointtune.db import InvalidRecordError, NewRecord, Store
 from jointtune.db.schema import describe, problems_of
 from jointtune.server.schemas import SCHEMA_VERSION, BundleIn

@@ -94,7 +94,7 @@ class CostGate:
       them however many clients ask (`slots * share` in all). At the export's share of 0.1, a page of
       1000 records that took 15 ms is answered after 150 ms: a 100k-record export takes about 15 s on
       an idle 2-core machine, and lookups' p99 stays within 2x of idle while four clients export at
-      once (bench/export_vs_lookup.py; bench/results/export_vs_lookup_2026-11-23.json).
+      once (bench/service/export_vs_lookup.py; bench/results/export_vs_lookup_2026-11-23.json).
 
     Example:
         >>> gate = CostGate("exports", "JOINTTUNE_EXPORT_CONCURRENCY", slots=1, share=0.1)

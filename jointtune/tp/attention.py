@@ -47,7 +47,7 @@ _DECODE_WORLDS: dict[torch.device, Any] = {}
 
 def decode_world(device: torch.device) -> Any:
     """The one-rank world head-parallel decode runs `flash_decode` in (one per device, shared by every layer)."""
-    from jointtune.kernels.world import LocalWorld
+    from jointtune.kernels.runtime.world import LocalWorld
 
     world = _DECODE_WORLDS.get(device)
     if world is None:

@@ -33,8 +33,9 @@ from typing import Any
 import torch
 
 from jointtune.autotune.tuner import timing
+from jointtune.db import RecordKey
 from jointtune.errors import KernelError
-from jointtune.kernels._family import Family, register_family
+from jointtune.kernels.runtime.family import Family, register_family
 from jointtune.search_spaces import Constraint, Space, categorical, choice, pow2, register_space, when
 
 #: configs precompiled in this process, in order (tests read it)
@@ -327,5 +328,6 @@ def stored_best(url: str, family: Family, m: int = 64) -> Any:
 
     hardware_id = detect().hardware_id
     timing = measured_as("gpu", hardware_id)  # a run with the default (gpu) policy: interp in the CPU interpreter
-    return open_store(url).best(kernel=family.name, kernel_version=family.version, shape={"M": m}, dtype="float32",
-                                world_size=2, hardware_id=hardware_id, timing=timing)  # fmt: skip
+    return open_store(url).best(RecordKey(kernel=family.name, kernel_version=family.version, shape={"M": m},
+                                          dtype="float32", world_size=2, hardware_id=hardware_id,
+                                          timing=timing))  # fmt: skip

@@ -13,8 +13,8 @@ import json
 import sys
 from typing import Any
 
-from jointtune.autotune.settings import Job
 from jointtune.autotune.tuner.results import JobResult, collect
+from jointtune.autotune.tuner.settings import Job
 from jointtune.autotune.tuner.studies import open_storage, trial_config
 from jointtune.autotune.workers.control import SoloControl
 from jointtune.autotune.workers.coordinator import Coordinator, GroupInfo, GroupOptions

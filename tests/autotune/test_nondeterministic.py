@@ -20,21 +20,21 @@ import optuna
 import pytest
 import torch
 
-from jointtune.autotune.decorator import NoConfigError, joint_autotune
-from jointtune.autotune.keys import triton_version
+from jointtune.autotune.runtime.decorator import NoConfigError, joint_autotune
 from jointtune.autotune.runtime.lookup import LookupWarning, reset_warnings
-from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.sweeps.sweepfile import SweepFileError, parse_sweep
 from jointtune.autotune.tuner.handles import study_space
+from jointtune.autotune.tuner.keys import triton_version
 from jointtune.autotune.tuner.results import study_name_for
+from jointtune.autotune.tuner.settings import Job, TuneSettings
+from jointtune.autotune.workers.sweeps.sweepfile import SweepFileError, parse_sweep
 from jointtune.cli import main
-from jointtune.db import NewRecord, open_store
+from jointtune.db import NewRecord, RecordKey, open_store
 from jointtune.errors import TuningError, UnknownNameError
 from jointtune.hardware import current_limits, detect
 from jointtune.kernels import get_family
-from jointtune.kernels._family import register_family
 from jointtune.kernels.gemm_rs import gemm_rs, reference
-from jointtune.kernels.world import LocalWorld
+from jointtune.kernels.runtime.family import register_family
+from jointtune.kernels.runtime.world import LocalWorld
 from jointtune.search_spaces import Space, categorical, get_space, register_space
 
 JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]
@@ -344,7 +344,7 @@ def test_online_tuning_searches_nondeterministic_modes_only_when_allowed(sqlite_
     launch(torch.ones(32), world=LocalWorld(world_size=W))
     assert ran == [{"mode": "racy" if allow else "exact"}]
     assert next(iter(launch.sources.values())) == "tune"
-    (record,) = open_store(sqlite_url).list_records(kernel="jt_racy")
+    (record,) = open_store(sqlite_url).list_records(RecordKey.any(kernel="jt_racy"))
     study = optuna.load_study(study_name=record.study_name, storage=sqlite_url)
     measured = {json.loads(t.user_attrs["jt_config"])["mode"] for t in study.trials if t.state.is_finished()}
     assert measured == ({"baseline", "exact", "racy"} if allow else {"baseline", "exact"})

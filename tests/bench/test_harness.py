@@ -1,4 +1,4 @@
-"""bench/harness.py: a run survives an item that raises and one that never returns, at W = 2 and 4 (real torchrun
+"""bench/common/harness.py: a run survives an item that raises and one that never returns, at W = 2 and 4 (real torchrun
 ranks over gloo on the CPU), resuming after the hang with the items it had not run; and candidates come from the
 spaces for any world size and GQA group."""
 
@@ -12,14 +12,14 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
-import harness  # noqa: E402
+from common import harness  # noqa: E402
 
 RANKS = f"""
 import sys, time
 sys.path.insert(0, {str(BENCH)!r})
 from pathlib import Path
 import torch.distributed as dist
-import harness
+from common import harness
 
 dist.init_process_group("gloo")
 items = harness.Items(Path(sys.argv[1]), dist.get_rank(), timeout_s=float(sys.argv[2]))

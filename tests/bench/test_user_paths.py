@@ -1,4 +1,4 @@
-"""bench/user_paths.py: the user's unfused context-parallel decode (SDPA partials, one all-gather of output and LSE,
+"""bench/ops/user_paths.py: the user's unfused context-parallel decode (SDPA partials, one all-gather of output and LSE,
 combine) agrees with the family's float32 reference on simulated ranks, for GQA groups 1, 5 and 8."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
-from user_paths import SdpaGatherCombine  # noqa: E402
+from ops.user_paths import SdpaGatherCombine  # noqa: E402
 
-from jointtune.kernels import get_family  # noqa: E402
-from jointtune.kernels.world import create_world  # noqa: E402
+from jointtune.kernels import create_world, get_family  # noqa: E402
 from jointtune.search_spaces import get_space  # noqa: E402
 
 

@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 from _db_workers import SHARED_KEYS, forked_child, shared_latency, write_records
 
-from jointtune.db import NewRecord, Store, head_revision, open_store
+from jointtune.db import NewRecord, RecordKey, Store, head_revision, open_store
 
 WORKERS = 4
 STEPS = 25
@@ -38,7 +38,7 @@ def test_concurrent_first_use_and_writes(db_url: str) -> None:
         assert store.count_records() == SHARED_KEYS + WORKERS * STEPS
         for w in range(WORKERS):
             for step in range(STEPS):
-                rec = store.best(**key, shape={"M": step + 1, "N": w + 1, "K": 7})
+                rec = store.best(RecordKey(**key, shape={"M": step + 1, "N": w + 1, "K": 7}))
                 assert rec is not None and rec.config == {"worker": w, "step": step}
         # each shared key holds its fastest write, with that write's own config
         for shared in range(SHARED_KEYS):
@@ -48,7 +48,7 @@ def test_concurrent_first_use_and_writes(db_url: str) -> None:
                 for s in range(STEPS)
                 if s % SHARED_KEYS == shared
             }
-            rec = store.best(**key, shape={"M": 1024 * (shared + 1), "N": 64, "K": 64})
+            rec = store.best(RecordKey(**key, shape={"M": 1024 * (shared + 1), "N": 64, "K": 64}))
             assert rec is not None
             assert (rec.latency_p50_us, rec.config) == (min(writes), writes[min(writes)])
 

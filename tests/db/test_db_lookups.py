@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from jointtune.db import NewRecord, Record, Store
+from jointtune.db import NewRecord, Record, RecordKey, Store
 
 MakeRecord = Callable[..., NewRecord]
 KEY = {"kernel": "ag_gemm", "dtype": "bfloat16", "world_size": 2, "hardware_id": "h200x2-nvl"}
@@ -47,14 +47,14 @@ def test_nearest_equals_a_python_ranking(store: Store, make_record: MakeRecord) 
             shape = {d: rng.randrange(16, 20000) for d in dims}
         for version in ("v1", None):
             for limit in (1, 4):
-                found = store.nearest(**KEY, kernel_version=version, shape=shape, limit=limit)
+                found = store.nearest(RecordKey(**KEY, kernel_version=version, shape=shape), limit=limit)
                 assert [r.id for r, _ in found] == _reference(stored, shape, version, limit)
                 for record, distance in found:
                     assert record == store.get_record(record.id)  # the full row, not a partial one
                     want = math.sqrt(sum((math.log2(record.shape[k]) - math.log2(v)) ** 2 for k, v in shape.items()))
                     assert distance == pytest.approx(want, rel=1e-9, abs=1e-12)
                     assert (distance == 0.0) == (record.shape == shape)
-        best = store.best(**KEY, kernel_version="v1", shape=shape)
+        best = store.best(RecordKey(**KEY, kernel_version="v1", shape=shape))
         exact = [r for r in stored if r.shape == shape and r.kernel_version == "v1"]
         assert best == (exact[0] if exact else None)
 
@@ -64,8 +64,9 @@ def test_lookups_leave_pooled_connections_transactional(pg_url: str, make_record
     must be transactional again, or a later write's statements would each commit on their own."""
     with Store(pg_url) as store:
         record, _ = store.upsert_record(make_record())
-        assert store.best(**KEY, kernel_version="v1", shape=record.shape) == record
-        assert store.nearest(**KEY, kernel_version=None, shape={**record.shape, "M": 5}, limit=2)[0][0] == record
+        assert store.best(RecordKey(**KEY, kernel_version="v1", shape=record.shape)) == record
+        near = store.nearest(RecordKey(**KEY, kernel_version=None, shape={**record.shape, "M": 5}), limit=2)
+        assert near[0][0] == record
         assert store.engine.pool.checkedin() == 1  # the one connection, used by the lookups, is back
         with store.engine.connect() as conn:
             assert conn.connection.driver_connection.autocommit is False
@@ -84,15 +85,16 @@ def test_what_a_miss_reads_equals_the_records(store: Store, make_record: MakeRec
                                         kernel_version=version, shape=shape))  # fmt: skip
     store.upsert_record(make_record(kernel="gemm_rs", hardware_id="mi300x8"))
     store.upsert_hardware(hardware_id="b200x8", name="no records", fingerprint={})
-    on_hw = {"kernel": "ag_gemm", "hardware_id": "h200x2-nvl"}
-    assert store.key_values(("dtype", "world_size"), **on_hw) == [("bfloat16", 2), ("float16", 4)]
-    assert store.key_values(("timing", "kernel_version", "dims_signature"), **on_hw, dtype="bf16", world_size=2) == [
+    on_hw = RecordKey.any(kernel="ag_gemm", hardware_id="h200x2-nvl")
+    assert store.key_values(("dtype", "world_size"), on_hw) == [("bfloat16", 2), ("float16", 4)]
+    on_hw2 = on_hw.replace(dtype="bf16", world_size=2)
+    assert store.key_values(("timing", "kernel_version", "dims_signature"), on_hw2) == [
         ("eager", "v2", "M,N"), ("gpu", "v1", "K,M,N"),
     ]  # fmt: skip
-    assert store.key_values(("dtype",), **on_hw, limit=1) == [("bfloat16",)]
-    assert store.key_values(("dtype",), kernel="nope") == []
+    assert store.key_values(("dtype",), on_hw, limit=1) == [("bfloat16",)]
+    assert store.key_values(("dtype",), RecordKey.any(kernel="nope")) == []
     with pytest.raises(ValueError, match="config"):
-        store.key_values(("config",), kernel="ag_gemm")
+        store.key_values(("config",), RecordKey.any(kernel="ag_gemm"))
     assert store.hardware_ids(kernel="ag_gemm") == (["a100x8", "h200x2-nvl"], 2)
     assert store.hardware_ids(kernel="ag_gemm", limit=1) == (["a100x8"], 2)
     assert store.hardware_ids() == (["a100x8", "b200x8", "h200x2-nvl", "mi300x8"], 4)  # every profile

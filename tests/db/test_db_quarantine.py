@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from jointtune.db import Store, head_revision
+from jointtune.db import RecordKey, Store, head_revision
 from jointtune.db._engine import make_engine
 from jointtune.db._migrate import alembic_config
 from jointtune.db._models import Base
@@ -88,7 +88,7 @@ def test_unservable_records_are_quarantined_and_the_rest_served(db_url: str) -> 
         kept = {r.id: r for r in store.list_records()}
         assert set(kept) == {ids[1], ids[8], ids[9], faster_id}
         assert kept[ids[8]].dtype == "bfloat16" and kept[ids[9]].dtype == "float16"
-        assert store.best(**KEY, shape={"K": 64, "M": 8, "N": 64}).id == ids[8]  # reachable as bfloat16 now
+        assert store.best(RecordKey(**KEY, shape={"K": 64, "M": 8, "N": 64})).id == ids[8]  # reachable as bfloat16 now
         with store.engine.connect() as conn:
             quarantined = conn.execute(sa.text("SELECT source_table, source_id, reason, data FROM jt_quarantine")).all()
         moved = {row.source_id: row for row in quarantined if row.source_table == "jt_records"}
@@ -97,5 +97,5 @@ def test_unservable_records_are_quarantined_and_the_rest_served(db_url: str) -> 
         assert json.loads(moved[ids[4]].data)["kernel"] == "a/b"  # the row as it was, nothing lost
         # every read that used to fail on them works: lists, pages, exports, nearest lookups of the group
         assert store.count_records() == 4
-        assert store.nearest(**KEY, shape={"K": 64, "M": 3, "N": 64}, limit=5)
+        assert store.nearest(RecordKey(**KEY, shape={"K": 64, "M": 3, "N": 64}), limit=5)
         assert len(store.export_json(hardware_id="h200x2-nvl", limit=100)) == 4

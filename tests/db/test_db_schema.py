@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from jointtune.db import InvalidRecordError, NewRecord, Store
+from jointtune.db import InvalidRecordError, NewRecord, RecordKey, Store
 from jointtune.db.schema import MAX_DIM, MAX_JSON_BYTES, RecordIn
 from jointtune.errors import StoreError
 
@@ -62,9 +62,9 @@ def test_what_the_store_takes_it_serves_back(store: Store, make_record: MakeReco
     assert store.get_record(stored.id) == stored
     json.dumps([r.to_json() for r in store.list_records()], ensure_ascii=False, allow_nan=False).encode()
     # item 2: the largest dim keeps every nearest lookup of its group working (PostgreSQL: double precision)
-    near = store.nearest(**{**KEY, "kernel": "a.b:c-d_e"}, shape={"M": 4096, "N": 1, "K": 64}, limit=5)
+    near = store.nearest(RecordKey(**{**KEY, "kernel": "a.b:c-d_e"}, shape={"M": 4096, "N": 1, "K": 64}), limit=5)
     assert [r.id for r, _ in near] == [stored.id]
-    ((first, _),) = store.nearest(**KEY, shape={"M": 8, "N": 1, "K": 64})
+    ((first, _),) = store.nearest(RecordKey(**KEY, shape={"M": 8, "N": 1, "K": 64}))
     assert first.config == big
 
 
@@ -72,10 +72,10 @@ def test_lookups_take_the_cli_dtype_names_and_refuse_unknown_ones(store: Store, 
     record, _ = store.upsert_record(make_record(dtype="bf16"))  # stored under torch's name
     assert record.dtype == "bfloat16"
     for name in ("bf16", "bfloat16", "torch.bfloat16"):
-        assert store.best(**{**KEY, "dtype": name}, shape=record.shape) == record
-    assert store.count_records(dtype="bf16") == 1
+        assert store.best(RecordKey(**{**KEY, "dtype": name}, shape=record.shape)) == record
+    assert store.count_records(RecordKey.any(dtype="bf16")) == 1
     with pytest.raises(InvalidRecordError, match="dtype: 'bfloat17' is not allowed"):
-        store.best(**{**KEY, "dtype": "bfloat17"}, shape=record.shape)
+        store.best(RecordKey(**{**KEY, "dtype": "bfloat17"}, shape=record.shape))
 
 
 def test_ids_beyond_the_integer_column_are_absent_not_errors(store: Store, make_record: MakeRecord) -> None:

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from jointtune.db import InvalidRecordError, NewRecord, Store, head_revision
+from jointtune.db import InvalidRecordError, NewRecord, RecordKey, Store, head_revision
 from jointtune.db._models import VERSION_TABLE, Base
 
 MakeRecord = Callable[..., NewRecord]
@@ -58,9 +58,9 @@ class TestStoreContract:
             assert old.revision() == head_revision()
             with old.engine.connect() as conn:
                 assert "jt_record_dims" not in sa.inspect(conn).get_table_names()
-            kept = old.best(**KEY, shape=shape)
+            kept = old.best(RecordKey(**KEY, shape=shape))
             assert kept is not None and kept.id == rid and kept.config == {"mode": "ce"}
-            ((near, distance),) = old.nearest(**KEY, shape={**shape, "M": 4096}, limit=1)
+            ((near, distance),) = old.nearest(RecordKey(**KEY, shape={**shape, "M": 4096}), limit=1)
             assert near.id == rid and distance == pytest.approx(1.0)
 
     def test_migrates_an_empty_database_once(self, db_url: str) -> None:
@@ -105,19 +105,18 @@ class TestStoreContract:
         """The tuner raises its record's trial count as its study goes on; never lowers it, never touches a
         record another study made, and leaves `updated_at` (when a faster record replaced it) alone."""
         record, _ = store.upsert_record(make_record(study_name="study-a", trials=3))
-        key = {name: getattr(record, name) for name in ("kernel", "kernel_version", "shape", "dtype", "world_size",
-                                                         "hardware_id", "timing")}  # fmt: skip
-        assert store.note_trials(**key, study_name="study-a", trials=8)
-        assert not store.note_trials(**key, study_name="study-a", trials=5)  # a late report of an earlier count
-        assert not store.note_trials(**key, study_name="study-b", trials=20)  # not its record
-        assert not store.note_trials(**{**key, "dtype": "float16"}, study_name="study-a", trials=20)  # no record
+        key = RecordKey.of(record)
+        assert store.note_trials(key, study_name="study-a", trials=8)
+        assert not store.note_trials(key, study_name="study-a", trials=5)  # a late report of an earlier count
+        assert not store.note_trials(key, study_name="study-b", trials=20)  # not its record
+        assert not store.note_trials(key.replace(dtype="float16"), study_name="study-a", trials=20)  # no record
         now = store.get_record(record.id)
         assert now.trials == 8 and now.updated_at == record.updated_at and now.latency_p50_us == record.latency_p50_us
 
     def test_best_matches_the_exact_key_only(self, store: Store, make_record: MakeRecord) -> None:
         record, _ = store.upsert_record(make_record())
         shape = {"K": 12288, "N": 4096, "M": 8192}  # dim order does not matter
-        assert store.best(**KEY, shape=shape) == record
+        assert store.best(RecordKey(**KEY, shape=shape)) == record
         for field, other in [
             ("kernel_version", "v2"),
             ("dtype", "float16"),
@@ -125,8 +124,8 @@ class TestStoreContract:
             ("hardware_id", "other"),
             ("kernel", "gemm_rs"),
         ]:
-            assert store.best(**{**KEY, field: other}, shape=shape) is None
-        assert store.best(**KEY, shape={**shape, "M": 4096}) is None
+            assert store.best(RecordKey(**{**KEY, field: other}, shape=shape)) is None
+        assert store.best(RecordKey(**KEY, shape={**shape, "M": 4096})) is None
 
     def test_nearest_orders_by_log2_distance(self, store: Store, make_record: MakeRecord) -> None:
         ids = {}
@@ -134,7 +133,7 @@ class TestStoreContract:
             ids[m] = store.upsert_record(make_record(shape={"M": m, "N": 4096, "K": 12288}, latency_p50_us=p50))[0].id
         store.upsert_record(make_record(shape={"M": 4096, "N": 4096}, latency_p50_us=1.0))  # other dims
         store.upsert_record(make_record(shape={"M": 4096, "N": 4096, "K": 12288}, hardware_id="elsewhere"))
-        found = store.nearest(**KEY, shape={"M": 4096, "N": 4096, "K": 12288}, limit=10)
+        found = store.nearest(RecordKey(**KEY, shape={"M": 4096, "N": 4096, "K": 12288}), limit=10)
         # 8192 and 2048 are both one doubling away: the faster (lower p50) comes first
         assert [(r.id, d) for r, d in found] == [
             (ids[8192], 1.0),
@@ -142,17 +141,17 @@ class TestStoreContract:
             (ids[16384], 2.0),
             (ids[1024], 2.0),
         ]
-        exact = store.nearest(**KEY, shape={"M": 2048, "N": 4096, "K": 12288})
+        exact = store.nearest(RecordKey(**KEY, shape={"M": 2048, "N": 4096, "K": 12288}))
         assert [(r.id, d) for r, d in exact] == [(ids[2048], 0.0)]
-        diagonal = store.nearest(**KEY, shape={"M": 4096, "N": 8192, "K": 6144}, limit=1)
+        diagonal = store.nearest(RecordKey(**KEY, shape={"M": 4096, "N": 8192, "K": 6144}), limit=1)
         assert diagonal[0][1] == pytest.approx(math.sqrt(1 + 1 + 1))
-        assert store.nearest(**{**KEY, "dtype": "float16"}, shape={"M": 8192, "N": 4096, "K": 12288}) == []
-        assert store.nearest(**KEY, shape={"M": 8192, "N": 4096, "K": 12288, "B": 2}) == []
+        assert store.nearest(RecordKey(**{**KEY, "dtype": "float16"}, shape={"M": 8192, "N": 4096, "K": 12288})) == []
+        assert store.nearest(RecordKey(**KEY, shape={"M": 8192, "N": 4096, "K": 12288, "B": 2})) == []
 
     def test_nearest_across_kernel_versions_only_when_asked(self, store: Store, make_record: MakeRecord) -> None:
         old, _ = store.upsert_record(make_record(kernel_version="v0", shape={"M": 8192, "N": 4096, "K": 12288}))
-        assert store.nearest(**KEY, shape={"M": 8192, "N": 4096, "K": 12288}) == []
-        anyver = store.nearest(**{**KEY, "kernel_version": None}, shape={"M": 4096, "N": 4096, "K": 12288})
+        assert store.nearest(RecordKey(**KEY, shape={"M": 8192, "N": 4096, "K": 12288})) == []
+        anyver = store.nearest(RecordKey(**{**KEY, "kernel_version": None}, shape={"M": 4096, "N": 4096, "K": 12288}))
         assert [(r.id, d) for r, d in anyver] == [(old.id, 1.0)]
 
     def test_list_filters_and_pages(self, store: Store, make_record: MakeRecord) -> None:
@@ -161,13 +160,14 @@ class TestStoreContract:
                 store.upsert_record(make_record(shape={"M": m, "N": 64, "K": 64}, dtype=dtype))
         store.upsert_record(make_record(kernel="gemm_rs", world_size=4))
         assert store.count_records() == 9
-        assert store.count_records(kernel="ag_gemm", dtype="float16") == 4
-        assert {r.world_size for r in store.list_records(world_size=4)} == {4}
-        assert store.list_records(hardware_id="nowhere") == [] and store.count_records(hardware_id="nowhere") == 0
-        pages = [store.list_records(kernel="ag_gemm", limit=3, offset=o) for o in (0, 3, 6)]
+        assert store.count_records(RecordKey.any(kernel="ag_gemm", dtype="float16")) == 4
+        assert {r.world_size for r in store.list_records(RecordKey.any(world_size=4))} == {4}
+        nowhere = RecordKey.any(hardware_id="nowhere")
+        assert store.list_records(nowhere) == [] and store.count_records(nowhere) == 0
+        pages = [store.list_records(RecordKey.any(kernel="ag_gemm"), limit=3, offset=o) for o in (0, 3, 6)]
         assert [len(p) for p in pages] == [3, 3, 2]
         assert len({r.id for page in pages for r in page}) == 8
-        assert pages[0] == store.list_records(kernel="ag_gemm", limit=3)  # stable order
+        assert pages[0] == store.list_records(RecordKey.any(kernel="ag_gemm"), limit=3)  # stable order
         with pytest.raises(InvalidRecordError, match="limit: 0 is not allowed"):
             store.list_records(limit=0)
         with pytest.raises(InvalidRecordError, match="offset: -1 is not allowed"):
@@ -179,7 +179,7 @@ class TestStoreContract:
         assert store.delete_record(record.id) is True
         assert store.delete_record(record.id) is False
         assert store.get_record(record.id) is None and store.get_record(kept.id) == kept
-        assert store.best(**KEY, shape=record.shape) is None
+        assert store.best(RecordKey(**KEY, shape=record.shape)) is None
 
     def test_hardware_profiles_and_kernels(self, store: Store, make_record: MakeRecord) -> None:
         store.upsert_record(make_record(hardware_id="auto-hw"))
@@ -231,11 +231,11 @@ class TestStoreContract:
 
     def test_bad_queries_are_rejected(self, store: Store) -> None:
         with pytest.raises(InvalidRecordError, match=r"shape.M: '8' is not allowed"):
-            store.best(**KEY, shape={"M": "8"})
+            store.best(RecordKey(**KEY, shape={"M": "8"}))
         with pytest.raises(InvalidRecordError, match="kernel_version: None is not allowed"):
-            store.best(**{**KEY, "kernel_version": None}, shape={"M": 8})
+            store.best(RecordKey(**{**KEY, "kernel_version": None}, shape={"M": 8}))
         with pytest.raises(InvalidRecordError, match="limit: 0 is not allowed"):
-            store.nearest(**KEY, shape={"M": 8}, limit=0)
+            store.nearest(RecordKey(**KEY, shape={"M": 8}), limit=0)
 
     def test_optuna_storage_shares_the_database(self, store: Store, make_record: MakeRecord) -> None:
         import optuna
@@ -248,6 +248,6 @@ class TestStoreContract:
         record, _ = store.upsert_record(make_record(study_name=study.study_name))
         with Store(store.url) as reopened:  # Optuna's alembic_version does not confuse ours
             assert reopened.migration is not None and not reopened.migration.changed
-            assert reopened.best(**KEY, shape=record.shape) == record
+            assert reopened.best(RecordKey(**KEY, shape=record.shape)) == record
         loaded = optuna.load_study(study_name=record.study_name, storage=store.url)
         assert len(loaded.trials) == 2

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 import sqlalchemy as sa
 
-from jointtune.db import InvalidRecordError, NewRecord, Store
+from jointtune.db import InvalidRecordError, NewRecord, RecordKey, Store
 
 KEY = {"kernel": "ag_gemm", "kernel_version": "v1", "dtype": "bfloat16", "world_size": 2, "hardware_id": "h200x2-nvl"}
 SHAPE = {"M": 8192, "N": 4096, "K": 12288}
@@ -22,27 +22,27 @@ def test_each_policy_keeps_its_own_record_for_a_key(store: Store, make_record: C
     # a slower eager record would not replace the faster gpu one, and a faster one replaces only its policy's
     faster, stored = store.upsert_record(make_record(latency_p50_us=650.0, config={"mode": "baseline"}, timing="eager"))
     assert stored and faster.id == eager.id
-    assert store.best(**KEY, shape=SHAPE).config == {"mode": "push"}  # default: gpu
-    assert store.best(**KEY, shape=SHAPE, timing="eager").config == {"mode": "baseline"}
-    assert store.best(**KEY, shape=SHAPE, timing="graph") is None
-    assert store.count_records(timing="eager") == 1 and store.count_records() == 2
-    assert [r.timing for r in store.list_records(timing="gpu")] == ["gpu"]
+    assert store.best(RecordKey(**KEY, shape=SHAPE)).config == {"mode": "push"}  # default: gpu
+    assert store.best(RecordKey(**KEY, shape=SHAPE, timing="eager")).config == {"mode": "baseline"}
+    assert store.best(RecordKey(**KEY, shape=SHAPE, timing="graph")) is None
+    assert store.count_records(RecordKey.any(timing="eager")) == 1 and store.count_records() == 2
+    assert [r.timing for r in store.list_records(RecordKey.any(timing="gpu"))] == ["gpu"]
 
 
 def test_nearest_searches_within_one_policy(store: Store, make_record: Callable[..., NewRecord]) -> None:
     store.upsert_record(make_record(shape={"M": 4096, "N": 4096, "K": 12288}, config={"mode": "ce"}, timing="eager"))
     store.upsert_record(make_record(shape={"M": 8192, "N": 4096, "K": 8192}, config={"mode": "push"}))
-    near = store.nearest(**KEY, shape=SHAPE, timing="eager")
+    near = store.nearest(RecordKey(**KEY, shape=SHAPE, timing="eager"))
     assert [r.config for r, _ in near] == [{"mode": "ce"}] and near[0][1] == pytest.approx(1.0)
-    assert [r.config for r, _ in store.nearest(**KEY, shape=SHAPE)] == [{"mode": "push"}]
-    assert store.nearest(**KEY, shape=SHAPE, timing="graph") == []
+    assert [r.config for r, _ in store.nearest(RecordKey(**KEY, shape=SHAPE))] == [{"mode": "push"}]
+    assert store.nearest(RecordKey(**KEY, shape=SHAPE, timing="graph")) == []
 
 
 def test_bad_policies_are_refused_naming_the_field(store: Store, make_record: Callable[..., NewRecord]) -> None:
     with pytest.raises(InvalidRecordError, match=r"timing: 'wall' is not allowed"):
         store.upsert_record(make_record(timing="wall"))
     with pytest.raises(InvalidRecordError, match=r"timing"):
-        store.best(**KEY, shape=SHAPE, timing="eagerly")
+        store.best(RecordKey(**KEY, shape=SHAPE, timing="eagerly"))
     assert store.count_records() == 0
 
 
@@ -77,7 +77,7 @@ def test_revision_0004_keeps_every_record_as_gpu(db_url: str, make_record: Calla
     with Store(db_url) as store:
         (kept,) = store.list_records()
         assert kept.timing == "gpu" and kept.config == {"mode": "push"}
-        assert store.best(**KEY, shape=SHAPE).id == kept.id
+        assert store.best(RecordKey(**KEY, shape=SHAPE)).id == kept.id
         _, stored = store.upsert_record(make_record(latency_p50_us=900.0, timing="eager"))
         assert stored and store.count_records() == 2
 
@@ -150,7 +150,8 @@ def test_revision_0006_labels_the_interpreters_records_interp(
         assert store.count_records() == 3
         assert (records[cpu, 8192].timing, records[cpu, 8192].config) == ("interp", {"mode": "ce"})
         assert records[cpu, 64].timing == "interp" and records["h200x2-nvl", 8192].timing == "gpu"
-        assert store.best(**{**KEY, "hardware_id": cpu}, shape=SHAPE, timing="interp").latency_p50_us == 500.0
+        on_cpu = RecordKey(**{**KEY, "hardware_id": cpu}, shape=SHAPE, timing="interp")
+        assert store.best(on_cpu).latency_p50_us == 500.0
     engine = make_engine(db_url)
     with engine.begin() as conn:
         config = alembic_config()

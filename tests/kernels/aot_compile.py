@@ -27,9 +27,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from jointtune.kernels import get_family
-from jointtune.kernels._gemm_rs_kernel import release_flag_kernel
-from jointtune.kernels._ipc import ipc_barrier_kernel
-from jointtune.kernels._signals import open_call_kernel, release_chunk_kernel, wait_chunks_kernel
+from jointtune.kernels.gemm_rs.kernel import release_flag_kernel
+from jointtune.kernels.runtime.ipc import ipc_barrier_kernel
+from jointtune.kernels.runtime.signals import open_call_kernel, release_chunk_kernel, wait_chunks_kernel
 from jointtune.search_spaces import Problem
 
 _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",

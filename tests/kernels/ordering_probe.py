@@ -7,7 +7,7 @@ Two faults that only a GPU showed, as wrong sums now and then, are visible in wh
 - a read-then-zero of an fp32 buffer with no barrier between: Triton may lay the zeroing store out
   over other threads than the read, so one thread zeroes what another has not read yet.
 
-And the rule that makes one thread's release or acquire speak for its whole program (`_signals`' doc): a
+And the rule that makes one thread's release or acquire speak for its whole program (`signals`' doc): a
 scalar release (or acq_rel count) must come after a barrier that follows the program's tensor stores and
 atomics, and the tensor loads after a scalar acquire must come after a barrier that follows it.
 

@@ -7,9 +7,9 @@ import torch
 
 from jointtune.errors import ShapeError, SpaceError
 from jointtune.kernels import get_family
-from jointtune.kernels._symm import call_state
 from jointtune.kernels.ag_gemm import ag_gemm, prepare, reference
-from jointtune.kernels.world import create_world
+from jointtune.kernels.runtime.symm import call_state
+from jointtune.kernels.runtime.world import create_world
 from jointtune.search_spaces import Problem, get_space
 from jointtune.search_spaces._problem import DeviceLimits
 

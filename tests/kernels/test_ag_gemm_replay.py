@@ -18,7 +18,7 @@ import torch
 from capture import capture
 
 from jointtune.kernels.ag_gemm import ag_gemm, reference
-from jointtune.kernels.world import create_world
+from jointtune.kernels.runtime.world import create_world
 
 TILES = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2, SPLIT_K=1)
 CONFIGS = {

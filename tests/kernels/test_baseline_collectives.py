@@ -14,7 +14,7 @@ from jointtune.kernels import get_family
 from jointtune.kernels.ag_gemm import ag_gemm
 from jointtune.kernels.gemm_ar import gemm_ar, gemm_ar_rmsnorm, reference
 from jointtune.kernels.gemm_rs import gemm_rs
-from jointtune.kernels.world import LocalWorld
+from jointtune.kernels.runtime.world import LocalWorld
 from jointtune.search_spaces import DeviceLimits, Problem, get_space
 from jointtune.search_spaces._collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 

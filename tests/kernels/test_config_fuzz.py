@@ -20,8 +20,8 @@ from jointtune.kernels import ag_gemm as ag
 from jointtune.kernels import flash_decode as fd
 from jointtune.kernels import gemm_ar as ar
 from jointtune.kernels import gemm_rs as rs
-from jointtune.kernels._runtime import device_limits
-from jointtune.kernels.world import LocalWorld
+from jointtune.kernels.runtime.device import device_limits
+from jointtune.kernels.runtime.world import LocalWorld
 from jointtune.search_spaces import Problem, Space, get_space
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -1,8 +1,8 @@
-"""Repeat eager calls replayed from a recording of the call (`jointtune/kernels/_eager_graph.py`).
+"""Repeat eager calls replayed from a recording of the call (`jointtune/kernels/runtime/eager_graph.py`).
 
 CUDA graphs need a GPU, so here the recording re-issues the recorded call on the static tensors it was given, as the
-CPU suite's prepared launches stand in for graph replays (bench/gpu_smoke.py's eager_replay check runs the CUDA graphs
-themselves). What is checked is the bookkeeping around it: when a call site is captured, replayed or left direct,
+CPU suite's prepared launches stand in for graph replays (bench/ops/gpu_smoke.py's eager_replay check runs the CUDA
+graphs themselves). What is checked is the bookkeeping around it: when a call site is captured, replayed or left direct,
 and that every replayed call returns what a direct call would."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from jointtune.errors import KernelError
-from jointtune.kernels import _eager_graph as eg
 from jointtune.kernels import ag_gemm as ag
-from jointtune.kernels._eager_graph import EagerGraphs, direct_only, enabled
-from jointtune.kernels.world import create_world
+from jointtune.kernels.runtime import eager_graph as eg
+from jointtune.kernels.runtime.eager_graph import EagerGraphs, direct_only, enabled
+from jointtune.kernels.runtime.world import create_world
 
 
 def _recording(captured: list[int]) -> eg.Capture:

@@ -12,10 +12,10 @@ from capture import capture
 
 from jointtune.errors import ShapeError, SpaceError
 from jointtune.kernels import get_family
-from jointtune.kernels._flash_decode_args import merge_splits
 from jointtune.kernels.flash_decode import config_json, flash_decode, prepare, reference
+from jointtune.kernels.flash_decode.args import merge_splits
 from jointtune.kernels.gemm_rs import gemm_rs
-from jointtune.kernels.world import LocalWorld
+from jointtune.kernels.runtime.world import LocalWorld
 from jointtune.search_spaces import DeviceLimits, Problem, get_space
 
 TILE = dict(kv_split=64, BLOCK_N=16, num_warps=2, num_stages=2)
@@ -351,7 +351,7 @@ def test_a_config_for_a_bucket_is_valid_for_every_capacity_in_it():
 
 def _decorated(monkeypatch, **options):
     """flash_decode behind `@joint_autotune(space="flash_decode", **options)`, no service or mode from the env."""
-    from jointtune.autotune.decorator import joint_autotune
+    from jointtune.autotune.runtime.decorator import joint_autotune
 
     monkeypatch.delenv("JOINTTUNE_SERVER", raising=False)
     monkeypatch.delenv("JOINTTUNE_MODE", raising=False)
@@ -377,7 +377,7 @@ def test_decorator_uses_the_family_key(tmp_path, monkeypatch):
 def test_a_key_of_the_callers_own_finds_the_bucket_record(tmp_path, monkeypatch):
     """key= returning the raw capacity (S = 80 at 2 ranks): the lookup asks for the bucket (S = 128), where tuning
     stores records, and finds the stored one exactly."""
-    from jointtune.autotune.keys import triton_version
+    from jointtune.autotune.tuner.keys import triton_version
     from jointtune.db import NewRecord, open_store
     from jointtune.hardware import detect
 

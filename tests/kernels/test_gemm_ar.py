@@ -13,7 +13,7 @@ from jointtune.errors import ShapeError, SpaceError
 from jointtune.kernels import get_family
 from jointtune.kernels.gemm_ar import config_json, gemm_ar, gemm_ar_rmsnorm, prepare, reference, row_parallel
 from jointtune.kernels.gemm_rs import gemm_rs
-from jointtune.kernels.world import LocalWorld
+from jointtune.kernels.runtime.world import LocalWorld
 from jointtune.search_spaces import DeviceLimits, Problem, get_space
 
 TILES = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2, SPLIT_K=1)

@@ -13,7 +13,7 @@ from jointtune.errors import ShapeError, SpaceError
 from jointtune.kernels import get_family
 from jointtune.kernels.ag_gemm import ag_gemm
 from jointtune.kernels.gemm_rs import config_json, gemm_rs, prepare, reference
-from jointtune.kernels.world import LocalWorld
+from jointtune.kernels.runtime.world import LocalWorld
 from jointtune.search_spaces import Problem, get_space
 
 TILES = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2, SPLIT_K=1)

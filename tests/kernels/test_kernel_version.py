@@ -12,7 +12,7 @@ import pytest
 import jointtune
 from jointtune.errors import KernelError
 from jointtune.kernels import get_family
-from jointtune.kernels._version import closure_modules, closure_version, normalised_source
+from jointtune.kernels.runtime.version import closure_modules, closure_version, normalised_source
 
 FAMILIES = ("ag_gemm", "gemm_rs", "flash_decode", "gemm_ar", "gemm_ar_rmsnorm")
 
@@ -47,14 +47,14 @@ def test_the_family_version_is_the_closure_of_its_module_and_reads_the_copy_like
 @pytest.mark.parametrize(
     ("module", "changed"),
     [
-        ("_tiles", {"ag_gemm", "gemm_rs", "gemm_ar", "gemm_ar_rmsnorm"}),  # tile helpers of the GEMM kernels only
-        ("_launch", set(FAMILIES)),  # the shared runtime: every family
-        ("_signals", set(FAMILIES)),
-        ("world", set(FAMILIES)),
-        ("_eager_graph", set(FAMILIES)),
-        ("_flash_decode_kernel", {"flash_decode"}),  # a family's own kernel: that family alone
-        ("_gemm_rs_kernel", {"gemm_rs"}),
-        ("_ag_gemm_plans", {"ag_gemm"}),
+        ("runtime/tiles", {"ag_gemm", "gemm_rs", "gemm_ar", "gemm_ar_rmsnorm"}),  # the GEMM kernels' tile helpers
+        ("runtime/launch", set(FAMILIES)),  # the shared runtime: every family
+        ("runtime/signals", set(FAMILIES)),
+        ("runtime/world", set(FAMILIES)),
+        ("runtime/eager_graph", set(FAMILIES)),
+        ("flash_decode/kernel", {"flash_decode"}),  # a family's own kernel: that family alone
+        ("gemm_rs/kernel", {"gemm_rs"}),
+        ("ag_gemm/plans", {"ag_gemm"}),
         ("gemm_ar/_reduce", {"gemm_ar", "gemm_ar_rmsnorm"}),  # one package's kernels: its two kernels alone
         ("gemm_ar/_plans", {"gemm_ar", "gemm_ar_rmsnorm"}),
     ],
@@ -68,7 +68,7 @@ def test_a_code_edit_changes_exactly_the_families_that_import_the_module(copy, m
 
 def test_comments_docstrings_and_blank_lines_keep_the_version(copy):
     before = _versions(copy)
-    path = copy / "kernels" / "_tiles.py"
+    path = copy / "kernels" / "runtime" / "tiles.py"
     text = path.read_text(encoding="utf-8")
     body = text.replace("def grouped_tile(", "# a comment for a test\n\n\ndef grouped_tile(", 1)
     path.write_text('"""A rewritten module docstring, µs and all."""\n' + body.split('"""', 2)[2] + "  # trailing\n")
@@ -87,13 +87,13 @@ def test_a_plug_in_family_hashes_its_own_package_and_the_runtime_it_imports(copy
     (plug / "helper.py").write_text("SCALE = 2\n")
     (plug / "unused.py").write_text("X = 1\n")
     (plug / "family.py").write_text(
-        "from jointtune.kernels._tiles import grouped_tile\n"
+        "from jointtune.kernels.runtime.tiles import grouped_tile\n"
         "def run():\n    from . import helper\n    return helper.SCALE\n"
     )
     roots = {"jointtune": copy, "myplug": plug}
     names = set(closure_modules("myplug.family", roots=roots))
-    assert {"myplug.family", "myplug.helper", "jointtune.kernels._tiles"} <= names
-    assert "myplug.unused" not in names and "jointtune.kernels._gemm_rs_kernel" not in names
+    assert {"myplug.family", "myplug.helper", "jointtune.kernels.runtime.tiles"} <= names
+    assert "myplug.unused" not in names and "jointtune.kernels.gemm_rs.kernel" not in names
     before = closure_version("myplug.family", roots=roots)
     _append(plug / "unused.py", "Y = 2\n")
     assert closure_version("myplug.family", roots=roots) == before

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from jointtune.errors import KernelError, SpaceError
-from jointtune.kernels._calls import parse_config
 from jointtune.kernels.ag_gemm import config_json, reference
-from jointtune.kernels.world import create_world, world_named
+from jointtune.kernels.runtime.calls import parse_config
+from jointtune.kernels.runtime.world import create_world, world_named
 
 CONFIG = dict(mode="push_cublas", push_by="sm", gemm_order="gathered", comm_sms=2)
 

@@ -116,7 +116,12 @@ def test_structural_mistakes_are_named(case, mistake: str, data) -> None:
         implied = space.param(field).implied
         del cfg[field]
         if implied is not None:  # a knob added later: leaving it out means its implied value, not a mistake
-            assert space.validate(cfg, problem, limits)[field] == implied
+            # (the walk may break a rule of the shape elsewhere: then both forms are refused, with the same faults)
+            faults = space.violations({**cfg, field: implied}, problem, limits)
+            if faults:
+                assert space.violations(cfg, problem, limits) == faults
+            else:
+                assert space.validate(cfg, problem, limits)[field] == implied
             return
         expected = f"{field}: missing"
     elif mistake == "inactive":

@@ -13,20 +13,22 @@ import pytest
 from jt_server import READ, WRITE, LiveServer, record
 
 from jointtune.autotune.runtime.client import ConfigClient, ServiceWarning
-from jointtune.db import LookupOut
+from jointtune.db import LookupOut, RecordKey
 from jointtune.errors import ServiceError
 
 SHAPE = {"M": 8192, "N": 4096, "K": 12288}
-KEY = ("ag_gemm", SHAPE, "bfloat16", 2, "h200x2-nvl")
+KEY = RecordKey(
+    kernel="ag_gemm", kernel_version=None, shape=SHAPE, dtype="bfloat16", world_size=2, hardware_id="h200x2-nvl"
+)
 
 
 def test_lookup_and_publish_against_the_service(sqlite_server: LiveServer) -> None:
     client = ConfigClient(sqlite_server.url, token=WRITE)
-    assert client.lookup(*KEY) is None  # a miss is no warning
+    assert client.lookup(KEY) is None  # a miss is no warning
     assert client.publish(record())["changed"] is True
-    found = client.lookup(*KEY)
+    found = client.lookup(KEY)
     assert found is not None and found["match"] == "exact" and found["config"]["mode"] == "pull"
-    assert client.lookup(*KEY, kernel_version="v1", nearest=False)["distance"] == 0
+    assert client.lookup(KEY.replace(kernel_version="v1"), nearest=False)["distance"] == 0
     stored = client.publish(record())["record"]
     assert client.publish(stored) == {"record": stored, "changed": False}  # a stored record republishes
     with pytest.raises(ServiceError, match="HTTP 403"):
@@ -84,8 +86,8 @@ def test_lookup_never_raises_and_warns_once_per_cause(silent_socket: str) -> Non
         ):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                assert client.lookup(*KEY) is None
-                assert client.lookup(*KEY) is None
+                assert client.lookup(KEY) is None
+                assert client.lookup(KEY) is None
             messages = [str(w.message) for w in caught if issubclass(w.category, ServiceWarning)]
             assert len(messages) == 1 and cause in messages[0], messages
     finally:
@@ -96,7 +98,7 @@ def test_lookup_never_raises_and_warns_once_per_cause(silent_socket: str) -> Non
 def test_answers_are_read_with_the_stores_model(sqlite_server: LiveServer) -> None:
     with ConfigClient(sqlite_server.url, token=WRITE) as client:
         client.publish(record())
-        served, answer = client.lookup(*KEY), client.find(*KEY)
+        served, answer = client.lookup(KEY), client.find(KEY)
     assert isinstance(answer, LookupOut) and answer.model_dump(mode="json") == served
     assert answer.provenance.triton_version == served["provenance"]["triton_version"] and answer.match == "exact"
     older = {k: v for k, v in served.items() if k != "timing"} | {"added_later": 1}  # an older or newer service
@@ -110,13 +112,13 @@ def test_answers_are_read_with_the_stores_model(sqlite_server: LiveServer) -> No
     servers = [_answering(200, json.dumps(body).encode()) for body in (older, *bad)]
     try:
         with ConfigClient(servers[0][0]) as other:
-            found = other.find(*KEY)
+            found = other.find(KEY)
             assert found is not None and found.timing == "gpu" and found.config == served["config"]
-            assert other.lookup(*KEY) == older  # the JSON as the service sent it
+            assert other.lookup(KEY) == older  # the JSON as the service sent it
         for url, _ in servers[1:]:
             with warnings.catch_warnings(record=True) as caught, ConfigClient(url) as broken:
                 warnings.simplefilter("always")
-                assert broken.lookup(*KEY) is None and broken.find(*KEY) is None  # a warned miss, no exception
+                assert broken.lookup(KEY) is None and broken.find(KEY) is None  # a warned miss, no exception
             warned = [w for w in caught if issubclass(w.category, ServiceWarning)]
             assert len(warned) == 1 and "answered a malformed lookup" in str(warned[0].message), warned
             assert warned[0].filename == __file__  # attributed to the caller

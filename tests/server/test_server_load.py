@@ -1,7 +1,7 @@
 """Reads an anonymous client can ask for as fast as it likes stay cheap or gated (issue 38): a listing or a
 dashboard page beyond the gate's slots is a 429 with Retry-After, the dashboard comes a page at a time, a
 miss's explanation is read from the lookup index (and names every hardware, however many records there are),
-and no message lists more than 50 ids. No timings here: bench/service_flood.py measures the latencies."""
+and no message lists more than 50 ids. No timings here: bench/service/service_flood.py measures the latencies."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ FAST = {
 def fast_store(path: Path, world_sizes: tuple[int, ...] = (2, 4)) -> str:
     """A SQLite store holding one record of each fused GEMM family per world size, with a FAST config: every layer
     shape finds it as its nearest tuned shape (`on_miss="nearest"`, the layers' default). Returns its URL."""
-    from jointtune.autotune.keys import triton_version
+    from jointtune.autotune.tuner.keys import triton_version
     from jointtune.db import NewRecord, open_store
     from jointtune.hardware import detect
     from jointtune.kernels import get_family

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jointtune.autotune.settings import TuneSettings
-from jointtune.autotune.sweeps.models import model_plan
+from jointtune.autotune.tuner.settings import TuneSettings
+from jointtune.autotune.workers.sweeps.models import model_plan
 from jointtune.tp.model_config import ModelConfigError, load_model_config
 from jointtune.tp.shapes import model_op_shapes
 

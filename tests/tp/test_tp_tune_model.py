@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from jointtune import create_world
-from jointtune.autotune.sweeps.models import model_plan
-from jointtune.autotune.sweeps.sweepfile import parse_sweep
+from jointtune.autotune.workers.sweeps.models import model_plan
+from jointtune.autotune.workers.sweeps.sweepfile import parse_sweep
 from jointtune.cli import main
 from jointtune.db import open_store
 from jointtune.server.bundle import import_bundle

@@ -14,7 +14,9 @@ request). Only the name lookup of the host (DNS) is outside it. A body is read a
 
 Example:
     >>> client = ConfigClient("http://tuning.internal:8000", token="...")      # doctest: +SKIP
-    >>> client.lookup("ag_gemm", {"M": 8192, "N": 4096, "K": 12288}, "bfloat16", 2, "h200x2-nvl")  # doctest: +SKIP
+    >>> key = RecordKey(kernel="ag_gemm", kernel_version=None, shape={"M": 8192, "N": 4096},  # doctest: +SKIP
+    ...                 dtype="bfloat16", world_size=2, hardware_id="h200x2-nvl")
+    >>> client.lookup(key)                                                     # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from jointtune._warnings import warn
 from jointtune.errors import ServiceError
 
 if TYPE_CHECKING:
-    from jointtune.db import LookupOut
+    from jointtune.db import LookupOut, RecordKey
 
 ENV_SERVER = "JOINTTUNE_SERVER"
 ENV_TOKEN = "JOINTTUNE_TOKEN"
@@ -253,7 +255,7 @@ def check_base_url(base_url: Any) -> str:
     return base_url.strip().rstrip("/")
 
 
-class ConfigClient:
+class ConfigClient(contextlib.AbstractContextManager):
     """Talks to one config service over HTTP (httpx), with short total deadlines for lookups.
 
     `timeout`: seconds a lookup may take in all (connect, send, headers, body); `publish_timeout`: the same
@@ -296,10 +298,7 @@ class ConfigClient:
     def __repr__(self) -> str:
         return f"ConfigClient({self.base_url!r})"
 
-    def __enter__(self) -> ConfigClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: object) -> None:  # `with ConfigClient(url) as client:` closes it at the end
         self.close()
 
     def close(self) -> None:
@@ -321,51 +320,19 @@ class ConfigClient:
                 return response.status_code, b""
             return response.status_code, _read_capped(response)
 
-    def lookup(
-        self,
-        kernel: str,
-        shape: dict[str, int],
-        dtype: str,
-        world_size: int,
-        hardware_id: str,
-        kernel_version: str | None = None,
-        *,
-        nearest: bool = True,
-        timing: str = "gpu",
-    ) -> dict[str, Any] | None:
-        """The service's answer for this key and timing policy (`match` says exact or nearest), as the
-        JSON object it sent once `LookupOut` has accepted it, or None. Never raises; takes at most
-        `timeout` seconds (but for resolving the host's name)."""
-        answer = self._answer(kernel, shape, dtype, world_size, hardware_id, kernel_version, nearest, timing)
+    def lookup(self, key: RecordKey, *, nearest: bool = True) -> dict[str, Any] | None:
+        """The service's answer for this key (`jointtune.db.RecordKey`; kernel_version None: any version) and its
+        timing policy (`match` says exact or nearest), as the JSON object it sent once `LookupOut` has accepted
+        it, or None. Never raises; takes at most `timeout` seconds (but for resolving the host's name)."""
+        answer = self._answer(key, nearest)
         return None if answer is None else answer[0]
 
-    def find(
-        self,
-        kernel: str,
-        shape: dict[str, int],
-        dtype: str,
-        world_size: int,
-        hardware_id: str,
-        kernel_version: str | None = None,
-        *,
-        nearest: bool = True,
-        timing: str = "gpu",
-    ) -> LookupOut | None:
+    def find(self, key: RecordKey, *, nearest: bool = True) -> LookupOut | None:
         """`lookup`'s answer as a `jointtune.db.LookupOut` (typed fields), or None. Never raises."""
-        answer = self._answer(kernel, shape, dtype, world_size, hardware_id, kernel_version, nearest, timing)
+        answer = self._answer(key, nearest)
         return None if answer is None else answer[1]
 
-    def _answer(
-        self,
-        kernel: str,
-        shape: dict[str, int],
-        dtype: str,
-        world_size: int,
-        hardware_id: str,
-        kernel_version: str | None,
-        nearest: bool,
-        timing: str,
-    ) -> tuple[dict[str, Any], LookupOut] | None:
+    def _answer(self, key: RecordKey, nearest: bool) -> tuple[dict[str, Any], LookupOut] | None:
         """(the answer's JSON, the answer) or None, with one warning per cause when the service can't help."""
         try:
             from pydantic import ValidationError
@@ -373,15 +340,15 @@ class ConfigClient:
             from jointtune.db import LookupOut
             from jointtune.db.schema import describe
 
-            params: dict[str, Any] = {"dtype": dtype, "world_size": world_size, "hardware_id": hardware_id}
-            if timing != "gpu":  # gpu is the service's default; a server older than policies takes no `timing`
-                params["timing"] = timing
-            if kernel_version is not None:
-                params["kernel_version"] = kernel_version
+            params: dict[str, Any] = {"dtype": key.dtype, "world_size": key.world_size, "hardware_id": key.hardware_id}
+            if key.timing != "gpu":  # gpu is the service's default; a server older than policies takes no `timing`
+                params["timing"] = key.timing
+            if key.kernel_version is not None:
+                params["kernel_version"] = key.kernel_version
             if not nearest:
                 params["nearest"] = "false"
-            params.update({str(k): int(v) for k, v in shape.items()})
-            path = f"/v1/configs/{quote(str(kernel), safe='')}"
+            params.update({str(k): int(v) for k, v in key.shape.items()})
+            path = f"/v1/configs/{quote(str(key.kernel), safe='')}"
             # a 404 (a miss) and a 5xx say all in their status: their bodies are not read
             status, body = self._exchange(
                 "GET", path, self.timeout, params=params, body_of=lambda code: code != 404 and code < 500

@@ -1,6 +1,6 @@
 """`JointAutotuned`: a kernel launcher whose `config` comes from the lookup chain, the same on every rank.
 
-`@joint_autotune(space=...)` builds one (see `jointtune.autotune.decorator`):
+`@joint_autotune(space=...)` builds one (see `jointtune.autotune.runtime.decorator`):
 
     @joint_autotune(space="ag_gemm", key=lambda a, b, *, world: {...}, on_miss="nearest")
     def ag_gemm(a, b, *, world, config): ...
@@ -23,7 +23,7 @@ along an explicit chain (`timing_fallback=`, $JOINTTUNE_TIMING_FALLBACK). A key 
 is resolved for both, and the graph config's op is run once there, so a later capture finds everything
 built; a key first seen during capture raises `CaptureMissError` (no store, service or tuning inside one).
 
-The environment variables it reads are listed in `jointtune.autotune.decorator`.
+The environment variables it reads are listed in `jointtune.autotune.runtime.decorator`.
 
 Longer than 300 lines because it is one class: the hot path, the warm-up for CUDA graphs and the
 resolution of a new key share its caches (`cache`, `sources`, the graph misses) and its options.
@@ -46,7 +46,7 @@ from jointtune.errors import JointtuneError, TuningError
 from jointtune.timings import TIMINGS, measured_as
 
 if TYPE_CHECKING:
-    from jointtune.autotune.settings import TuneSettings
+    from jointtune.autotune.tuner.settings import TuneSettings
     from jointtune.search_spaces import Space
 
 ON_MISS = ("nearest", "default", "tune", "error")
@@ -81,22 +81,12 @@ class JointAutotuned:
     """A launcher whose `config` comes from the lookup chain; `cache` maps key -> config."""
 
     def __init__(
-        self,
-        fn: Callable[..., Any],
-        *,
-        space: str,
-        key: Callable[..., Mapping[str, int]] | None = None,
-        on_miss: str = "nearest",
-        kernel: str | None = None,
-        dtype: Callable[..., Any] | None = None,
-        db_url: str | None = None,
-        server: str | None = None,
-        store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
-        tune_settings: TuneSettings | None = None,
-        timing: str | None = None,
-        timing_fallback: Mapping[str, Sequence[str]] | str | None = None,
-        allow_nondeterministic: bool = False,
-    ) -> None:
+        self, fn: Callable[..., Any], *, space: str, key: Callable[..., Mapping[str, int]] | None = None,
+        on_miss: str = "nearest", kernel: str | None = None, dtype: Callable[..., Any] | None = None,
+        db_url: str | None = None, server: str | None = None, store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
+        tune_settings: TuneSettings | None = None, timing: str | None = None,
+        timing_fallback: Mapping[str, Sequence[str]] | str | None = None, allow_nondeterministic: bool = False,
+    ) -> None:  # fmt: skip
         from jointtune.search_spaces import get_space
 
         policies.check_timing(timing, timing_fallback)
@@ -238,7 +228,7 @@ class JointAutotuned:
             self.fn(*args, config=graph_config, **kwargs)
 
     def _resolve(self, key: tuple[Any, ...], *, allow_tune: bool = True) -> Mapping[str, Any]:
-        from jointtune.autotune.keys import triton_version
+        from jointtune.autotune.tuner.keys import triton_version
         from jointtune.hardware import current_limits, detect
         from jointtune.search_spaces import normalize_dtype
 

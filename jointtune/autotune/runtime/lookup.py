@@ -121,7 +121,9 @@ def reset_warnings() -> None:
 
 @dataclass(frozen=True)
 class Identity:
-    """Everything of a key but the shape: what a record must match to be used."""
+    """Everything of a record key but the shape (`key(shape)` completes it: the `jointtune.db.RecordKey` every
+    lookup of the call asks with), and the versions a record made here carries. Kept apart from RecordKey, which
+    loads the store's schema, so that importing the decorator stays cheap."""
 
     kernel: str
     kernel_version: str
@@ -133,15 +135,11 @@ class Identity:
     #: the timing policy records must have been measured under (see `policies`)
     timing: str = "gpu"
 
-    def query(self, shape: Mapping[str, int]) -> dict[str, Any]:
-        return {
-            "kernel": self.kernel,
-            "shape": dict(shape),
-            "dtype": self.dtype,
-            "world_size": self.world_size,
-            "hardware_id": self.hardware_id,
-            "timing": self.timing,
-        }
+    def key(self, shape: Mapping[str, int], **changes: Any) -> Any:
+        """The record key of this call at `shape` (with `changes`: `kernel_version=None` for any version)."""
+        from jointtune.db import RecordKey
+
+        return RecordKey.of(self, shape=dict(shape), **changes)
 
 
 @dataclass(frozen=True)
@@ -254,15 +252,14 @@ class Sources:
     def store_record(self, ident: Identity, shape: Mapping[str, int]) -> Any:
         """The stored best record of this key (what a tuned miss publishes), or None; bounded and warned about like
         every store operation."""
-        return self._with_store("read", lambda store: store.best(kernel_version=ident.kernel_version,
-                                                                 **ident.query(shape)))  # fmt: skip
+        return self._with_store("read", lambda store: store.best(ident.key(shape)))
 
     def store_exact(self, ident: Identity, shape: Mapping[str, int], accept: Accept) -> Found | None:
         def query(store: Store) -> Any:
-            best = store.best(kernel_version=ident.kernel_version, **ident.query(shape))
+            best = store.best(ident.key(shape))
             other = None
             if best is None:  # is there one for this exact key under another kernel version?
-                near = store.nearest(kernel_version=None, limit=1, **ident.query(shape))
+                near = store.nearest(ident.key(shape, kernel_version=None), limit=1)
                 other = near[0][0] if near and near[0][1] == 0 else None
             return best, other
 
@@ -282,9 +279,7 @@ class Sources:
         return _usable(ident, best.config, best.triton_version, "store", accept, best.latency_p50_us)
 
     def store_nearest(self, ident: Identity, shape: Mapping[str, int], accept: Accept) -> Found | None:
-        rows = self._with_store(
-            "nearest lookup", lambda s: s.nearest(kernel_version=ident.kernel_version, limit=8, **ident.query(shape))
-        )
+        rows = self._with_store("nearest lookup", lambda s: s.nearest(ident.key(shape), limit=8))
         for record, distance in rows or ():
             found = _usable(ident, record.config, record.triton_version, "nearest-store", accept,
                             record.latency_p50_us, distance=distance, quiet=True)  # fmt: skip
@@ -301,10 +296,7 @@ class Sources:
         """(exact answer, nearest answer) of the service; both None when it can't help."""
         if self.client is None:
             return None, None
-        answer = self.client.find(
-            ident.kernel, dict(shape), ident.dtype, ident.world_size, ident.hardware_id, ident.kernel_version,
-            timing=ident.timing,
-        )  # fmt: skip
+        answer = self.client.find(ident.key(shape))
         if answer is None:
             return None, None
         if answer.timing != ident.timing:  # an older service answers without filtering by policy (gpu records)

@@ -1,10 +1,8 @@
 """Online tuning of one key from inside a running job, with the tuner's own coordinator.
 
-Every rank of the job takes part: rank 0 runs the `Coordinator` (Optuna study in the store's
-database, best config published to the store), the other ranks follow its broadcasts, exactly as
-in a `jointtune tune` group. Outside a distributed job one process tunes on a local world. The
-budget is small on purpose (`ONLINE_SETTINGS`): a job that tunes on a miss should wait seconds,
-not hours; offline sweeps are where the long studies belong.
+What to tune and on which ranks is decided here; the workers run it (`jointtune.autotune.workers.online`, their
+one entry point). The budget is small on purpose (`ONLINE_SETTINGS`): a job that tunes on a miss should wait
+seconds, not hours; offline sweeps are where the long studies belong.
 
 Example:
     >>> tune_online("ag_gemm", problem, db_url="sqlite:////tmp/jt.db")          # doctest: +SKIP
@@ -12,11 +10,9 @@ Example:
 
 from __future__ import annotations
 
-import os
-import uuid
 from typing import TYPE_CHECKING
 
-from jointtune.autotune.settings import Job, TuneSettings
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 
 if TYPE_CHECKING:
     from jointtune.search_spaces import Problem
@@ -30,51 +26,8 @@ def tune_online(kernel: str, problem: Problem, *, db_url: str, settings: TuneSet
 
     Collective in a distributed job: every rank must call it for the same key at the same point.
     """
-    import torch
-
     from jointtune.autotune.runtime import agreement
-    from jointtune.autotune.workers.control import GlooControl, SoloControl
-    from jointtune.autotune.workers.coordinator import Coordinator, GroupInfo, GroupOptions
-    from jointtune.autotune.workers.executor import RankExecutor
-    from jointtune.autotune.workers.group import follow
+    from jointtune.autotune.workers.online import tune_job
 
-    job = Job.of(kernel, problem, settings or ONLINE_SETTINGS)
-    if agreement.distributed():
-        import torch.distributed as dist
-
-        control = GlooControl(agreement.control_group())
-        cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
-        kind, nprocs = ("cuda" if cuda else "local"), control.size
-    else:
-        control, kind, nprocs = SoloControl(), "local", 1
-    # the group id names who owns the study's trials; it need not survive this process
-    group_id = control.broadcast(f"decorator-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    executor = RankExecutor(control, world_kind=kind)
-    # In the interpreter, one intra-op thread while this call tunes, as tuning groups run: on busy cores a second
-    # thread turned 1 baseline call in 100 into a scheduler slice (39 us -> 4 ms), which eager timing then read as
-    # the baseline. The caller's setting comes back when the study ends.
-    threads = torch.get_num_threads()
-    single = kind == "local" and not torch.cuda.is_available() and threads > 1
-    if single:
-        torch.set_num_threads(1)
-    try:
-        if control.rank == 0:
-            try:
-                Coordinator(
-                    url=db_url,
-                    jobs=lambda: [job],
-                    group=GroupInfo(group_id, kind, nprocs),
-                    control=control,
-                    executor=executor,
-                    options=GroupOptions(heartbeat_s=2, grace_s=10, poll_s=0.1),
-                ).run()
-            except BaseException:
-                if nprocs > 1:
-                    control.broadcast({"op": "stop"})  # release the followers before raising
-                raise
-        else:
-            follow(control, executor)
-    finally:
-        executor.close()
-        if single:
-            torch.set_num_threads(threads)
+    group = agreement.control_group() if agreement.distributed() else None
+    tune_job(Job.of(kernel, problem, settings or ONLINE_SETTINGS), db_url=db_url, group=group)

@@ -314,7 +314,7 @@ class JointAutotuner(Autotuner):
         self.sources_by_key[(key, "graph")] = source
 
     def _save_pending(self) -> None:
-        from jointtune.autotune.keys import triton_version
+        from jointtune.autotune.tuner.keys import triton_version
         from jointtune.db import NewRecord
 
         pending, self._to_save = self._to_save, []
@@ -326,12 +326,10 @@ class JointAutotuner(Autotuner):
             ms = float(timing[0] if isinstance(timing, (list, tuple)) else timing)
             if not 0 < ms < float("inf"):
                 continue
-            record = NewRecord(
-                kernel=ident.kernel, kernel_version=ident.kernel_version, space_version=ident.space_version,
-                shape=dict(shape), dtype=ident.dtype, world_size=ident.world_size, hardware_id=ident.hardware_id,
-                triton_version=triton_version(), config=_as_json(config), latency_p50_us=ms * 1e3,
-                trials=len(timings), timing=self._measured_as(ident.timing, ident.hardware_id), study_name=None,
-            )  # fmt: skip
+            key = ident.key(shape, timing=self._measured_as(ident.timing, ident.hardware_id))
+            record = NewRecord.for_key(key, space_version=ident.space_version, triton_version=triton_version(),
+                                       config=_as_json(config), latency_p50_us=ms * 1e3, trials=len(timings),
+                                       study_name=None)  # fmt: skip
             sources = self._sources_for()
             sources.save(record)
             if not agreement.distributed() or _rank() == 0:
@@ -355,7 +353,7 @@ class JointAutotuner(Autotuner):
         return self._sources
 
     def _identity(self, key: Any) -> tuple[Identity, dict[str, int]]:
-        from jointtune.autotune.keys import triton_version
+        from jointtune.autotune.tuner.keys import triton_version
         from jointtune.hardware import detect
 
         names = [k for k in self.keys if k in self._arg_values()]

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from jointtune.autotune.keys import TuningKey, triton_version
-from jointtune.autotune.settings import Job, TuneSettings
+from jointtune.autotune.tuner.keys import TuningKey, triton_version
 from jointtune.autotune.tuner.locks import study_lock
 from jointtune.autotune.tuner.priors import find_priors
 from jointtune.autotune.tuner.search import Searcher, baseline_config, enqueue, initial_configs
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import (
     ATTR_P10,
     ATTR_P90,
@@ -163,14 +163,9 @@ class StudyHandle:
 
         best = state.best
         assert best is not None and best.value is not None
-        record = NewRecord(
-            kernel=self.key.kernel,
-            kernel_version=self.key.kernel_version,
+        record = NewRecord.for_key(
+            self.key,
             space_version=self.space.version,
-            shape=self.key.shape_dict,
-            dtype=self.key.dtype,
-            world_size=self.key.world_size,
-            hardware_id=self.key.hardware_id,
             triton_version=triton_version(),
             config=self.space.validate(trial_config(best), self.problem, limits),
             latency_p10_us=best.user_attrs.get(ATTR_P10),
@@ -178,11 +173,10 @@ class StudyHandle:
             latency_p90_us=best.user_attrs.get(ATTR_P90),
             baseline_us=state.baseline_us,
             trials=state.trial_count,
-            timing=self.key.timing,
             study_name=self.name,
         )
         store.upsert_record(record)
 
     def note_trials(self, state: StudyState, *, store: Store) -> None:
         """Raise the trial count of the record this study made for its key to the study's count."""
-        store.note_trials(**self.key.to_json(), study_name=self.name, trials=state.trial_count)
+        store.note_trials(self.key, study_name=self.name, trials=state.trial_count)

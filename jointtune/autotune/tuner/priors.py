@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from jointtune.autotune.tuner.search import Prior
 
 if TYPE_CHECKING:
-    from jointtune.autotune.keys import TuningKey
+    from jointtune.autotune.tuner.keys import TuningKey
     from jointtune.db import Store
 
 KINDS = ("nearest-shape", "other-gpu", "other-world-size")
@@ -60,10 +60,8 @@ def _nearest(store: Store, key: TuningKey, *, world_size: int, hardware_id: str,
     """The store's nearest records to the key's shape at `world_size` on `hardware_id`: of the key's timing
     policy, else of the first other policy that has any."""
     for timing in _policies(key):
-        found = store.nearest(
-            kernel=key.kernel, kernel_version=None, shape=key.shape_dict, dtype=key.dtype, world_size=world_size,
-            hardware_id=hardware_id, limit=limit, timing=timing,
-        )  # fmt: skip
+        asked = key.replace(kernel_version=None, world_size=world_size, hardware_id=hardware_id, timing=timing)
+        found = store.nearest(asked, limit=limit)
         if found:
             return found
     return []
@@ -106,6 +104,6 @@ def find_priors(store: Store, key: TuningKey, *, limit: int) -> list[Prior]:
 
 def _world_sizes(store: Store, key: TuningKey) -> list[int]:
     """The other world sizes this kernel has records of on this hardware and dtype, nearest to the key's first."""
-    rows = store.key_values(["world_size"], kernel=key.kernel, hardware_id=key.hardware_id, dtype=key.dtype)
+    rows = store.key_values(["world_size"], key.replace(world_size=None))  # its kernel, hardware and dtype
     sizes = sorted({int(row[0]) for row in rows} - {key.world_size})
     return sorted(sizes, key=lambda w: (abs(w - key.world_size), w))[:_MAX_OTHERS]

@@ -33,8 +33,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from jointtune.autotune.settings import TuneSettings
 from jointtune.autotune.tuner.search import Proposal, Searcher, baseline_config, enqueue, initial_configs
+from jointtune.autotune.tuner.settings import TuneSettings
 from jointtune.autotune.tuner.studies import ATTR_REASON, quiet_optuna, trial_config, trial_kind
 from jointtune.errors import JointtuneError, TuningError
 from jointtune.search_spaces import DeviceLimits, Problem, Space, canonical_json, get_space

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from jointtune.autotune.keys import TuningKey
-from jointtune.autotune.settings import Job
+from jointtune.autotune.tuner.keys import TuningKey
+from jointtune.autotune.tuner.settings import Job
 from jointtune.autotune.tuner.studies import (
     ATTR_HOST,
     ATTR_P10,

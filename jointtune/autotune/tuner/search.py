@@ -59,7 +59,7 @@ from jointtune.autotune.tuner.studies import (
 from jointtune.search_spaces import canonical_json, rule_field
 
 if TYPE_CHECKING:
-    from jointtune.autotune.settings import TuneSettings
+    from jointtune.autotune.tuner.settings import TuneSettings
     from jointtune.search_spaces import DeviceLimits, Problem, Space
 
 #: invalid proposals in a row after which the sampler is handed a valid unseen config from the walk. The space's

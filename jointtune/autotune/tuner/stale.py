@@ -1,6 +1,6 @@
 """Keys a new kernel or space version left behind, and the jobs that tune them again (`jointtune retune`).
 
-A record is keyed by its family's kernel version (`jointtune.kernels._version`), so after an upgrade that changes
+A record is keyed by its family's kernel version (`jointtune.kernels.runtime.version`), so after an upgrade that changes
 a kernel, its shared runtime or the way it launches, no lookup finds the old records: the decorator falls back to
 the nearest tuned shape or the default. A record also carries its space version: when a space gains a knob, a
 record searched in the older space still serves (lookups check each config against today's space), but it never
@@ -23,7 +23,7 @@ from jointtune.canonical import shape_key
 from jointtune.errors import JointtuneError
 
 if TYPE_CHECKING:
-    from jointtune.autotune.settings import Job, TuneSettings
+    from jointtune.autotune.tuner.settings import Job, TuneSettings
     from jointtune.db import Record, Store
     from jointtune.kernels import Family
     from jointtune.search_spaces import Space
@@ -48,9 +48,11 @@ class StaleKey:
 
 def all_records(store: Store, *, kernel: str | None = None) -> Iterator[Record]:
     """Every record of the store (of one kernel if given), page by page."""
+    from jointtune.db import RecordKey
+
     offset = 0
     while True:
-        page = store.list_records(kernel=kernel, limit=_PAGE, offset=offset)
+        page = store.list_records(RecordKey.any(kernel=kernel), limit=_PAGE, offset=offset)
         yield from page
         if len(page) < _PAGE:
             return
@@ -61,7 +63,7 @@ def study_settings(url: str, study_name: str | None) -> TuneSettings | None:
     """The settings the record's study ran with, if that study is in the storage on `url` and still readable."""
     if not study_name:
         return None
-    from jointtune.autotune.settings import Job
+    from jointtune.autotune.tuner.settings import Job
     from jointtune.autotune.tuner.studies import STUDY_JOB, open_storage
 
     storage = open_storage(url)
@@ -101,9 +103,9 @@ def find_stale(
 def _stale_key(
     family: Family, records: list[Record], url: str, *, hardware_id: str, trials: int | None
 ) -> StaleKey | None:
-    from jointtune.autotune.settings import Job, TuneSettings
     from jointtune.autotune.tuner.handles import resolve_space, study_space
     from jointtune.autotune.tuner.search import check_study
+    from jointtune.autotune.tuner.settings import Job, TuneSettings
 
     current = [r for r in records if r.kernel_version == family.version]
     record = current[0] if current else max(records, key=lambda r: (r.updated_at, r.id))

@@ -40,7 +40,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 if TYPE_CHECKING:
-    from jointtune.autotune.settings import TuneSettings
+    from jointtune.autotune.tuner.settings import TuneSettings
 
 ATTR_REASON = "fail_reason"
 ATTR_DETAIL = "fail_detail"

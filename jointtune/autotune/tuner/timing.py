@@ -34,7 +34,7 @@ from jointtune.errors import TuningError
 from jointtune.timings import EAGER_CALLS, GRAPH_CALLS, INTERP, TIMINGS
 
 if TYPE_CHECKING:
-    from jointtune.kernels.world import World
+    from jointtune.kernels.runtime.world import World
 
 #: Bytes written before every timed CUDA run; larger than the L2 of any current GPU (H200: 50 MB).
 L2_FLUSH_BYTES = 256 * 1024 * 1024
@@ -79,7 +79,7 @@ def measure(run: Callable[[], Any], world: World, *, warmup: int, iters: int, ti
             "use gpu, eager or graph here"
         )
     if world.device.type == "cuda":
-        # Every candidate starts from no eager graphs (`jointtune/kernels/_eager_graph.py`): a world holds a bounded
+        # Every candidate starts from no eager graphs (`kernels/runtime/eager_graph.py`): a world holds a bounded
         # number, and a sweep's later candidates must not find it full and run directly where a user's call replays.
         # The warm-up is then at least two calls: the second captures the graph later calls replay, and no timed call
         # may include a capture.

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
-from jointtune.autotune.settings import MAX_SECONDS, Job
 from jointtune.autotune.tuner.handles import StudyHandle
 from jointtune.autotune.tuner.locks import study_lock
 from jointtune.autotune.tuner.search import Proposal
+from jointtune.autotune.tuner.settings import MAX_SECONDS, Job
 from jointtune.autotune.tuner.studies import (
     ATTR_DEADLINE,
     ATTR_DETAIL,

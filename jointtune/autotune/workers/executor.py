@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jointtune.autotune.settings import Job
+from jointtune.autotune.tuner.settings import Job
 from jointtune.autotune.tuner.timing import measure, percentiles
 from jointtune.autotune.workers.watchdog import Watchdog
 from jointtune.errors import KernelError
@@ -36,7 +36,7 @@ from jointtune.search_spaces import config_hash
 if TYPE_CHECKING:
     from jointtune.autotune.workers.control import Control
     from jointtune.kernels import Family
-    from jointtune.kernels.world import World
+    from jointtune.kernels.runtime.world import World
 
 #: Why a trial failed. "invalid" never reaches a rank; the others are results of running a config.
 FAIL_REASONS = ("invalid", "compile", "incorrect", "timeout", "crash", "error")
@@ -136,7 +136,7 @@ class RankExecutor:
 
     # ---- per study ----------------------------------------------------------------------------
     def world_for(self, world_size: int) -> World:
-        from jointtune.kernels.world import create_world
+        from jointtune.kernels.runtime.world import create_world
 
         if world_size not in self._worlds:
             if self.world_kind == "cuda":

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jointtune.autotune.settings import Job
+from jointtune.autotune.tuner.settings import Job
 from jointtune.autotune.workers.coordinator import GroupInfo, GroupOptions, GroupRestart
 from jointtune.autotune.workers.lifeline import bind_to_parent
 from jointtune.autotune.workers.watchdog import EXIT_RESTART
@@ -76,8 +76,8 @@ def _prepare_process(spec: GroupSpec) -> None:
 def _jobs_source(spec: GroupSpec) -> Any:
     if spec.sweep is None:
         return lambda: spec.jobs
-    from jointtune.autotune.sweeps.registry import load_sweep
     from jointtune.autotune.tuner.studies import open_storage
+    from jointtune.autotune.workers.sweeps.registry import load_sweep
 
     storage = open_storage(spec.url)
     profile = spec.profile or device_profile()

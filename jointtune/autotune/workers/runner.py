@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from jointtune.autotune.settings import Job
 from jointtune.autotune.tuner.results import JobResult, collect
+from jointtune.autotune.tuner.settings import Job
 from jointtune.autotune.workers.coordinator import GroupOptions
 from jointtune.autotune.workers.group import GroupSpec
 from jointtune.autotune.workers.recovery import host_id
@@ -131,8 +131,8 @@ def run_jobs(
     already tuned) and how many groups will share them, before any group starts. When every job
     is done already, no group is started at all.
     """
-    from jointtune.autotune.sweeps.progress import ProgressView
     from jointtune.autotune.tuner.studies import open_storage
+    from jointtune.autotune.workers.sweeps.progress import ProgressView
     from jointtune.db import is_memory_sqlite, open_store, resolve_db_url
     from jointtune.hardware import detect
 

@@ -2,7 +2,6 @@
 (`_launcher` says how it works). Importing the package registers its kernels (`gemm_ar`, `gemm_ar_rmsnorm`) and
 their torch ops."""
 
-from jointtune.kernels._calls import config_json
 from jointtune.kernels.gemm_ar._families import GemmArFamily, GemmArInputs, GemmArRmsNormFamily, standin_launches
 from jointtune.kernels.gemm_ar._launcher import (
     PreparedGemmAr,
@@ -14,6 +13,7 @@ from jointtune.kernels.gemm_ar._launcher import (
     row_parallel,
 )
 from jointtune.kernels.gemm_ar._ops import _gemm_ar_op, _gemm_ar_rmsnorm_op  # noqa: F401 (registers the torch ops)
+from jointtune.kernels.runtime.calls import config_json
 
 __all__ = [
     "GemmArFamily",

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 import triton
 
-from jointtune.kernels._calls import config_of
-from jointtune.kernels._runtime import interpreted
-from jointtune.kernels._symm import cdiv
+from jointtune.kernels.runtime.config import LaunchConfig
+from jointtune.kernels.runtime.device import interpreted
+from jointtune.kernels.runtime.symm import cdiv
 from jointtune.search_spaces.gemm_ar import copy_tile
 
 #: columns of one reduce item without the norm (a [RED_M, RED_N] block), and of one step along a normed row
@@ -23,27 +23,10 @@ RED_M = 16
 PRODUCE_NONE, PRODUCE_GEMM, PRODUCE_COPY = 0, 1, 2
 
 
-@dataclass(frozen=True)
-class GemmArConfig:
+class GemmArConfig(LaunchConfig, space="gemm_ar", defaults=dict(
+        gemm="triton", transport="push", BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, SPLIT_K=1, num_warps=4,
+        num_stages=3, tiles_per_flag=1, comm_sms=0)):  # fmt: skip
     """A config the gemm_ar space validated; knobs the mode doesn't read keep harmless defaults."""
-
-    mode: str
-    gemm: str = "triton"
-    transport: str = "push"
-    BLOCK_M: int = 64
-    BLOCK_N: int = 64
-    BLOCK_K: int = 64
-    GROUP_M: int = 1
-    SPLIT_K: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    tiles_per_flag: int = 1
-    comm_sms: int = 0
-    collective: str = "nccl"
-
-    @classmethod
-    def of(cls, canonical: dict[str, Any]) -> GemmArConfig:
-        return config_of(cls, canonical)
 
 
 @dataclass(frozen=True)

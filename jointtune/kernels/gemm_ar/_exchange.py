@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._tiles import grouped_tile
+from jointtune.kernels.runtime.tiles import grouped_tile
 
 # ---- tiles and flags --------------------------------------------------------------------------------------------
 

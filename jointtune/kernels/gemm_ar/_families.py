@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 from jointtune.errors import ShapeError
-from jointtune.kernels._calls import as_list, first_of
-from jointtune.kernels._family import Family, StandinLaunch, register_family
 from jointtune.kernels.gemm_ar._args import ArShape, GemmArConfig, Work, kernel_args
 from jointtune.kernels.gemm_ar._launcher import gemm_ar, gemm_ar_rmsnorm, reference
-from jointtune.kernels.world import World
+from jointtune.kernels.runtime.calls import as_list, first_of
+from jointtune.kernels.runtime.family import Family, StandinLaunch, register_family
+from jointtune.kernels.runtime.world import World
 
 #: the epsilon the family's inputs carry (a layer's own is part of its call, as the model config says)
 EPS = 1e-6
@@ -112,9 +112,9 @@ def standin_launches(cfg: GemmArConfig, s: ArShape, device: torch.device) -> lis
     once, with 1-element stand-in tensors and the call's real integers (as the plan builds them)."""
     if cfg.mode == "baseline":
         return []
-    from jointtune.kernels._launch import split_options
-    from jointtune.kernels._runtime import num_sms
     from jointtune.kernels.gemm_ar._kernel import gemm_ar_kernel
+    from jointtune.kernels.runtime.device import num_sms
+    from jointtune.kernels.runtime.launch import split_options
 
     w = Work.of(cfg, s, num_sms(device))
     t = torch.empty(1, dtype=s.dtype, device=device)

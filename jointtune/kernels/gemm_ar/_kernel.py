@@ -35,10 +35,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels._signals import call_epoch, open_call, publish_call, wait_flag
-from jointtune.kernels._tiles import grouped_tile, split_product
 from jointtune.kernels.gemm_ar._exchange import _finish_tile, _release, _send, _wait_sources
 from jointtune.kernels.gemm_ar._reduce import _gather_row, _reduce_block, _reduce_row
+from jointtune.kernels.runtime.signals import call_epoch, open_call, publish_call, wait_flag
+from jointtune.kernels.runtime.tiles import grouped_tile, split_product
 
 # ---- the kernel -------------------------------------------------------------------------------------------------
 

@@ -38,11 +38,11 @@ from typing import Any
 import torch
 
 from jointtune.errors import ShapeError
-from jointtune.kernels._calls import DTYPES, as_list, forward_only, usable
-from jointtune.kernels._plan import config_key, resolve_config
 from jointtune.kernels.gemm_ar._args import ArShape, GemmArConfig
 from jointtune.kernels.gemm_ar._plans import build_plan
-from jointtune.kernels.world import World
+from jointtune.kernels.runtime.calls import DTYPES, as_list, forward_only, usable
+from jointtune.kernels.runtime.plan import config_key, resolve_config
+from jointtune.kernels.runtime.world import World
 
 Tensors = list[torch.Tensor]
 #: the norm weight's dtypes besides the input's

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from jointtune.kernels._calls import parse_config
-from jointtune.kernels._eager_graph import direct_only
 from jointtune.kernels.gemm_ar._launcher import gemm_ar, gemm_ar_rmsnorm
-from jointtune.kernels.world import world_named
+from jointtune.kernels.runtime.calls import parse_config
+from jointtune.kernels.runtime.eager_graph import direct_only
+from jointtune.kernels.runtime.world import world_named
 
 
 @torch.library.custom_op("jointtune::gemm_ar", mutates_args=())

@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from jointtune.kernels._launch import Launch
-from jointtune.kernels._runtime import num_sms
-from jointtune.kernels._symm import ALIGN, call_state, flags, offset, slot_elems
 from jointtune.kernels.gemm_ar._args import ArShape, GemmArConfig, Work, kernel_args
 from jointtune.kernels.gemm_ar._kernel import gemm_ar_kernel
-from jointtune.kernels.world import SymmetricBuffer, World
+from jointtune.kernels.runtime.device import num_sms
+from jointtune.kernels.runtime.launch import Launch
+from jointtune.kernels.runtime.symm import ALIGN, call_state, flags, offset, slot_elems
+from jointtune.kernels.runtime.world import SymmetricBuffer, World
 
 Tensors = list[torch.Tensor]
 

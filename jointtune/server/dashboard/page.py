@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from html import escape
 
-from jointtune import __version__
+from jointtune._version import __version__
 from jointtune.db import Record
 from jointtune.server.dashboard.data import DashboardData, StudyCurve, shape_order
 from jointtune.server.dashboard.svg import curve_svg, heatmap_svg, legend_svg, shape_label

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException
 
-from jointtune.db import Store, shape_key
+from jointtune.db import RecordKey, Store, shape_key
 from jointtune.db.schema import DIM_NAME_RE, MAX_DIM, MAX_DIMS, printable
 from jointtune.server.limits import MAX_LISTED_IDS, listed
 
@@ -84,19 +84,20 @@ def keyed_shape(space: Space | None, shape: dict[str, int], dtype: str, world_si
 SHOWN = 10
 
 
-def explain_miss(store: Store, *, kernel: str, shape: dict[str, int], query: dict[str, Any]) -> str:
-    """A 404 message that says what exists for this kernel: hardware, dtypes and world sizes, timing policies,
+def explain_miss(store: Store, key: RecordKey) -> str:
+    """A 404 message that says what exists for the key's kernel: hardware, dtypes and world sizes, timing policies,
     kernel versions, dims, the closest shapes (for a kernel without records: the kernels that have some).
     Each part is one bounded read of the lookup index's range for the key's prefix (`Store.key_values`,
     `Store.hardware_ids`), never the records themselves: an anonymous client can ask for misses as fast as
     for hits."""
-    asked = ", ".join(f"{k}={v}" for k, v in query.items() if v is not None)
+    kernel, shape = key.kernel, key.shape
+    asked = ", ".join(f"{name}={getattr(key, name)}" for name in ("kernel_version", "dtype", "world_size",
+                      "hardware_id", "timing") if getattr(key, name) is not None)  # fmt: skip
     base = f"no stored config for kernel {kernel!r} with {asked} and shape {shape_key(shape)}"
-    hardware_id, dtype, world_size = query["hardware_id"], query["dtype"], query["world_size"]
-    same = store.key_values(("timing", "kernel_version", "dims_signature"), kernel=kernel, hardware_id=hardware_id,
-                            dtype=dtype, world_size=world_size)  # fmt: skip
+    same = store.key_values(("timing", "kernel_version", "dims_signature"), key)
     if not same:
-        combos = store.key_values(("dtype", "world_size"), kernel=kernel, hardware_id=hardware_id, limit=SHOWN)
+        combos = store.key_values(("dtype", "world_size"), RecordKey.any(kernel=kernel, hardware_id=key.hardware_id),
+                                  limit=SHOWN)  # fmt: skip
         if not combos:
             ids, total = store.hardware_ids(kernel=kernel, limit=MAX_LISTED_IDS)
             if not ids:
@@ -105,21 +106,19 @@ def explain_miss(store: Store, *, kernel: str, shape: dict[str, int], query: dic
             return f"{base}; kernel {kernel!r} has records only for hardware {listed(ids, total)}"
         shown = ", ".join(f"dtype={d} world_size={w}" for d, w in combos)
         return f"{base}; on this hardware the kernel has records for: {shown}"
-    timed = [s for s in same if s[0] == query["timing"]]
+    timed = [s for s in same if s[0] == key.timing]
     if not timed:
         policies = sorted({s[0] for s in same})
-        return f"{base}; no record was measured with timing {query['timing']!r}; these policies have: {policies}"
-    if query.get("kernel_version") is not None:
-        versioned = [s for s in timed if s[1] == query["kernel_version"]]
+        return f"{base}; no record was measured with timing {key.timing!r}; these policies have: {policies}"
+    if key.kernel_version is not None:
+        versioned = [s for s in timed if s[1] == key.kernel_version]
         if not versioned:
             versions = sorted({s[1] for s in timed})[:SHOWN]
-            return f"{base}; kernel_version {query['kernel_version']!r} has none, these do: {versions}"
+            return f"{base}; kernel_version {key.kernel_version!r} has none, these do: {versions}"
         timed = versioned
     signature = ",".join(sorted(shape))
     if signature not in {s[2] for s in timed}:
         dims = " or ".join(sorted({s[2] for s in timed})[:SHOWN])
         return f"{base}; stored shapes have dims {dims}, the query has {signature}"
-    key = {"kernel": kernel, "kernel_version": query.get("kernel_version"), "dtype": dtype, "world_size": world_size,
-           "hardware_id": hardware_id, "timing": query["timing"]}  # fmt: skip
-    closest = store.nearest(**key, shape=shape, limit=3)
+    closest = store.nearest(key, limit=3)
     return f"{base}; closest stored shapes: " + "; ".join(shape_key(r.shape) for r, _ in closest)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from jointtune.db import LookupOut, NewRecord, RecordIn
+from jointtune.db import LookupOut, NewRecord, RecordIn, RecordKey
 from jointtune.db.schema import (
     MAX_INT32,
     RESERVED_DIM_NAMES,
@@ -69,22 +69,20 @@ def lookup(
     dims = parse_dims(request.query_params.multi_items(), set(RESERVED_DIM_NAMES), space.dims if space else None)
     shape = keyed_shape(space, dims, dtype, world_size)
     lookups = request.app.state.metrics.lookups
-    key = {"kernel": kernel, "shape": shape, "dtype": dtype, "world_size": world_size, "hardware_id": hardware_id,
-           "timing": timing}  # fmt: skip
+    key = RecordKey(kernel=kernel, kernel_version=kernel_version, shape=shape, dtype=dtype, world_size=world_size,
+                    hardware_id=hardware_id, timing=timing)  # fmt: skip
     if nearest or kernel_version is None:
-        nearest_first = store.nearest(**key, kernel_version=kernel_version, limit=1)
+        nearest_first = store.nearest(key, limit=1)
         found = nearest_first[0] if nearest_first else None
     else:  # only the exact shape will do: one probe of the unique key, not a ranking of the shapes
-        exact = store.best(**key, kernel_version=kernel_version)
+        exact = store.best(key)
         found = None if exact is None else (exact, 0.0)
     if found and (nearest or found[1] == 0):
         record, distance = found
         lookups.labels(result="exact" if distance == 0 else "nearest").inc()
         return LookupOut.of(record, distance)
     lookups.labels(result="miss").inc()
-    query = {"kernel_version": kernel_version, "dtype": dtype, "world_size": world_size, "hardware_id": hardware_id,
-             "timing": timing}  # fmt: skip
-    message = explain_miss(store, kernel=kernel, shape=shape, query=query)
+    message = explain_miss(store, key)
     if not nearest and "closest stored shapes" in message:
         message += " (nearest=false: only exact shapes are returned)"
     raise HTTPException(404, message)
@@ -116,18 +114,12 @@ async def list_configs(
     """Stored records matching every given filter, a page at a time, with the total count. A read that grows with
     the offset: a worker answers JOINTTUNE_LIST_CONCURRENCY listings at once (the dashboard's pages among them) and
     429 beyond them."""
-    filters = {
-        "kernel": kernel,
-        "kernel_version": kernel_version,
-        "hardware_id": hardware_id,
-        "dtype": dtype,
-        "world_size": world_size,
-        "timing": timing,
-    }
+    where = RecordKey.any(kernel=kernel, kernel_version=kernel_version, hardware_id=hardware_id, dtype=dtype,
+                          world_size=world_size, timing=timing)  # fmt: skip
 
     def read() -> Response:  # serialised here too: a page of 1000 records would hold the event loop
-        items = store.list_records(**filters, limit=limit, offset=offset)
-        total = store.count_records(**filters)
+        items = store.list_records(where, limit=limit, offset=offset)
+        total = store.count_records(where)
         page = {"total": total, "limit": limit, "offset": offset, "items": [r.to_json() for r in items]}
         return Response(RecordPage.model_validate(page).model_dump_json(), media_type="application/json")
 

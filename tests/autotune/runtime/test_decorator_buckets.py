@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from test_decorator_helpers import BEST, World, sleep_record
 
-from jointtune.autotune.decorator import joint_autotune
+from jointtune.autotune.runtime.decorator import joint_autotune
 from jointtune.db import open_store
 from jointtune.search_spaces import next_pow2
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_decorator_helpers import BEST, DEFAULT, OTHER, World, make_launcher, sleep_record, source_of
 
-from jointtune.autotune.decorator import NoConfigError, joint_autotune
+from jointtune.autotune.runtime.decorator import NoConfigError, joint_autotune
 from jointtune.autotune.runtime.lookup import LookupWarning
 from jointtune.db import open_store
 from jointtune.errors import TuningError

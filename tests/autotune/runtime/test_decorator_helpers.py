@@ -7,8 +7,8 @@ from typing import Any
 import jt_families  # noqa: F401 - registers the jt_sleep space and family
 import torch
 
-from jointtune.autotune.decorator import joint_autotune
-from jointtune.autotune.keys import triton_version
+from jointtune.autotune.runtime.decorator import joint_autotune
+from jointtune.autotune.tuner.keys import triton_version
 from jointtune.db import NewRecord
 from jointtune.hardware import detect
 from jointtune.kernels import get_family

@@ -153,7 +153,7 @@ def test_a_fixed_policy_is_used_inside_and_outside_capture(tmp_path: Path, monke
 def test_a_graph_miss_never_fails_the_eager_call_and_shows_at_capture(tmp_path: Path, monkeypatch) -> None:
     """on_miss="error" with only an eager record (and no fallback to it for graph): the eager call runs; the
     graph key's miss is raised when a capture asks for it, naming the policy, before anything is queued."""
-    from jointtune.autotune.decorator import NoConfigError
+    from jointtune.autotune.runtime.decorator import NoConfigError
 
     db = _db(tmp_path, sleep_record(64, BEST, timing="eager"))
     monkeypatch.setattr(policies, "_cuda", lambda: True)

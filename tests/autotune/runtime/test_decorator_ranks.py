@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 from test_decorator_helpers import BEST, OTHER, World, make_launcher, sleep_record
 
-from jointtune.autotune.decorator import joint_autotune
-from jointtune.db import open_store
+from jointtune.autotune.runtime.decorator import joint_autotune
+from jointtune.db import RecordKey, open_store
 
 CONFIGS = [triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64})]
 
@@ -61,7 +61,7 @@ def _rank_main(rank: int, port: int, folder: str, size: int) -> None:
     out = torch.empty(40)
     kernel[lambda meta: (triton.cdiv(40, meta["BLOCK"]),)](x, out, 40)
     result["triton"] = kernel.best_config.kwargs["BLOCK"]
-    result["triton_stored"] = [r.config["BLOCK"] for r in store.list_records(kernel=kernel.kernel)]
+    result["triton_stored"] = [r.config["BLOCK"] for r in store.list_records(RecordKey.any(kernel=kernel.kernel))]
     Path(folder, f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()

@@ -22,11 +22,11 @@ import pytest
 import torch
 from test_decorator_helpers import BEST, DEFAULT, World, make_launcher, sleep_record, source_of
 
-from jointtune.autotune.decorator import ArgumentError, KeyResultError, joint_autotune
 from jointtune.autotune.runtime.client import MAX_RESPONSE_BYTES, ConfigClient, ServiceWarning
+from jointtune.autotune.runtime.decorator import ArgumentError, KeyResultError, joint_autotune
 from jointtune.autotune.runtime.lookup import wait_for_publishes
-from jointtune.autotune.settings import TuneSettings
-from jointtune.db import open_store
+from jointtune.autotune.tuner.settings import TuneSettings
+from jointtune.db import RecordKey, open_store
 from jointtune.errors import ServiceError, TuningError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server"))
@@ -209,7 +209,15 @@ def test_client_publish_and_lookup_deadlines(misbehaving) -> None:
     client = ConfigClient(trickle.url, timeout=1.0, publish_timeout=1.0, retries=2, backoff=0.01)
     start = time.monotonic()
     with pytest.warns(ServiceWarning, match="no answer within 1s"):
-        assert client.lookup("ag_gemm", {"M": 1}, "bfloat16", 2, "h200x2-nvl") is None
+        key = RecordKey(
+            kernel="ag_gemm",
+            kernel_version=None,
+            shape={"M": 1},
+            dtype="bfloat16",
+            world_size=2,
+            hardware_id="h200x2-nvl",
+        )
+        assert client.lookup(key) is None
     with pytest.raises(ServiceError, match="publish failed after 2 tries; last: no answer within 1s"):
         client.publish(record())
     assert time.monotonic() - start < BOUND_S
@@ -232,7 +240,7 @@ def test_publishing_to_a_silent_service_does_not_hold_the_call(db: str, misbehav
         # tuning itself takes a few seconds; publishing used to add 3 tries x 10 s on top
         assert source_of(launch, 32) == "tune" and torch.equal(out, torch.arange(32, dtype=torch.float32) * 2)
         assert took < 25, f"the call took {took:.1f} s"
-        (saved,) = open_store(db).list_records(kernel="jt_sleep")  # the result is kept locally all the same
+        (saved,) = open_store(db).list_records(RecordKey.any(kernel="jt_sleep"))  # kept locally all the same
         assert saved.config == config
         server.close()  # the publish still under way fails now, in the background, without raising
         assert wait_for_publishes(60)

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from jointtune.autotune.decorator import NoConfigError, joint_autotune
+from jointtune.autotune.runtime.decorator import NoConfigError, joint_autotune
 from jointtune.db import open_store
 from jointtune.timings import measured_as
 

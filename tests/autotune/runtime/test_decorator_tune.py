@@ -10,8 +10,8 @@ import torch
 from test_decorator_helpers import World, make_launcher, source_of
 
 from jointtune.autotune.runtime.lookup import reset_warnings, wait_for_publishes
-from jointtune.autotune.settings import TuneSettings
-from jointtune.db import open_store
+from jointtune.autotune.tuner.settings import TuneSettings
+from jointtune.db import RecordKey, open_store
 from jointtune.hardware import current_limits
 from jointtune.search_spaces import get_space
 from jointtune.timings import measured_as
@@ -59,13 +59,13 @@ def test_tune_on_a_miss_saves_publishes_and_is_found_next_time(tmp_path: Path) -
         space = get_space("jt_sleep")
         problem = space.make_problem({"M": 32}, dtype="float32", world_size=2)
         assert not space.violations(config, problem, current_limits())
-        (record,) = open_store(db).list_records(kernel="jt_sleep")
+        (record,) = open_store(db).list_records(RecordKey.any(kernel="jt_sleep"))
         assert record.config == config and record.trials == 3 and record.study_name.startswith("jointtune:jt_sleep")
         # tuned the way the call runs: eager, which in the CPU interpreter is what every policy is there, interp
         measured = measured_as("eager", record.hardware_id)
         assert record.timing == measured and record.study_name.endswith(":teager") == (measured == "eager")
         assert wait_for_publishes(60)  # a publish slower than the lookup deadline goes on off the call path
-        (published,) = open_store(service_db).list_records(kernel="jt_sleep")
+        (published,) = open_store(service_db).list_records(RecordKey.any(kernel="jt_sleep"))
         assert published.config == config and published.timing == measured
         again = make_launcher(db, on_miss="error")
         again(torch.ones(32), world=World(2))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.sweeps import progress
 from jointtune.autotune.tuner.results import JobResult
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import StudyState
+from jointtune.autotune.workers.sweeps import progress
 from jointtune.cli._summary import print_header
 from jointtune.search_spaces import Problem
 

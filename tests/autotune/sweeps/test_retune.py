@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from jointtune.autotune.tuner.stale import find_stale
-from jointtune.db import NewRecord, open_store
+from jointtune.db import NewRecord, RecordKey, open_store
 from jointtune.kernels import get_family
 
 JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]
@@ -50,7 +50,7 @@ def upgraded(tmp_path_factory):
     done = _run(args, old_env)
     assert done.returncode == 0, done.stdout + done.stderr
     store = open_store(url)
-    (tuned,) = store.list_records(kernel="jt_matmul")
+    (tuned,) = store.list_records(RecordKey.any(kernel="jt_matmul"))
     assert tuned.kernel_version != get_family("jt_matmul").version
     store.upsert_hardware(hardware_id="h200x2-other", name="another machine", fingerprint={})
     store.upsert_record(_as_published(tuned, hardware_id="h200x2-other", shape={"M": 128, "N": 48, "K": 32}))
@@ -61,9 +61,9 @@ def test_records_under_an_old_kernel_version_are_not_served(families, upgraded):
     url, _, tuned = upgraded
     store = open_store(url)
     key = {k: getattr(tuned, k) for k in ("kernel", "shape", "dtype", "world_size", "hardware_id", "timing")}
-    assert store.best(**key, kernel_version=get_family("jt_matmul").version) is None
-    assert store.nearest(**key, kernel_version=get_family("jt_matmul").version) == []
-    assert store.best(**key, kernel_version=tuned.kernel_version) is not None
+    assert store.best(RecordKey(**key, kernel_version=get_family("jt_matmul").version)) is None
+    assert store.nearest(RecordKey(**key, kernel_version=get_family("jt_matmul").version)) == []
+    assert store.best(RecordKey(**key, kernel_version=tuned.kernel_version)) is not None
 
 
 def test_find_stale_names_the_change_and_tunes_only_this_machines_keys(families, upgraded):
@@ -106,13 +106,12 @@ def test_retune_lists_then_tunes_the_keys_back(families, upgraded):
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert "2 keys left behind" in listed.stdout and "re-tune" in listed.stdout
     assert "tuned on h200x2-other" in listed.stdout and "jointtune retune --db" in listed.stdout
-    assert len(open_store(url).list_records(kernel="jt_matmul")) == 2  # --list tunes nothing
+    assert len(open_store(url).list_records(RecordKey.any(kernel="jt_matmul"))) == 2  # --list tunes nothing
 
     done = _run(["retune", "--trials", "3", *common], env)
     assert done.returncode == 0, done.stdout + done.stderr
     version = get_family("jt_matmul").version
-    back = open_store(url).best(kernel="jt_matmul", kernel_version=version, shape=tuned.shape, dtype=tuned.dtype,
-                                world_size=2, hardware_id=tuned.hardware_id, timing=tuned.timing)  # fmt: skip
+    back = open_store(url).best(RecordKey.of(tuned, kernel_version=version))
     assert back is not None and back.latency_p50_us > 0, done.stdout
 
     again = _run(["retune", "--list", *common], env)

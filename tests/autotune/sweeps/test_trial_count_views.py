@@ -15,15 +15,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.sweeps.progress import summary_table
 from jointtune.autotune.tuner.results import collect
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import open_storage, trial_kind
 from jointtune.autotune.workers.control import SoloControl
 from jointtune.autotune.workers.coordinator import Coordinator, GroupInfo, GroupOptions
 from jointtune.autotune.workers.executor import RankExecutor
+from jointtune.autotune.workers.sweeps.progress import summary_table
 from jointtune.cli import main
-from jointtune.db import NewRecord, open_store
+from jointtune.db import NewRecord, RecordKey, open_store
 from jointtune.hardware import detect
 from jointtune.search_spaces import Problem
 
@@ -71,7 +71,7 @@ def test_every_view_shows_the_studys_trial_count(families, sqlite_url: str, tmp_
     measured = [t for t in result.trials if trial_kind(t) == "ok"]
     assert result.counted == TRIALS and result.best_config == BEST
     assert result.state.best.number < TRIALS - 1  # found early: a count taken then would say less
-    (record,) = [r for r in open_store(sqlite_url).list_records(kernel="jt_sleep") if r.shape == {"M": 64}]
+    (record,) = open_store(sqlite_url).list_records(RecordKey.any(kernel="jt_sleep", shape={"M": 64}))
     assert record.trials == TRIALS and record.study_name == result.study_name and len(measured) <= TRIALS
 
     # the sweep's tuned table

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from jointtune.autotune.settings import TuneSettings
-from jointtune.autotune.sweeps.sweepfile import SweepFileError, load_sweep_file, parse_sweep
+from jointtune.autotune.tuner.settings import TuneSettings
+from jointtune.autotune.workers.sweeps.sweepfile import SweepFileError, load_sweep_file, parse_sweep
 from jointtune.cli import main
-from jointtune.db import open_store
+from jointtune.db import RecordKey, open_store
 
 JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "sweep.yaml"
@@ -37,7 +37,7 @@ def test_tune_measures_a_real_family_and_writes_plots_and_a_record(families, tmp
     (result,) = json.loads((report / "results.json").read_text())
     assert result["trials"] == 6 and result["status"] == "trials" and result["best_us"] > 0
     assert result["best_host_us"] > 0  # the host's launch time of one call, recorded beside the GPU time
-    records = open_store(url).list_records(kernel="jt_matmul")
+    records = open_store(url).list_records(RecordKey.any(kernel="jt_matmul"))
     assert len(records) == 1 and records[0].config == result["best_config"]
 
 
@@ -175,5 +175,5 @@ def test_tune_at_world_size_4_simulates_four_ranks(families, tmp_path, subproces
     args += ["--trials", "4", "--warmup", "0", "--iters", "2", "--db", url, "--import", "jt_families"]
     done = _run(args, subprocess_env)
     assert done.returncode == 0, done.stdout + done.stderr
-    (record,) = open_store(url).list_records(kernel="jt_matmul")
+    (record,) = open_store(url).list_records(RecordKey.any(kernel="jt_matmul"))
     assert record.world_size == 4 and record.shape == {"M": 64, "N": 48, "K": 32}

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jointtune.autotune.keys import TuningKey
-from jointtune.autotune.settings import TIMINGS, Job, TuneSettings
+from jointtune.autotune.tuner.keys import TuningKey
+from jointtune.autotune.tuner.settings import TIMINGS, Job, TuneSettings
 from jointtune.autotune.tuner.timing import EAGER_CALLS, measure
 from jointtune.errors import TuningError
 from jointtune.kernels.ag_gemm import ag_gemm
-from jointtune.kernels.world import create_world
+from jointtune.kernels.runtime.world import create_world
 from jointtune.search_spaces import Problem
 
 PROBLEM = Problem.of({"M": 64, "N": 64, "K": 128}, dtype="bf16", world_size=2)
@@ -40,8 +40,8 @@ def test_tables_tell_the_policies_of_one_shape_apart():
     """A sweep of two policies has a job per policy for one shape: the live rows and the tuned table say which."""
     from rich.console import Console
 
-    from jointtune.autotune.sweeps.progress import progress_table, summary_table
     from jointtune.autotune.tuner.results import JobResult
+    from jointtune.autotune.workers.sweeps.progress import progress_table, summary_table
 
     results = [JobResult(Job.of("ag_gemm", PROBLEM, TuneSettings(timing=t)), f"study-{t}") for t in ("gpu", "eager")]
     console = Console(width=200, record=True)
@@ -116,12 +116,12 @@ def test_a_cpu_sweep_records_and_shows_interp(tmp_path, families):
     from rich.console import Console
 
     from jointtune.autotune.runtime import policies
-    from jointtune.autotune.sweeps.progress import summary_table
     from jointtune.autotune.tuner.results import collect
     from jointtune.autotune.tuner.studies import open_storage
     from jointtune.autotune.workers.control import SoloControl
     from jointtune.autotune.workers.coordinator import Coordinator, GroupInfo, GroupOptions
     from jointtune.autotune.workers.executor import RankExecutor
+    from jointtune.autotune.workers.sweeps.progress import summary_table
     from jointtune.cli import main
     from jointtune.db import open_store
     from jointtune.hardware import detect

@@ -9,11 +9,11 @@ import sys
 import optuna
 import pytest
 
-from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.sweeps.sweepfile import parse_sweep
 from jointtune.autotune.tuner.handles import study_space
 from jointtune.autotune.tuner.results import study_name_for
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import trial_kind
+from jointtune.autotune.workers.sweeps.sweepfile import parse_sweep
 from jointtune.cli.tune import parse_restrictions
 from jointtune.errors import TuningError
 from jointtune.kernels import get_family

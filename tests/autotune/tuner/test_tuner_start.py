@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from jointtune.autotune.settings import Job, TuneSettings
 from jointtune.autotune.tuner.handles import study_space
 from jointtune.autotune.tuner.search import initial_configs
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.kernels import get_family
 from jointtune.search_spaces import DeviceLimits
 

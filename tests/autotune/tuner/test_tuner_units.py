@@ -11,18 +11,18 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from jointtune.autotune.keys import TuningKey, triton_version
-from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.sweeps.registry import load_sweep, register_sweep, sweep_names
+from jointtune.autotune.tuner.keys import TuningKey, triton_version
 from jointtune.autotune.tuner.locks import study_lock
 from jointtune.autotune.tuner.search import Prior, Proposal, Searcher, initial_configs
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import ATTR_CACHED, ATTR_DETAIL, ATTR_REASON, StudyState, open_storage, trial_kind
 from jointtune.autotune.tuner.timing import measure, percentile, percentiles
 from jointtune.autotune.workers.control import SoloControl
 from jointtune.autotune.workers.executor import classify
+from jointtune.autotune.workers.sweeps.registry import load_sweep, register_sweep, sweep_names
 from jointtune.autotune.workers.watchdog import EXIT_TIMEOUT
 from jointtune.errors import KernelError, TuningError
-from jointtune.kernels.world import create_world
+from jointtune.kernels.runtime.world import create_world
 from jointtune.search_spaces import Constraint, DeviceLimits, Problem, Space, categorical, choice, register_space
 
 PROBLEM = Problem.of({"M": 64}, dtype="float32", world_size=2)

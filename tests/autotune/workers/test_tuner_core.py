@@ -6,8 +6,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from jointtune.autotune.settings import Job, TuneSettings
 from jointtune.autotune.tuner.results import collect
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import ATTR_REASON, ATTR_ROLE, open_storage, trial_config, trial_kind
 from jointtune.autotune.workers.control import SoloControl
 from jointtune.autotune.workers.coordinator import Coordinator, GroupInfo, GroupOptions

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import collections
 
-from jointtune.autotune.settings import Job, TuneSettings
 from jointtune.autotune.tuner.results import collect
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import ATTR_DETAIL, ATTR_REASON, open_storage, trial_config
 from jointtune.autotune.workers.coordinator import GroupOptions
 from jointtune.autotune.workers.group import GroupSpec

@@ -6,7 +6,7 @@ from __future__ import annotations
 import optuna
 from jt_tuning import result_of, tune
 
-from jointtune.autotune.settings import Job, TuneSettings
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import ATTR_PRIOR, ATTR_ROLE, STUDY_PRIORS, open_storage, trial_config
 from jointtune.db import NewRecord, open_store
 from jointtune.hardware import HardwareFingerprint, cpu_fingerprint, detect

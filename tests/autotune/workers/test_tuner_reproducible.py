@@ -9,7 +9,7 @@ import sys
 
 from jt_tuning import job_json, ran, result_of, tune
 
-from jointtune.autotune.settings import Job, TuneSettings
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.search_spaces import get_space
 
 SIM = TuneSettings(trials=16, warmup=0, iters=2, seed=5, lookahead=1)

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from jointtune.autotune.settings import Job, TuneSettings
 from jointtune.autotune.tuner.results import collect
 from jointtune.autotune.tuner.search import Proposal
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import ATTR_OWNER, open_storage, trial_config, trial_kind
 from jointtune.autotune.workers import coordinator as coordinator_module
 from jointtune.autotune.workers.control import SoloControl

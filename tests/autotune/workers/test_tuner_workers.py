@@ -15,8 +15,7 @@ import pytest
 from jt_procs import children, parent
 from optuna.trial import TrialState
 
-from jointtune.autotune.settings import Job, TuneSettings
-from jointtune.autotune.sweeps.registry import load_sweep, register_sweep
+from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import (
     ATTR_DEADLINE,
     ATTR_OWNER,
@@ -28,6 +27,7 @@ from jointtune.autotune.tuner.studies import (
     trial_kind,
 )
 from jointtune.autotune.workers.recovery import Owner, host_id, recover_study
+from jointtune.autotune.workers.sweeps.registry import load_sweep, register_sweep
 from jointtune.search_spaces import Problem, canonical_json
 
 BIN = Path(sys.executable).parent

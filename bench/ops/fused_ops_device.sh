@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# bench/ops/fused_ops.py on a lent 4-GPU machine: W=4 on all GPUs, then W=2 on GPUs 0,1 and 2,3 at once (two families side
+# by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
+# $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
+# Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
+#   flashlong2 tune smoke archeck ar4 arn4 ar2 artune)
+source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
+WORK=${WORK:-/tmp/fused_ops}
+mkdir -p "$WORK"
+pack() { flock "$WORK/.lock" tar czf "$OUT/fused_ops.tgz" --exclude=.lock -C "$WORK" .; }
+fo() { # SECONDS NPROC FAMILY SHAPES OUT [more args]
+  timeout "$1" python3 bench/ops/fused_ops.py --ranks "$2" --family "$3" --shapes "$4" --out "$WORK/$5" "${@:6}" \
+    > "$WORK/$5.log" 2>&1
+  echo "exit $? after: fused_ops $3 w$2 $4"; grep -E "graph best|^stress|^driver" "$WORK/$5.log"; pack
+}
+DECODE=64x8192x8192,128x8192x8192,256x8192x8192,128x6144x4096,128x4096x14336
+FLASH=1x64x8x32768x128,8x64x8x32768x128,32x64x8x8192x128,1x40x8x32768x128,8x56x8x8192x128
+LARGE=1024x8192x8192,8192x4096x12288
+# issue 31's remaining GEMM cells (M 16, 32 and 1024 at the three (N, K)) and Flash-Decode's long caches with the user's
+# SDPA path as an anchor (two 32K shapes again, to set that anchor beside the earlier runs)
+SMALL=16x8192x8192,32x8192x8192,16x6144x4096,32x6144x4096,16x4096x14336,32x4096x14336,1024x6144x4096,1024x4096x14336
+FLASH_LONG=1x64x8x524288x128,8x64x8x524288x128,32x64x8x131072x128,8x40x8x262144x128,32x56x8x131072x128,1x64x8x32768x128,8x64x8x32768x128
+# GEMM + all-reduce (issue 33's targets): M in 1..128 and 1024 at (N, K per rank) = (8192, 2048), (8192, 7168),
+# (5120, 6912): Llama-3-70B's o_proj and down at TP=4 and Qwen2.5-32B's down; K is global (W x K per rank)
+ar_shapes() { local m out=""; for m in 1 8 32 64 128 1024; do out="$out,${m}x$1x$(($2 * $3))"; done; echo "${out#,}"; }
+for phase in "$@"; do
+  case $phase in
+    decode4)
+      fo 200 4 ag_gemm "$DECODE" ag_gemm_w4.json --per-mode 2 --stress 200
+      fo 200 4 gemm_rs "$DECODE" gemm_rs_w4.json --per-mode 2 --stress 200 ;;
+    flash4) fo 150 4 flash_decode "$FLASH" flash_decode_w4.json --per-mode 2 --stress 200 ;;
+    decode2)
+      CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$DECODE" ag_gemm_w2.json --per-mode 2 --stress 200 --port 29511 &
+      CUDA_VISIBLE_DEVICES=2,3 fo 200 2 gemm_rs "$DECODE" gemm_rs_w2.json --per-mode 2 --stress 200 --port 29512 &
+      wait ;;
+    flash2) CUDA_VISIBLE_DEVICES=0,1 fo 150 2 flash_decode "$FLASH" flash_decode_w2.json --per-mode 2 --stress 200 ;;
+    large4)
+      fo 150 4 ag_gemm "$LARGE" ag_gemm_large_w4.json --per-mode 2 --stress 0 --item-timeout 40
+      fo 150 4 gemm_rs "$LARGE" gemm_rs_large_w4.json --per-mode 2 --stress 0 --item-timeout 40 ;;
+    tune)  # the tuner on this machine, graph policy, at W=2 and W=4: the baseline in each variant first
+      for w in 2 4; do
+        timeout 200 python3 -m jointtune.cli tune --kernel gemm_rs --shape 128x8192x8192 --world-size $w --timing graph \
+          --trials 12 --db "sqlite:///$WORK/tune.db" --report "$WORK/tune_w$w" > "$WORK/tune_w$w.log" 2>&1
+        echo "exit $? after: tune gemm_rs w$w"; tail -n 25 "$WORK/tune_w$w.log"; pack
+      done ;;
+    smoke)  # the user's paths (decorator, cache, graph, drop-in) at W=4 and W=2, and a process that exits cleanly after
+      # the symmetric-window baseline (exit 0 expected)
+      for w in 4 2; do
+        timeout 150 torchrun --nproc-per-node=$w --master-port=2960$w bench/ops/gpu_smoke.py > "$WORK/gpu_smoke_w$w.log" 2>&1
+        echo "exit $? after: gpu_smoke w$w"; grep -E "PASS|FAIL|pass|fail" "$WORK/gpu_smoke_w$w.log" | tail -12; pack
+      done
+      fo 120 4 ag_gemm 64x8192x8192 exit_check_w4.json --modes baseline --per-mode 1 --stress 0 ;;
+    large2)
+      CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$LARGE" ag_gemm_large_w2.json --per-mode 2 --stress 0 --item-timeout 40 --port 29511 &
+      CUDA_VISIBLE_DEVICES=2,3 fo 200 2 gemm_rs "$LARGE" gemm_rs_large_w2.json --per-mode 2 --stress 0 --item-timeout 40 --port 29512 &
+      wait ;;
+    small4)
+      fo 250 4 ag_gemm "$SMALL" ag_gemm_small_w4.json --per-mode 1 --stress 100 --item-timeout 60
+      fo 210 4 gemm_rs "$SMALL" gemm_rs_small_w4.json --per-mode 1 --stress 100 --item-timeout 60 ;;
+    small2)
+      CUDA_VISIBLE_DEVICES=0,1 fo 250 2 ag_gemm "$SMALL" ag_gemm_small_w2.json --per-mode 1 --stress 100 --item-timeout 60 --port 29511 &
+      CUDA_VISIBLE_DEVICES=2,3 fo 250 2 gemm_rs "$SMALL" gemm_rs_small_w2.json --per-mode 1 --stress 100 --item-timeout 60 --port 29512 &
+      wait ;;
+    flashlong4) fo 130 4 flash_decode "$FLASH_LONG" flash_decode_long_w4.json --per-mode 1 --stress 0 --item-timeout 60 ;;
+    flashlong2) CUDA_VISIBLE_DEVICES=0,1 fo 150 2 flash_decode "$FLASH_LONG" flash_decode_long_w2.json --per-mode 1 --stress 0 --item-timeout 60 ;;
+    archeck)  # GEMM + all-reduce on the GPUs: every mode and form right, the same bits on every rank, replays (W=4, W=2)
+      for w in 4 2; do
+        gpus=0,1,2,3; shapes=8x8192x2048,300x4096x1024; limit=330
+        [ $w = 2 ] && gpus=0,1 && shapes=37x5120x1728 && limit=240
+        CUDA_VISIBLE_DEVICES=$gpus timeout $limit torchrun --nproc-per-node=$w --master-port=2953$w \
+          bench/ops/gemm_ar_check.py --shapes $shapes --out "$WORK/gemm_ar_check_w$w.json" > "$WORK/gemm_ar_check_w$w.log" 2>&1
+        echo "exit $? after: gemm_ar_check w$w"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w$w.log" | head -20; pack
+      done ;;
+    artune)  # the tuner on gemm_ar, graph policy, W=4 then W=2: 8 and 64 rows of Llama-3-70B's o_proj
+      for w in 4 2; do
+        for m in 8 64; do
+          timeout 140 python3 -m jointtune.cli tune --kernel gemm_ar --shape ${m}x8192x$((2048 * w)) --world-size $w \
+            --timing graph --trials 12 --db "sqlite:///$WORK/artune.db" --report "$WORK/artune_w${w}_m$m" \
+            > "$WORK/artune_w${w}_m$m.log" 2>&1
+          echo "exit $? after: tune gemm_ar w$w m$m"; tail -n 8 "$WORK/artune_w${w}_m$m.log"; pack
+        done
+      done ;;
+    ar4|arn4)  # gemm_ar (ar4) or its residual + RMSNorm form (arn4) at W=4, one fo per (N, K per rank)
+      fam=gemm_ar; [ "$phase" = arn4 ] && fam=gemm_ar_rmsnorm
+      fo 190 4 $fam "$(ar_shapes 8192 2048 4)" ${fam}_w4_o.json --per-mode 3 --stress 200
+      fo 190 4 $fam "$(ar_shapes 8192 7168 4)" ${fam}_w4_d.json --per-mode 3 --stress 0
+      fo 190 4 $fam "$(ar_shapes 5120 6912 4)" ${fam}_w4_q.json --per-mode 3 --stress 0 ;;
+    ar2)  # both forms at W=2 side by side on disjoint pairs
+      for fam in gemm_ar gemm_ar_rmsnorm; do
+        gpus=0,1; port=29521; [ $fam = gemm_ar_rmsnorm ] && gpus=2,3 && port=29522
+        ( for nk in "8192 2048 o" "8192 7168 d" "5120 6912 q"; do set -- $nk
+            CUDA_VISIBLE_DEVICES=$gpus fo 190 2 $fam "$(ar_shapes $1 $2 2)" ${fam}_w2_$3.json --per-mode 3 \
+              --stress $([ $3 = o ] && echo 200 || echo 0) --port $port
+          done ) &
+      done
+      wait ;;
+    *) echo "unknown phase $phase"; exit 2 ;;
+  esac
+done
+pack

@@ -1,0 +1,1 @@
+"""The config service under load: lookups, floods, export pages against lookups (bench/README.md)."""

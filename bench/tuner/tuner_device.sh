@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Issue 34's live checks on a lent 4-GPU machine (W=4 on all GPUs, W=2 on GPUs 0,1), graph timing, on shapes chosen
+# for this check (none of the benchmark's listed ones): per family a prefill-sized and a decode-sized shape.
+#   truth W [FAMILY...]  exhaustive studies of sub-spaces with every mode in them (32-69 configs each) -> the tables
+#   tune W [FAMILY...]   per shape two fresh 24-trial tunes of the same sub-space, seed 0 (fresh-a, fresh-b), and a
+#                        24-trial tune of the whole space (full), each into a database of its own
+#   agree W              the picks of fresh-a, fresh-b, full and the exhaustive study re-timed side by side
+#                        (bench/tuner/tuner_agreement.py): fresh tunes within 2%, picks within 3% of the exhaustive best
+#   cold                 a cold 24-trial tune of one shape at W=2, whole space, empty Triton cache, fresh database:
+#                        seconds from process start to the stored record (target <= 30 s on an H200)
+#   curves               replay tables (truth) -> best-so-far against trials, 3 seeds, per family and world size
+# Results land in $WORK and are packed into $OUT/tuner_checks.tgz after every step, so a call stopped at its limit
+# still returns what finished. truth and tune take one family per call to fit a 10-minute call; a study stopped by
+# a limit resumes when the same call runs again.
+# Usage (each line one call; W = 2, then 4):
+#   bash bench/tuner/tuner_device.sh truth W FAMILY; bash bench/tuner/tuner_device.sh tune W FAMILY   (for each family)
+#   bash bench/tuner/tuner_device.sh agree W; then once: bash bench/tuner/tuner_device.sh cold; bash bench/tuner/tuner_device.sh curves
+source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
+WORK=${WORK:-/tmp/tuner_checks}
+mkdir -p "$WORK/tables"
+pack() { tar czf "$OUT/tuner_checks.tgz" -C "$WORK" .; }
+
+declare -A SHAPES=(
+  [ag_gemm]="2048x5120x8192 256x14336x4096"
+  [gemm_rs]="2048x8192x5120 256x4096x14336"
+  [flash_decode]="4x48x8x65536x128 16x32x4x16384x128"
+)
+# the sub-space of each shape: every mode of the family (gemm_rs's non-deterministic atomic stays out, as by default)
+declare -A RESTRICT=(
+  [ag_gemm:2048x5120x8192]="mode=pull,push,push_cublas,ce,baseline BLOCK_M=64,128 BLOCK_N=128,256 BLOCK_K=64 GROUP_M=8 num_warps=8 num_stages=3,4 SPLIT_K=1 comm_sms=8,32 chunk_m=64,512,2048 ce_chunks=1,2 collective=nccl,nccl_symm"
+  [ag_gemm:256x14336x4096]="mode=pull,push,push_cublas,ce,baseline BLOCK_M=32,64 BLOCK_N=64,128 BLOCK_K=128 GROUP_M=1 num_warps=4 num_stages=4 SPLIT_K=1,2 comm_sms=8,32 chunk_m=32,64 ce_chunks=1,2 collective=nccl,nccl_symm"
+  [gemm_rs:2048x8192x5120]="mode=pull,push,pull_cublas,ce,baseline BLOCK_M=64,128 BLOCK_N=128,256 BLOCK_K=64 GROUP_M=8 num_warps=8 num_stages=3 SPLIT_K=1 reduce_by=programs,epilogue,tile chunk_m=256 reduce_sms=16,64,128 tile_order=peers_first ce_consumer=cublas ce_chunks=1,2 collective=nccl,nccl_symm"
+  [gemm_rs:256x4096x14336]="mode=pull,push,pull_cublas,ce,baseline BLOCK_M=32,64 BLOCK_N=64,128 BLOCK_K=128 GROUP_M=1 num_warps=4 num_stages=4 SPLIT_K=1 reduce_by=programs,epilogue,tile chunk_m=64 reduce_sms=16,64 tile_order=peers_first ce_consumer=cublas ce_chunks=1,2 collective=nccl,nccl_symm"
+  [flash_decode:4x48x8x65536x128]="kv_split=512,1024,2048 BLOCK_N=64,128 heads_per_program=6 num_warps=4 num_stages=3 items_per_flag=1,4 push_programs=8 collective=nccl,nccl_symm"
+  [flash_decode:16x32x4x16384x128]="kv_split=256,512,1024 BLOCK_N=64,128 heads_per_program=8 num_warps=4 num_stages=3 items_per_flag=4,16 push_programs=8 collective=nccl,nccl_symm"
+)
+
+gpus() { [ "$1" = 2 ] && echo 0,1 || echo 0,1,2,3; }
+restrict_args() { for r in ${RESTRICT[$1]}; do printf -- "--restrict %s " "$r"; done; }
+tune() { # SECONDS W DB NAME KERNEL SHAPE [more args]: one `jointtune tune`, one group of W ranks, graph timing
+  CUDA_VISIBLE_DEVICES=$(gpus "$2") timeout "$1" python3 -m jointtune.cli tune --kernel "$5" --shape "$6" \
+    --world-size "$2" --timing graph --groups 1 --db "sqlite:///$WORK/$3" "${@:7}" > "$WORK/$4.log" 2>&1
+  echo "exit $? after: tune $5 $6 w$2 ($4)"; grep -E "how each shape went|—|done in" "$WORK/$4.log" | tail -4; pack
+}
+families() { if [ $# -gt 0 ]; then echo "$@"; else echo ag_gemm gemm_rs flash_decode; fi; }
+
+phase=$1; shift
+case $phase in
+  truth)
+    w=$1; shift
+    for k in $(families "$@"); do for s in ${SHAPES[$k]}; do
+      # shellcheck disable=SC2046
+      tune 280 "$w" "truth_w$w.db" "truth_${k}_${s}_w$w" "$k" "$s" --strategy exhaustive --trials 100 $(restrict_args "$k:$s")
+    done; done
+    python3 bench/tuner/tuner_experiments.py tables "$WORK/truth_w$w.db" --out "$WORK/tables" --tag "w${w}_4xH200" \
+      --device "$(nvidia-smi -L | head -1 | sed 's/ (UUID.*//'), world size $w, graph timing" \
+      --command "bash bench/tuner/tuner_device.sh truth $w"
+    pack ;;
+  tune)
+    w=$1; shift
+    for k in $(families "$@"); do for s in ${SHAPES[$k]}; do
+      for run in fresh-a fresh-b; do
+        # shellcheck disable=SC2046
+        tune 200 "$w" "${run}_w$w.db" "${run}_${k}_${s}_w$w" "$k" "$s" --trials 24 --seed 0 $(restrict_args "$k:$s")
+      done
+      tune 200 "$w" "full_w$w.db" "full_${k}_${s}_w$w" "$k" "$s" --trials 24 --seed 0
+    done; done ;;
+  agree)
+    w=$1; jobs=""
+    for k in ag_gemm gemm_rs flash_decode; do for s in ${SHAPES[$k]}; do jobs="$jobs${jobs:+,}$k:$s"; done; done
+    CUDA_VISIBLE_DEVICES=$(gpus "$w") timeout 560 torchrun --nproc-per-node="$w" bench/tuner/tuner_agreement.py \
+      --jobs "$jobs" --db "fresh-a=sqlite:///$WORK/fresh-a_w$w.db" --db "fresh-b=sqlite:///$WORK/fresh-b_w$w.db" \
+      --db "full=sqlite:///$WORK/full_w$w.db" --db "exhaustive=sqlite:///$WORK/truth_w$w.db" \
+      --out "$WORK/tuner_agreement_w${w}.json" > "$WORK/agree_w$w.log" 2>&1
+    echo "exit $? after: agree w$w"; grep -E "^\[" "$WORK/agree_w$w.log"; pack ;;
+  cold)
+    TRITON_CACHE_DIR=$(mktemp -d)
+    export TRITON_CACHE_DIR
+    rm -f "$WORK/cold.db"
+    start=$(date +%s.%N)
+    tune 300 2 cold.db cold_ag_gemm_w2 ag_gemm 2048x5120x8192 --trials 24 --seed 0
+    end=$(date +%s.%N)
+    python3 -m jointtune.cli db list --db "sqlite:///$WORK/cold.db" >> "$WORK/cold_ag_gemm_w2.log" 2>&1
+    echo "cold 24-trial tune, ag_gemm 2048x5120x8192 W=2, empty Triton cache: $(python3 -c "print(f'{$end - $start:.1f}')") s" \
+      "from process start to stored record" | tee -a "$WORK/cold_ag_gemm_w2.log"
+    pack ;;
+  curves)
+    python3 bench/tuner/tuner_experiments.py curves "$WORK"/tables/ground_truth_*.json --out "$WORK/tuner_curves_4xH200.json"
+    pack ;;
+  *) echo "unknown phase $phase (truth W, tune W, agree W, cold, curves)"; exit 2 ;;
+esac
