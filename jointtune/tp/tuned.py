@@ -135,7 +135,7 @@ class TunedOp:
         return dict(self.texts.get(_call_key(world, tensors), {}))
 
     def _resolved(self, tensors: tuple[Any, ...], world: Any) -> dict[str, str]:
-        from jointtune.kernels.gemm_ar import config_json
+        from jointtune.kernels.runtime.calls import config_json
 
         launcher = self.launcher
         base = (tuple(launcher.key(*tensors, world=world).items()), launcher.dtype_of(*tensors), world.world_size)
