@@ -49,9 +49,10 @@ FAST = {
 }
 
 
-def fast_store(path: Path, world_sizes: tuple[int, ...] = (2, 4)) -> str:
-    """A SQLite store holding one record of each fused GEMM family per world size, with a FAST config: every layer
-    shape finds it as its nearest tuned shape (`on_miss="nearest"`, the layers' default). Returns its URL."""
+def fast_store(path: Path, world_sizes: tuple[int, ...] = (2, 4), configs: dict[str, dict] | None = None) -> str:
+    """A SQLite store holding one record of each fused GEMM family per world size, with a FAST config (or `configs`'
+    for the kernels it names): every layer shape finds it as its nearest tuned shape (`on_miss="nearest"`, the layers'
+    default). Returns its URL."""
     from jointtune.autotune.tuner.keys import triton_version
     from jointtune.db import NewRecord, open_store
     from jointtune.hardware import detect
@@ -60,7 +61,7 @@ def fast_store(path: Path, world_sizes: tuple[int, ...] = (2, 4)) -> str:
 
     url = f"sqlite:///{path}"
     store = open_store(url)
-    for kernel, config in FAST.items():
+    for kernel, config in {**FAST, **(configs or {})}.items():
         for w in world_sizes:
             store.upsert_record(NewRecord(
                 kernel=kernel, kernel_version=get_family(kernel).version,
