@@ -53,7 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from timing import barrier, step_us
-from torch_tp import AllReduce, TorchStandardLayer, attend, compile_async_tp
+from torch_tp import AllReduce, TorchStandardLayer, add_rms_norm, attend, compile_async_tp
 
 from jointtune import create_world
 from jointtune.tp import (
@@ -154,10 +154,16 @@ def command() -> str:
     return f"python {argv}"
 
 
+#: on a GPU, eager calls (the correctness check, the eager step before a capture or a compile) use the records the
+#: graph replays run (tuned with --timing graph), so the error checked is that of the configs timed
+GRAPH_FIRST = "eager:graph,gpu;graph:gpu,eager"
+
+
 def tuning_of(args: argparse.Namespace, world: Any) -> tuple[Tuning, str | None]:
     """The layers' Tuning: a fresh store holding --bundle's records (imported by rank 0), or --db."""
+    fallback = GRAPH_FIRST if world.kind == "cuda" else None
     if args.bundle is None:
-        return Tuning(db_url=args.db), args.db
+        return Tuning(db_url=args.db, timing_fallback=fallback), args.db
     from jointtune.db import open_store
     from jointtune.server.bundle import import_bundle
 
@@ -170,7 +176,7 @@ def tuning_of(args: argparse.Namespace, world: Any) -> tuple[Tuning, str | None]
     if world.rank == 0:
         import_bundle(open_store(url), Path(args.bundle).read_text())
     barrier(world)
-    return Tuning(db_url=url), url
+    return Tuning(db_url=url, timing_fallback=fallback), url
 
 
 def build(cfg: Any, world: Any, args: argparse.Namespace, tuning: Tuning) -> tuple[list[Any], list[Any]]:
@@ -208,6 +214,16 @@ def fill_caches(cfg: Any, world: Any, caches: list[Any], ref_caches: list[Any], 
             ref_caches[layer].k[0][:, :, :n] = k
             ref_caches[layer].v[0][:, :, :n] = v
         del k, v
+
+
+def layer_kernels(layout: str, chained: bool) -> dict[str, str]:
+    """What each op of jointtune's layer runs in `layout` (`chained`: down carries the next layer's input norm)."""
+    if layout == "sp":
+        row = "gemm_rs, then torch: + residual, RMSNorm"
+        return {"qkv": "ag_gemm", "o_proj": row, "gate_up": "ag_gemm", "down": row if chained else "gemm_rs + residual"}
+    return {"qkv": "local GEMM", "o_proj": "gemm_ar_rmsnorm (+ residual, post-attention RMSNorm)",
+            "gate_up": "local GEMM", "down": "gemm_ar_rmsnorm (+ residual, next layer's input RMSNorm)" if chained
+            else "gemm_ar (+ residual)"}  # fmt: skip
 
 
 class Bench:
@@ -358,7 +374,9 @@ class Bench:
         return run
 
     def _breakdown(self, cell: Cell, caches: list[Any], reset: Any, layout: str) -> dict[str, Any]:
-        """µs of each op of one layer alone, per path (jointtune in its chosen layout, the standard torch layer)."""
+        """µs of each op of one layer alone, per path (jointtune in its chosen layout, as the stack calls it: the
+        row-parallel ops with their residual + RMSNorm epilogues; the standard torch layer), and which kernel each of
+        jointtune's ops ran (`jointtune_kernels`: in the standard layout the GEMM + all-reduce forms)."""
         world, layer, W = self.world, self.layers[0], self.world.world_size
         T = cell.tokens
         rows = T // W if layout == "sp" else T
@@ -371,27 +389,33 @@ class Bench:
 
         hidden, attn_w = self.cfg.hidden_size, layer.attn.heads * layer.attn.head_dim
         inter_r = self.cfg.intermediate_per_rank(W)
-        x_in, a_in, m_in = rand(rows, hidden), rand(T, attn_w), rand(T, inter_r)
+        eps = self.cfg.rms_norm_eps
+        x_in, a_in, m_in, res_in = rand(rows, hidden), rand(T, attn_w), rand(T, inter_r), rand(rows, hidden)
         x_full, y_full = rand(T, hidden), rand(T, hidden)
+        # down's epilogue as the stack runs layer 0's: + the residual, + layer 1's input RMSNorm where there is one
+        next_norm = list(self.layers[1].input_norm) if len(self.layers) > 1 else None
         ar = AllReduce(world, "nccl")
         scratch = [y.clone() for y in y_full]
         ops = {
             "jointtune": {
                 "qkv": lambda: layer.attn.qkv(x_in, layout=layout),
-                "o_proj": lambda: layer.attn.o_proj(a_in, layout=layout),
+                "o_proj": lambda: layer.attn.o_proj(a_in, layout=layout, residual=res_in,
+                                                    norm_weight=list(layer.post_norm), eps=eps),
                 "gate_up": lambda: layer.gate_up(x_in, layout=layout),
-                "down": lambda: layer.down(m_in, layout=layout),
+                "down": lambda: layer.down(m_in, layout=layout, residual=res_in, norm_weight=next_norm, eps=eps),
             },
             "torch_standard": {
                 "qkv": lambda: [x @ w for x, w in zip(x_full, layer.attn.qkv.weight)],
                 "o_proj_gemm": lambda: [a @ w for a, w in zip(a_in, layer.attn.o_proj.weight)],
                 "all_reduce": lambda: ar([s.copy_(y) for s, y in zip(scratch, y_full)]),
+                "add_rms_norm": lambda: [add_rms_norm(x, y, w, eps)
+                                         for x, y, w in zip(x_full, y_full, layer.post_norm)],
                 "gate_up": lambda: [x @ w for x, w in zip(x_full, layer.gate_up.weight)],
                 "down_gemm": lambda: [m @ w for m, w in zip(m_in, layer.down.weight)],
             },
-        }
+        }  # fmt: skip
         attention = self._attention_op(cell, caches, reset)
-        out: dict[str, Any] = {"layout": layout}
+        out: dict[str, Any] = {"layout": layout, "jointtune_kernels": layer_kernels(layout, next_norm is not None)}
         for path, path_ops in ops.items():
             timed = {}
             for name, fn in {**path_ops, "attention": attention}.items():
@@ -413,37 +437,56 @@ class Bench:
         return out
 
     def compile_check(self) -> dict[str, Any]:
-        """torch.compile(fullgraph=True) of the whole stack on a decode step in the sequence-parallel layout with our
-        decode kernel (every registered op traced), after an eager step at that size resolved its configs."""
+        """torch.compile(fullgraph=True) of the whole stack on a decode step in each layout with our decode kernel
+        (every registered op traced: ag_gemm and gemm_rs in sp, gemm_ar_rmsnorm and gemm_ar in standard), after an
+        eager step at that size resolved its configs; the compiled step against the eager one."""
         cell = Cell("decode", max(8, self.world.world_size), 256)
         self._set_attention("flash_decode")
         caches = self.stack.new_caches(cell.batch, cell.kv)
         x = torch.randn(cell.batch, self.cfg.hidden_size, device=self.world.device).bfloat16()
         xs = [x for _ in self.world.local_ranks]
-        try:
-            with torch.no_grad():
-                for c in caches:
-                    for lens in c.lens:
-                        lens.fill_(cell.kv - 2)
-                want = self.stack(xs, caches, phase="decode", batch=cell.batch, layout="sp")[0]
-                for c in caches:
-                    for lens in c.lens:
-                        lens.fill_(cell.kv - 2)
-                compiled = torch.compile(self.stack, fullgraph=True)
-                got = compiled(xs, caches, phase="decode", batch=cell.batch, layout="sp")[0]
-            return {"ok": True, "rel_error_vs_eager": rel_error(got, want)}
-        except Exception:
-            return {"ok": False, "error": traceback.format_exc(limit=4)}
+        compiled = torch.compile(self.stack, fullgraph=True)
+        out: dict[str, Any] = {}
+        for layout in ("standard", "sp"):
+            try:
+                with torch.no_grad():
+                    for c in caches:
+                        for lens in c.lens:
+                            lens.fill_(cell.kv - 2)
+                    want = self.stack(xs, caches, phase="decode", batch=cell.batch, layout=layout)[0]
+                    for c in caches:
+                        for lens in c.lens:
+                            lens.fill_(cell.kv - 2)
+                    got = compiled(xs, caches, phase="decode", batch=cell.batch, layout=layout)[0]
+                out[layout] = {"ok": True, "rel_error_vs_eager": rel_error(got, want)}
+            except Exception:
+                out[layout] = {"ok": False, "error": traceback.format_exc(limit=4)}
+        errors = "; ".join(f"{k}: {v['error']}" for k, v in out.items() if not v["ok"])
+        return {"ok": all(v["ok"] for v in out.values()), "layouts": out, **({"error": errors} if errors else {})}
+
+    def _ops(self) -> dict[str, Any]:
+        """The layers' tuned ops by kernel (every layer of one Tuning shares them: one cache per kernel)."""
+        layer = self.layers[0]
+        return {"ag_gemm": layer.gate_up.op, "gemm_rs": layer.down.op, "gemm_ar": layer.down.ar_op,
+                "gemm_ar_rmsnorm": layer.down.ar_norm_op, "flash_decode": layer.attn.decode_op}  # fmt: skip
 
     def config_sources(self) -> dict[str, dict[str, int]]:
         """Where each op's configs came from (store, nearest-store, default, ...): tuned records or not."""
-        layer = self.layers[0]
-        ops = {"ag_gemm": layer.gate_up.op, "gemm_rs": layer.down.op, "flash_decode": layer.attn.decode_op}
         out: dict[str, dict[str, int]] = {}
-        for name, op in ops.items():
+        for name, op in self._ops().items():
             for source in op.launcher.sources.values():
                 out.setdefault(name, {}).setdefault(source, 0)
                 out[name][source] += 1
+        return out
+
+    def config_modes(self) -> dict[str, dict[str, str]]:
+        """The mode every resolved key runs, per kernel: "M=8,N=8192,K=8192 graph" -> "two_shot" (which calls run
+        fused and which the unfused baseline)."""
+        out: dict[str, dict[str, str]] = {}
+        for name, op in self._ops().items():
+            for (shape, _dtype, _w, policy), config in op.launcher.cache.items():
+                dims = ",".join(f"{k}={v}" for k, v in shape)
+                out.setdefault(name, {})[f"{dims} {policy}"] = str(config.get("mode", "-"))
         return out
 
 
@@ -492,8 +535,10 @@ def _holds_back(c: dict[str, Any], layers: int) -> str:
     if not b:
         return "no breakdown (--no-breakdown)"
     jt, std = b["jointtune"], b["torch_standard"]
-    pairs = {"qkv": ["qkv"], "o_proj": ["o_proj_gemm", "all_reduce"], "gate_up": ["gate_up"],
-             "down": ["down_gemm", "all_reduce"], "attention": ["attention"]}  # fmt: skip
+    # jointtune's row-parallel ops carry the residual add + RMSNorm (fused in the standard layout, torch after gemm_rs
+    # in sp): the torch layer's GEMM, all-reduce and its own add + RMSNorm are what each replaces
+    pairs = {"qkv": ["qkv"], "o_proj": ["o_proj_gemm", "all_reduce", "add_rms_norm"], "gate_up": ["gate_up"],
+             "down": ["down_gemm", "all_reduce", "add_rms_norm"], "attention": ["attention"]}  # fmt: skip
     excess = {}
     for op, theirs in pairs.items():
         if isinstance(jt.get(op), float) and all(isinstance(std.get(t), float) for t in theirs):
@@ -501,7 +546,9 @@ def _holds_back(c: dict[str, Any], layers: int) -> str:
     if not excess:
         return "breakdown incomplete"
     worst = max(excess, key=excess.get)
-    return f"{worst}: {excess[worst]:+.1f} us per layer against the standard layer's ({b['layout']} layout)"
+    kernel = b.get("jointtune_kernels", {}).get(worst, "")
+    return (f"{worst} ({kernel}): {excess[worst]:+.1f} us per layer against the standard layer's "
+            f"({b['layout']} layout)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -526,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     measured = {c["tokens"]: c["layout_measured"] for c in result["cells"] if "layout_measured" in c}
     result["layout_rule"] = LayoutRule.from_measurements(measured).to_json()
     result["config_sources"] = bench.config_sources()
+    result["config_modes"] = bench.config_modes()
     result["compile_check"] = compiled
     result["anchors"] = anchors(result["cells"], compiled, args.layers)
     failed = [a for a in result["anchors"] if a["passed"] is False]

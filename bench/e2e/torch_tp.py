@@ -9,8 +9,9 @@
   reduce-scatter into torch's fused symmetric-memory ops: torch's async-TP.
 
 Both read the shards of a `jointtune.tp.LlamaDecoderLayer` (its public parameters: no second copy of the weights) and
-attend with the same kernel as it (`attend`), so the comparison is the layers' GEMMs and collectives. Public names
-only: torch, and `jointtune.tp`.
+attend with the same kernel as it (`attend`), so the comparison is the layers' GEMMs and collectives, and where
+jointtune's standard layout fuses the residual add + RMSNorm into its GEMM + all-reduce, the torch layer's own
+(`add_rms_norm`, timed alone in the breakdown). Public names only: torch, and `jointtune.tp`.
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ class AllReduce:
             symm_mem.rendezvous(buf, self.world.group.group_name)
             self._buffers[key] = buf
         return buf
+
+
+def add_rms_norm(h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
+    """The torch layer's residual add and the RMSNorm after it: (normed, h + y), what gemm_ar_rmsnorm's epilogue
+    computes inside the all-reduce."""
+    h = h + y
+    return rms_norm(h, weight, eps), h
 
 
 def attend(layer: Any, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Any, *, phase: str,
@@ -105,9 +113,8 @@ class TorchStandardLayer:
             q, k, v = _qkv_rope(lay, i, qkv, cache, phase, batch, L)
             o = attend(lay, i, q, k, v, cache, phase=phase, batch=batch, L=L).reshape(T, -1)
             partial.append(o @ lay.attn.o_proj.weight[i])
-        hs = [h + o for h, o in zip(hs, self.all_reduce(partial))]
-        partial = [swiglu(rms_norm(h, lay.post_norm[i], eps) @ lay.gate_up.weight[i]) @ lay.down.weight[i]
-                   for i, h in enumerate(hs)]  # fmt: skip
+        normed, hs = zip(*(add_rms_norm(h, o, w, eps) for h, o, w in zip(hs, self.all_reduce(partial), lay.post_norm)))
+        partial = [swiglu(n @ lay.gate_up.weight[i]) @ lay.down.weight[i] for i, n in enumerate(normed)]
         return [h + d for h, d in zip(hs, self.all_reduce(partial))]
 
 
@@ -144,4 +151,4 @@ def compile_async_tp(group: Any) -> Any:
     return torch.compile(async_tp_step, fullgraph=True)
 
 
-__all__ = ["AllReduce", "TorchStandardLayer", "async_tp_step", "attend", "compile_async_tp"]
+__all__ = ["AllReduce", "TorchStandardLayer", "add_rms_norm", "async_tp_step", "attend", "compile_async_tp"]

@@ -2,8 +2,8 @@
 
 The model's ops (`jointtune.tp.shapes`) become jobs (`autotune.workers.sweeps.models`), tuned by the same machinery as
 any sweep (resume, live progress, ETA, the tuned table, `--report`); the run ends with the model's per-layer table
-(each op's shape per token count and layout, the chosen mode, its speedup against the best unfused path, and the
-sequence-parallel layer's fused ops together), and `--export FILE` writes the tuned records of exactly these
+(each op's shape per token count and layout, the chosen mode, its speedup against the best unfused path, and each
+layout's tuned ops of one layer together), and `--export FILE` writes the tuned records of exactly these
 shapes as a bundle (`jointtune import FILE` on the serving machines).
 
 Example:
@@ -120,7 +120,8 @@ def model_epilogue(plans: Sequence[ModelPlan], *, url: str, export: Path | None,
         for plan in plans:
             console.print(layer_table(plan, results))
         console.print("layout per token count: the layer picks sp or standard from measured steps (LayoutRule); "
-                      "standard rows have no fused family to tune yet", markup=False, highlight=False)  # fmt: skip
+                      "standard rows are GEMM + all-reduce with the decoder's residual + RMSNorm epilogue "
+                      "(down_last: a stack's last layer, residual only)", markup=False, highlight=False)  # fmt: skip
         if export is not None:
             jobs = list(dict.fromkeys(job for plan in plans for job in plan.jobs))
             count = write_bundle_of(url, jobs, export, detect().hardware_id)

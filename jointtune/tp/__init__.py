@@ -1,12 +1,13 @@
 """Tensor-parallel layers over a world, built on the tuned fused ops, and the shapes of a model's ops.
 
 The modules find their configs through `@joint_autotune` as any user code does (`tuned`), run in the
-sequence-parallel layout (AG+GEMM / GEMM+RS) or the standard one (local GEMMs, GEMM + all-reduce), and compile
-with `torch.compile(fullgraph=True)` through the registered torch ops:
+sequence-parallel layout (AG+GEMM / GEMM+RS) or the standard one (local GEMMs, GEMM + all-reduce with the decoder's
+residual add and RMSNorm in its epilogue), and compile with `torch.compile(fullgraph=True)` through the registered
+torch ops:
 
     from jointtune.tp import LlamaDecoderLayer, TPDecoder, load_model_config
 
-- `linear`: ColumnParallelLinear, RowParallelLinear (and the standard layout's `MatmulAllReduce`);
+- `linear`: ColumnParallelLinear, RowParallelLinear;
 - `attention`: head-parallel attention; `context`: context-parallel decode attention on Flash-Decode;
 - `decoder`: the Llama decoder layer and a stack that picks the layout per token count (`layout`);
 - `model_config`: HF config.json files (shipped: llama-3-8b, llama-3-70b, qwen2.5-32b, mixtral-8x7b);
@@ -22,7 +23,7 @@ from jointtune.tp.context import ContextParallelDecodeAttention
 from jointtune.tp.decoder import LlamaDecoderLayer, TPDecoder
 from jointtune.tp.kv_cache import KVCache
 from jointtune.tp.layout import LayoutRule, measure_layouts
-from jointtune.tp.linear import SP, STANDARD, ColumnParallelLinear, MatmulAllReduce, RowParallelLinear
+from jointtune.tp.linear import SP, STANDARD, ColumnParallelLinear, RowParallelLinear
 from jointtune.tp.model_config import ModelConfig, ModelConfigError, load_model_config, shipped_configs
 from jointtune.tp.reference import ReferenceDecoderLayer, rel_error
 from jointtune.tp.shapes import OpShape, model_op_shapes
@@ -38,7 +39,6 @@ __all__ = [
     "KVCache",
     "LayoutRule",
     "LlamaDecoderLayer",
-    "MatmulAllReduce",
     "ModelConfig",
     "ModelConfigError",
     "OpShape",

@@ -1,13 +1,13 @@
-"""What every tensor-parallel module does alike: one tensor per local rank, forward-only, and the two unfused
-collectives the layers need besides the fused ops (all-reduce for the standard layout, the rows' all-gather at
-the end of a sequence-parallel stack).
+"""What every tensor-parallel module does alike: one tensor per local rank, forward-only, and the one unfused
+collective the layers need besides the fused ops (the rows' all-gather at the end of a sequence-parallel stack; the
+standard layout's all-reduce is the `gemm_ar` op).
 
 A module's inputs and outputs follow the ops: on the CUDA world one tensor (this rank's), on a local world of
 simulated ranks a list with one tensor per rank. Inside, everything is a list.
 
-The collectives run through `torch.distributed` on the CUDA world: in-place NCCL calls when eager (or captured
-into a CUDA graph), the functional collectives while `torch.compile` traces, which it turns into graph nodes. On
-a local world they are sums and concatenations, the sum in float32 in rank order (as the ops' reference is).
+The all-gather runs through `torch.distributed` on the CUDA world: an NCCL call when eager (or captured into a CUDA
+graph), the functional collective while `torch.compile` traces, which it turns into a graph node. On a local world it
+is a concatenation.
 """
 
 from __future__ import annotations
@@ -53,24 +53,6 @@ def refuse_grad(module: str, tensors: Iterable[torch.Tensor]) -> None:
 
 def _compiling() -> bool:
     return torch.compiler.is_compiling()
-
-
-def all_reduce(world: Any, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Every rank's sum of `xs` (one tensor per local rank; the tensors are reused where the collective is in place)."""
-    if world.kind == "local":
-        total = xs[0].float()
-        for x in xs[1:]:
-            total = total + x.float()
-        return [total.to(xs[0].dtype) for _ in xs]
-    (x,) = xs
-    if _compiling():
-        import torch.distributed._functional_collectives as funcol
-
-        return [funcol.all_reduce(x, "sum", world.group)]
-    import torch.distributed as dist
-
-    dist.all_reduce(x, group=world.group)
-    return [x]
 
 
 def all_gather_rows(world: Any, xs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -36,7 +36,7 @@ from jointtune.errors import ShapeError
 from jointtune.tp._ranks import as_list, like
 from jointtune.tp.functional import apply_rope, causal_attention, decode_attention, rope_cos_sin, rope_inv_freq
 from jointtune.tp.kv_cache import KVCache
-from jointtune.tp.linear import ColumnParallelLinear, RowOp, RowParallelLinear
+from jointtune.tp.linear import ColumnParallelLinear, RowParallelLinear
 from jointtune.tp.model_config import ModelConfig
 from jointtune.tp.tuned import Tuning, tuned_op
 
@@ -84,12 +84,11 @@ class HeadParallelAttention(nn.Module):
 
     @classmethod
     def from_shards(cls, world: Any, config: ModelConfig, shards: Sequence[dict[str, torch.Tensor]], *,
-                    tuning: Tuning | None = None, attn_kernel: str = "sdpa",
-                    standard_row_op: RowOp | None = None) -> HeadParallelAttention:  # fmt: skip
+                    tuning: Tuning | None = None, attn_kernel: str = "sdpa") -> HeadParallelAttention:  # fmt: skip
         """From the local ranks' shards (`shard.shard_layer`: qkv, qkv_bias where the model has it, o_proj)."""
         bias = [s["qkv_bias"] for s in shards] if config.qkv_bias else None
         qkv = ColumnParallelLinear(world, [s["qkv"] for s in shards], bias=bias, tuning=tuning)
-        o_proj = RowParallelLinear(world, [s["o_proj"] for s in shards], tuning=tuning, standard=standard_row_op)
+        o_proj = RowParallelLinear(world, [s["o_proj"] for s in shards], tuning=tuning)
         return cls(world, config, qkv, o_proj, tuning=tuning, attn_kernel=attn_kernel)
 
     @classmethod
@@ -123,6 +122,12 @@ class HeadParallelAttention(nn.Module):
     def forward(self, x: torch.Tensor | Sequence[torch.Tensor], cache: KVCache, *, layout: str, phase: str,
                 batch: int) -> Any:  # fmt: skip
         """x: rows of the step's T = batch * L tokens in `layout`; returns the attention output in the same layout."""
+        return self.o_proj(like(x, self.attend(x, cache, layout=layout, phase=phase, batch=batch)), layout=layout)
+
+    def attend(self, x: torch.Tensor | Sequence[torch.Tensor], cache: KVCache, *, layout: str, phase: str,
+               batch: int) -> list[torch.Tensor]:  # fmt: skip
+        """Everything before o_proj: each local rank's attention output [T, H/W * D] over its heads, all T rows in
+        either layout (a decoder layer calls o_proj itself, with its residual and norm epilogue)."""
         qkv = as_list(self.qkv(x, layout=layout))
         T = qkv[0].shape[0]
         L = tokens_per_sequence(T, batch, phase)
@@ -145,7 +150,7 @@ class HeadParallelAttention(nn.Module):
                 cache.append(i, k, v)
                 o = self._decode(i, q, cache, batch)
             outs.append(o.reshape(T, H * D))
-        return self.o_proj(like(x, outs), layout=layout)
+        return outs
 
     def _decode(self, i: int, q: torch.Tensor, cache: KVCache, batch: int) -> torch.Tensor:
         k, v, lens = cache.k[i][:batch], cache.v[i][:batch], cache.lens[i][:batch]

@@ -4,9 +4,18 @@
 row-parallel) -> residual -> RMSNorm -> SwiGLU MLP (gate_up column-parallel, down row-parallel) -> residual.
 Its input and output are in the layout the caller names: `sp`, each rank's T/W rows (the norms and residuals run
 on those rows; QKV and gate_up are AG+GEMM, o_proj and down GEMM+RS), or `standard`, all T rows on every rank
-(local GEMMs; o_proj and down GEMM then all-reduce, through `standard_row_op`, which a fused GEMM + all-reduce can
-replace). Prefill of B sequences of L tokens, or a decode step of one token per sequence, with the layer's
-`KVCache`.
+(local GEMMs; o_proj and down GEMM + all-reduce). Prefill of B sequences of L tokens, or a decode step of one token
+per sequence, with the layer's `KVCache`.
+
+In the standard layout the residual adds and RMSNorms sit in the row-parallel ops' epilogues (`gemm_ar_rmsnorm`):
+- o_proj's all-reduce, + the residual, + the post-attention RMSNorm -> (the MLP's input, the new residual);
+- down's all-reduce, + the residual, + the NEXT layer's input RMSNorm -> (the next layer's input, its residual),
+  where there is a next layer: `TPDecoder` hands each layer the next one's norm weight (`forward_chained`). The
+  stack's last layer, and a layer called on its own, add the residual only (`gemm_ar` with a residual): what follows
+  them (a final norm, an LM head, another module) is not theirs to fuse. So every layer of a stack but the first
+  reads its input norm from the layer before, and the first computes it in torch.
+The sequence-parallel layout runs the same steps in torch after `gemm_rs` (the same ops and rounding as before the
+fusion: moving a norm from the start of one layer to the end of the previous one changes nothing there).
 
 `TPDecoder`: layers that all run the layout `LayoutRule` picks for the step's token count. It takes and returns
 the hidden state replicated on every rank (an embedding's output is; so is what the LM head reads): in `sp` each
@@ -41,7 +50,7 @@ from jointtune.tp.attention import HeadParallelAttention
 from jointtune.tp.functional import rms_norm, swiglu
 from jointtune.tp.kv_cache import KVCache
 from jointtune.tp.layout import LayoutRule
-from jointtune.tp.linear import SP, ColumnParallelLinear, RowOp, RowParallelLinear, check_layout
+from jointtune.tp.linear import SP, ColumnParallelLinear, RowParallelLinear, check_layout
 from jointtune.tp.model_config import ModelConfig
 from jointtune.tp.shard import PREFIX, random_hf_layer, shard_layer, shard_state_dict
 from jointtune.tp.tuned import Tuning
@@ -51,20 +60,18 @@ class LlamaDecoderLayer(nn.Module):
     """One decoder layer's shards on the local ranks (build it with `from_hf` or `random`)."""
 
     def __init__(self, world: Any, config: ModelConfig, shards: Sequence[Mapping[str, torch.Tensor]], *,
-                 tuning: Tuning | None = None, attn_kernel: str = "sdpa",
-                 standard_row_op: RowOp | None = None) -> None:  # fmt: skip
+                 tuning: Tuning | None = None, attn_kernel: str = "sdpa") -> None:  # fmt: skip
         super().__init__()
         config.check_runnable()
         config.check_tp(world.world_size)
         check_ranks("shards", list(shards), world)
         self.world, self.config = world, config
         shards = [{k: v.to(world.device) for k, v in s.items()} for s in shards]
-        self.attn = HeadParallelAttention.from_shards(world, config, shards, tuning=tuning, attn_kernel=attn_kernel,
-                                                      standard_row_op=standard_row_op)  # fmt: skip
+        self.attn = HeadParallelAttention.from_shards(world, config, shards, tuning=tuning, attn_kernel=attn_kernel)
         self.input_norm = nn.ParameterList([nn.Parameter(s["input_norm"], requires_grad=False) for s in shards])
         self.post_norm = nn.ParameterList([nn.Parameter(s["post_norm"], requires_grad=False) for s in shards])
         self.gate_up = ColumnParallelLinear(world, [s["gate_up"] for s in shards], tuning=tuning)
-        self.down = RowParallelLinear(world, [s["down"] for s in shards], tuning=tuning, standard=standard_row_op)
+        self.down = RowParallelLinear(world, [s["down"] for s in shards], tuning=tuning)
 
     @classmethod
     def from_hf(cls, world: Any, config: ModelConfig, state_dict: Mapping[str, torch.Tensor], *, layer: int = 0,
@@ -94,14 +101,28 @@ class LlamaDecoderLayer(nn.Module):
         check_ranks("hidden", hs, self.world)
         if not torch.compiler.is_compiling():  # dynamo (torch 2.11) can't unpack a ParameterList here
             refuse_grad("LlamaDecoderLayer", [*hs, *self.input_norm, *self.post_norm])
-        eps = self.config.rms_norm_eps
-        normed = [rms_norm(h, w, eps) for h, w in zip(hs, self.input_norm)]
-        attn = as_list(self.attn(normed, cache, layout=layout, phase=phase, batch=batch))
-        hs = [h + a for h, a in zip(hs, attn)]
-        normed = [rms_norm(h, w, eps) for h, w in zip(hs, self.post_norm)]
-        act = [swiglu(y) for y in as_list(self.gate_up(normed, layout=layout))]
-        hs = [h + d for h, d in zip(hs, as_list(self.down(act, layout=layout)))]
+        hs, _ = self.forward_chained(hs, cache, layout=layout, phase=phase, batch=batch)
         return like(hidden, hs)
+
+    def forward_chained(self, hs: list[torch.Tensor], cache: KVCache, *, layout: str, phase: str, batch: int,
+                        normed: list[torch.Tensor] | None = None, next_norm: list[torch.Tensor] | None = None,
+                        next_eps: float = 1e-6) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:  # fmt: skip
+        """The layer on per-rank lists (checked by the caller), its norms in the row-parallel ops' epilogues.
+
+        `normed`: this layer's input RMSNorm of `hs` where the layer before computed it (None: computed here);
+        `next_norm` (one weight per local rank) and `next_eps`: the next layer's input RMSNorm, to run in down's
+        epilogue. Returns (the output rows, the next layer's normed input, or None without `next_norm`)."""
+        eps = self.config.rms_norm_eps
+        if normed is None:
+            normed = [rms_norm(h, w, eps) for h, w in zip(hs, self.input_norm)]
+        attn = self.attn.attend(normed, cache, layout=layout, phase=phase, batch=batch)
+        post = list(self.post_norm)
+        normed, hs = self.attn.o_proj(attn, layout=layout, residual=hs, norm_weight=post, eps=eps)
+        act = [swiglu(y) for y in as_list(self.gate_up(normed, layout=layout))]
+        if next_norm is None:
+            return as_list(self.down(act, layout=layout, residual=hs)), None
+        normed, hs = self.down(act, layout=layout, residual=hs, norm_weight=next_norm, eps=next_eps)
+        return hs, normed
 
 
 class TPDecoder(nn.Module):
@@ -123,12 +144,21 @@ class TPDecoder(nn.Module):
                 batch: int, layout: str | None = None) -> Any:  # fmt: skip
         """hidden: all T rows on every rank; `layout` overrides the rule (measurements and benchmarks use it)."""
         hs = as_list(hidden)
+        check_ranks("hidden", hs, self.world)
         layout = layout or self.layout_for(hs[0].shape[0])
         check_layout(layout)
+        if not torch.compiler.is_compiling():  # dynamo (torch 2.11) can't unpack a ParameterList here
+            refuse_grad("TPDecoder", [*hs, *(w for layer in self.layers for w in layer.input_norm)])
         if layout == SP:
             hs = rows_of_rank(self.world, hs)
-        for layer, cache in zip(self.layers, caches):
-            hs = as_list(layer(hs, cache, layout=layout, phase=phase, batch=batch))
+        normed = None
+        n = len(self.layers)
+        for i, (layer, cache) in enumerate(zip(self.layers, caches)):
+            nxt = self.layers[i + 1] if i + 1 < n else None
+            next_norm = None if nxt is None else list(nxt.input_norm)
+            next_eps = 1e-6 if nxt is None else nxt.config.rms_norm_eps
+            hs, normed = layer.forward_chained(hs, cache, layout=layout, phase=phase, batch=batch, normed=normed,
+                                               next_norm=next_norm, next_eps=next_eps)  # fmt: skip
         if layout == SP:
             hs = all_gather_rows(self.world, hs)
         return like(hidden, hs)

@@ -4,9 +4,14 @@ Two layouts of the activations between layers (`layout.py` chooses one per token
 - `sp` (sequence parallel): each rank holds T/W rows of the hidden state. The column-parallel layer all-gathers
   them inside its GEMM (`ag_gemm`), the row-parallel layer reduce-scatters its output back to T/W rows
   (`gemm_rs`): no collective outside the fused ops.
-- `standard`: every rank holds all T rows. The column-parallel layer is a local GEMM; the row-parallel one a
-  GEMM whose partial sums are all-reduced. That op is `RowParallelLinear.standard`, any `RowOp`: by default
-  `MatmulAllReduce` (cuBLAS, then the unfused all-reduce), to be swapped for a fused GEMM + all-reduce.
+- `standard`: every rank holds all T rows. The column-parallel layer is a local GEMM; the row-parallel one is GEMM +
+  all-reduce in one tuned op (`gemm_ar`), whose `baseline` mode is cuBLAS + the best unfused all-reduce (what a store
+  with no tuned record serves). Every rank gets the same bits, so replicated activations never drift apart.
+
+The row-parallel layer takes the decoder's epilogue as part of the call: `residual` is added to the sum, and with
+`norm_weight` the sum is RMS-normalised too, returning (normed, new residual). In the standard layout that is the
+fused `gemm_ar_rmsnorm` kernel (records of its own: the epilogue changes the work); in `sp`, torch after `gemm_rs`,
+as the layer ran before.
 
 Weights are kept per local rank as the ops read them, row-major: a column-parallel shard is [in, out/W]
 (the transpose of the HF weight's rows of that rank), a row-parallel shard [in/W, out]. They are parameters that
@@ -20,26 +25,24 @@ Example:
     >>> x = [torch.randn(8, 32, dtype=torch.bfloat16) for _ in range(2)]  # standard layout: all 8 rows on each rank
     >>> [tuple(y.shape) for y in down(up(x, layout="standard"), layout="standard")]
     [(8, 32), (8, 32)]
+    >>> normed, h = down(up(x, layout="standard"), layout="standard", residual=x, norm_weight=[torch.ones(32)] * 2)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from jointtune.errors import ShapeError
-from jointtune.tp._ranks import all_reduce, as_list, check_ranks, like, refuse_grad
+from jointtune.tp._ranks import as_list, check_ranks, like, refuse_grad
+from jointtune.tp.functional import rms_norm
 from jointtune.tp.tuned import Tuning, tuned_op
 
 SP, STANDARD = "sp", "standard"
 LAYOUTS = (SP, STANDARD)
-
-#: the standard layout's row-parallel op: (per-rank inputs [T, in/W], per-rank weights [in/W, out], world) -> per-rank
-#: [T, out], summed over ranks
-RowOp = Callable[[list[torch.Tensor], list[torch.Tensor], Any], list[torch.Tensor]]
 
 
 def check_layout(layout: str) -> None:
@@ -54,14 +57,6 @@ def _params(tensors: Sequence[torch.Tensor]) -> nn.ParameterList:
 def _mine(world: Any, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The shards of the ranks this process drives, on the world's device."""
     return [shards[r].to(world.device) for r in world.local_ranks]
-
-
-class MatmulAllReduce:
-    """The standard layout's row-parallel op before a fused one exists: a GEMM per rank, then the all-reduce
-    (NCCL on the CUDA world)."""
-
-    def __call__(self, xs: list[torch.Tensor], ws: list[torch.Tensor], world: Any) -> list[torch.Tensor]:
-        return all_reduce(world, [x @ w for x, w in zip(xs, ws)])
 
 
 class ColumnParallelLinear(nn.Module):
@@ -109,16 +104,19 @@ class RowParallelLinear(nn.Module):
     """y = x @ W^T with W's input columns split over the ranks: the partial products are summed over ranks.
 
     `sp`: the sum is reduce-scattered inside the GEMM (`gemm_rs`), each rank gets its T/W rows; `standard`: every
-    rank gets all T rows from `standard` (default `MatmulAllReduce`)."""
+    rank gets all T rows from GEMM + all-reduce (`gemm_ar`, or `gemm_ar_rmsnorm` with the norm epilogue)."""
 
-    def __init__(self, world: Any, shards: Sequence[torch.Tensor], *, tuning: Tuning | None = None,
-                 standard: RowOp | None = None) -> None:  # fmt: skip
+    def __init__(self, world: Any, shards: Sequence[torch.Tensor], *, tuning: Tuning | None = None) -> None:
         super().__init__()
+        from jointtune.kernels.gemm_ar import family_name
+
         self.world = world
         check_ranks("shards", list(shards), world)
         self.weight = _params(shards)
         self.op = tuned_op("gemm_rs", tuning)
-        self.standard: RowOp = standard or MatmulAllReduce()
+        #: the standard layout's ops: the sum (+ residual), and the sum + residual + RMSNorm
+        self.ar_op = tuned_op(family_name(False), tuning)
+        self.ar_norm_op = tuned_op(family_name(True), tuning)
 
     @classmethod
     def from_weight(cls, world: Any, weight: torch.Tensor, **kwargs: Any) -> RowParallelLinear:
@@ -130,14 +128,29 @@ class RowParallelLinear(nn.Module):
         shards = [weight[:, r * k : (r + 1) * k].t().contiguous() for r in range(W)]
         return cls(world, _mine(world, shards), **kwargs)
 
-    def forward(self, x: torch.Tensor | Sequence[torch.Tensor], *, layout: str) -> Any:
+    def forward(self, x: torch.Tensor | Sequence[torch.Tensor], *, layout: str,
+                residual: torch.Tensor | Sequence[torch.Tensor] | None = None,
+                norm_weight: torch.Tensor | Sequence[torch.Tensor] | None = None,
+                eps: float = 1e-6) -> Any:  # fmt: skip
+        """The sum over ranks (+ `residual`: the layout's rows, as the output's); with `norm_weight` ([out] per local
+        rank) also RMSNorm(h) with `eps`, returning (normed, h) where h = sum + residual."""
         xs, ws = as_list(x), list(self.weight)
         check_ranks("x", xs, self.world)
+        res = None if residual is None else [r.contiguous() for r in as_list(residual)]
+        norm = None if norm_weight is None else as_list(norm_weight)
         if not torch.compiler.is_compiling():  # the eager call before compiling checked; dynamo can't unpack these
-            refuse_grad("RowParallelLinear", [*xs, *ws])
+            refuse_grad("RowParallelLinear", [*xs, *ws, *(res or []), *(norm or [])])
+            for name, given in (("residual", res), ("norm_weight", norm)):
+                if given is not None:
+                    check_ranks(name, given, self.world)
         if layout == SP:
             ys = self.op(xs, ws, world=self.world)
-        else:
-            check_layout(layout)
-            ys = self.standard(xs, ws, self.world)
-        return like(x, ys)
+            hs = ys if res is None else [r + y for r, y in zip(res, ys)]
+            if norm is None:
+                return like(x, hs)
+            return like(x, [rms_norm(h, w, eps) for h, w in zip(hs, norm)]), like(x, hs)
+        check_layout(layout)
+        if norm is None:
+            return like(x, self.ar_op(xs, ws, res, world=self.world))
+        normed, hs = self.ar_norm_op(xs, ws, res, norm, world=self.world, eps=eps)
+        return like(x, normed), like(x, hs)

@@ -4,8 +4,11 @@ Per token count T (rows of a step: B sequences x L tokens, or B tokens of a deco
 - sequence-parallel layout (T divisible by TP): `ag_gemm` for QKV (M=T, N=TP * QKV columns per rank, K=hidden) and
   gate_up (N=2 * intermediate), `gemm_rs` for o_proj (N=hidden, K=heads * head_dim) and down (K=intermediate);
   the keys the layers' ops look up, global dims as each family states them;
-- standard layout: QKV and gate_up are local GEMMs (nothing to communicate); o_proj and down are GEMM + all-reduce,
-  tuned where a fused family for it is registered (`STANDARD_ROW_FAMILY`), else listed as run unfused;
+- standard layout: QKV and gate_up are local GEMMs (nothing to communicate); o_proj and down are GEMM + all-reduce
+  (M=T, N=hidden, K global as in gemm_rs) with the decoder's epilogue, the kernel each calls (`decoder.py`):
+  o_proj `gemm_ar_rmsnorm` (+ residual, post-attention RMSNorm); down `gemm_ar_rmsnorm` (+ residual, the next
+  layer's input RMSNorm: every layer of a stack but the last) and, as op `down_last`, `gemm_ar` (+ residual: the
+  stack's last layer). The two kernels keep records of their own, so both are tuned;
 - decode attention for T <= `decode_max` (T is then a decode batch) at each KV length: head-parallel, the
   layer's own (`flash_decode` at world size 1 over the rank's H/TP heads and their KV heads; what
   `attn_kernel="flash_decode"` looks up), and/or context-parallel (`flash_decode` at world size TP over all heads,
@@ -17,6 +20,8 @@ Example:
     >>> ops = model_op_shapes(load_model_config("llama-3-70b"), tp=2, tokens=[4096], kv_lens=[])
     >>> [(o.op, o.kernel, o.shape) for o in ops if o.layout == "sp"][:2]
     [('qkv', 'ag_gemm', {'M': 4096, 'N': 10240, 'K': 8192}), ('o_proj', 'gemm_rs', {'M': 4096, 'N': 8192, 'K': 8192})]
+    >>> [(o.op, o.kernel) for o in ops if o.layout == "standard" and o.kernel]
+    [('o_proj', 'gemm_ar_rmsnorm'), ('down', 'gemm_ar_rmsnorm'), ('down_last', 'gemm_ar')]
 """
 
 from __future__ import annotations
@@ -26,8 +31,6 @@ from dataclasses import dataclass, field
 
 from jointtune.tp.model_config import ModelConfig, ModelConfigError
 
-#: the fused GEMM + all-reduce family the standard layout's row-parallel ops would be tuned as, once registered
-STANDARD_ROW_FAMILY = "gemm_ar"
 ATTENTION_KINDS = ("head", "context", "both")
 DECODE_MAX = 256
 
@@ -47,10 +50,22 @@ class OpShape:
     note: str = ""
 
 
-def _registered(name: str) -> bool:
-    from jointtune.kernels import family_names
+def row_kernel(*, norm: bool) -> str:
+    """The GEMM + all-reduce kernel a standard-layout row-parallel call looks up: with the RMSNorm epilogue or without
+    (the name `RowParallelLinear` asks for too, from the family itself)."""
+    from jointtune.kernels.gemm_ar import family_name
 
-    return name in family_names()
+    return family_name(norm)
+
+
+#: the standard layout's row-parallel ops: (op, with the RMSNorm epilogue, note)
+_STANDARD_ROWS = {
+    "o_proj": (("o_proj", True, "+ residual, post-attention RMSNorm"),),
+    "down": (
+        ("down", True, "+ residual, the next layer's input RMSNorm (every layer but a stack's last)"),
+        ("down_last", False, "+ residual (a stack's last layer: no next norm to fuse)"),
+    ),
+}
 
 
 def _positive_ints(name: str, values: Sequence[int]) -> list[int]:
@@ -76,7 +91,6 @@ def model_op_shapes(config: ModelConfig, *, tp: int, tokens: Sequence[int], kv_l
     hidden, D = c.hidden_size, c.head_dim
     qkv_n, attn_k = W * c.qkv_per_rank(W), c.num_attention_heads * D
     dense = c.moe is None
-    row_family = STANDARD_ROW_FAMILY if _registered(STANDARD_ROW_FAMILY) else None
     out: list[OpShape] = []
     for T in tokens:
         gemms = [("qkv", "col", qkv_n, hidden), ("o_proj", "row", hidden, attn_k)]
@@ -89,14 +103,13 @@ def model_op_shapes(config: ModelConfig, *, tp: int, tokens: Sequence[int], kv_l
             else:
                 out.append(OpShape(op, "sp", T, "ag_gemm" if kind == "col" else "gemm_rs", shape, W))
         for op, kind, N, K in gemms:
-            local = {"M": T, "N": N // W, "K": K} if kind == "col" else {"M": T, "N": N, "K": K}
             if kind == "col":
+                local = {"M": T, "N": N // W, "K": K}
                 out.append(OpShape(op, "standard", T, None, local, W, note="local GEMM, no communication"))
-            elif row_family is not None:
-                out.append(OpShape(op, "standard", T, row_family, local, W))
-            else:
-                note = "GEMM + all-reduce, unfused (no fused GEMM + all-reduce family yet)"
-                out.append(OpShape(op, "standard", T, None, local, W, note=note))
+                continue
+            for name, norm, note in _STANDARD_ROWS[op]:
+                shape = {"M": T, "N": N, "K": K}
+                out.append(OpShape(name, "standard", T, row_kernel(norm=norm), shape, W, note=note))
         if not decode_max >= T:
             continue
         for S in kv_lens:

@@ -1,9 +1,12 @@
 """The fused ops as the tensor-parallel layers call them: through `@joint_autotune`, as any user code does.
 
-Each op (`ag_gemm`, `gemm_rs`, `flash_decode`) is a launcher decorated with `@joint_autotune(space=...)`, so a
-layer's config comes from the decorator's chain (its cache, the local store, the service, then the miss policy),
-the same on every rank, timed the way the call runs (eager, or `graph` while a CUDA graph is captured). Layers
-with the same `Tuning` share one launcher per op, so eighty layers of one shape resolve a key once.
+Each op (`ag_gemm`, `gemm_rs`, `flash_decode`, and GEMM + all-reduce as `gemm_ar` and `gemm_ar_rmsnorm`) is a
+launcher decorated with `@joint_autotune(space=..., kernel=...)`, so a layer's config comes from the decorator's chain
+(its cache, the local store, the service, then the miss policy), the same on every rank, timed the way the call runs
+(eager, or `graph` while a CUDA graph is captured). `gemm_ar_rmsnorm` searches gemm_ar's space but keeps records of
+its own (the epilogue changes the work), and an untuned key of either resolves to the space default, the `baseline`
+(cuBLAS + the best unfused all-reduce). Layers with the same `Tuning` share one launcher per op, so eighty layers of
+one shape resolve a key once.
 
 `torch.compile` can't trace the decorator (a lookup may open a database). So every eager call also remembers the
 config text each policy resolved to, by the call's exact shapes; while `torch.compile` traces, the op is
@@ -27,7 +30,9 @@ import torch
 
 from jointtune.errors import TuningError
 
-FAMILIES = ("ag_gemm", "gemm_rs", "flash_decode")
+#: the ops a layer may call: the three fused families, and GEMM + all-reduce in its two kernels (the sum, and the sum
+#: with the residual + RMSNorm epilogue: one space, `gemm_ar`, two record keys)
+FAMILIES = ("ag_gemm", "gemm_rs", "flash_decode", "gemm_ar", "gemm_ar_rmsnorm")
 _POLICY_ORDER = ("graph", "eager", "gpu")
 
 
@@ -68,45 +73,75 @@ def _flash_decode(q: Any, k: Any, v: Any, kv_lens: Any, *, world: Any, config: M
     return flash_decode(q, k, v, kv_lens, world=world, config=config)
 
 
-_RUNNERS = {"ag_gemm": _ag_gemm, "gemm_rs": _gemm_rs, "flash_decode": _flash_decode}
+def _gemm_ar(a: Any, b: Any, residual: Any = None, *, world: Any, config: Mapping[str, Any]) -> Any:
+    from jointtune import gemm_ar
+
+    return gemm_ar(a, b, world=world, config=config, residual=residual)
+
+
+def _gemm_ar_rmsnorm(a: Any, b: Any, residual: Any, weight: Any, *, world: Any, config: Mapping[str, Any],
+                     eps: float) -> Any:  # fmt: skip
+    from jointtune import gemm_ar_rmsnorm
+
+    return gemm_ar_rmsnorm(a, b, residual, weight, eps=eps, world=world, config=config)
+
+
+_RUNNERS = {"ag_gemm": _ag_gemm, "gemm_rs": _gemm_rs, "flash_decode": _flash_decode, "gemm_ar": _gemm_ar,
+            "gemm_ar_rmsnorm": _gemm_ar_rmsnorm}  # fmt: skip
+
+Out = list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]
+
+
+def _as_lists(family: str, out: Any) -> Out:
+    """An op's result as per-rank lists: (normed, new residual) for gemm_ar_rmsnorm, else one list."""
+    if family == "gemm_ar_rmsnorm":
+        normed, h = out
+        return list(normed), list(h)
+    return list(out)
 
 
 class TunedOp:
-    """One fused op over per-rank lists, its config from `@joint_autotune`; call `op(*tensors, world=world)`."""
+    """One fused op over per-rank lists, its config from `@joint_autotune`; call `op(*tensors, world=world)`.
+
+    The tensors are the family's positional arguments, one list per argument (gemm_ar's residual may be None);
+    keyword options the op takes besides (gemm_ar_rmsnorm's `eps`) follow `world`."""
 
     def __init__(self, family: str, tuning: Tuning) -> None:
         from jointtune import joint_autotune
+        from jointtune.kernels import get_family
 
         if family not in _RUNNERS:
             raise TuningError(f"family: {family!r} is not allowed; allowed: {', '.join(FAMILIES)}")
         self.family = family
         self.tuning = tuning
-        #: the decorated launcher (its `cache` and `sources` say which config each key got, and from where)
-        self.launcher = joint_autotune(space=family, **tuning.decorator_options())(_RUNNERS[family])
+        #: the decorated launcher (its `cache` and `sources` say which config each key got, and from where): the
+        #: family's space and records (gemm_ar_rmsnorm tunes gemm_ar's space under its own kernel name)
+        self.launcher = joint_autotune(space=get_family(family).space, kernel=family,
+                                       **tuning.decorator_options())(_RUNNERS[family])  # fmt: skip
         #: exact call (world, shapes, dtype) -> {timing policy: config JSON}, for torch.compile
         self.texts: dict[tuple[Any, ...], dict[str, str]] = {}
 
-    def __call__(self, *tensors: list[torch.Tensor], world: Any) -> list[torch.Tensor]:
+    def __call__(self, *tensors: list[torch.Tensor] | None, world: Any, **options: Any) -> Out:
         call = _call_key(world, tensors)
         if torch.compiler.is_compiling():
-            return self._traced(call, tensors, world)
-        out = self.launcher(*tensors, world=world)
+            return self._traced(call, tensors, world, options)
+        out = self.launcher(*tensors, world=world, **options)
         if call not in self.texts:
             self.texts[call] = self._resolved(tensors, world)
-        return list(out)
+        return _as_lists(self.family, out)
 
-    def config_for(self, *tensors: list[torch.Tensor], world: Any) -> dict[str, str]:
+    def config_for(self, *tensors: list[torch.Tensor] | None, world: Any) -> dict[str, str]:
         """{timing policy: config JSON} this exact call resolved to (empty before its first eager call)."""
         return dict(self.texts.get(_call_key(world, tensors), {}))
 
-    def _resolved(self, tensors: tuple[list[torch.Tensor], ...], world: Any) -> dict[str, str]:
-        from jointtune.kernels.ag_gemm import config_json
+    def _resolved(self, tensors: tuple[Any, ...], world: Any) -> dict[str, str]:
+        from jointtune.kernels.runtime.calls import config_json
 
         launcher = self.launcher
         base = (tuple(launcher.key(*tensors, world=world).items()), launcher.dtype_of(*tensors), world.world_size)
         return {t: config_json(c) for t in _POLICY_ORDER if (c := launcher.cache.get((*base, t))) is not None}
 
-    def _traced(self, call: tuple[Any, ...], tensors: tuple[list[torch.Tensor], ...], world: Any) -> list[torch.Tensor]:
+    def _traced(self, call: tuple[Any, ...], tensors: tuple[Any, ...], world: Any, options: dict[str, Any]) -> Out:
         texts = self.texts.get(call)
         if not texts:
             raise TuningError(
@@ -124,16 +159,19 @@ class TunedOp:
             have = ", ".join(sorted(texts))
             raise TuningError(f"{self.family}: compiled_timing {policy!r} resolved no config; resolved: {have}")
         op = getattr(torch.ops.jointtune, self.family)
-        if self.family == "flash_decode":
-            q, k, v, lens = tensors
-            return list(op(q, k, v, lens, world.name, text))
-        a, b = tensors
-        return list(op(a, b, world.name, text))
+        if self.family == "gemm_ar":  # the registered op takes an absent residual as an empty list
+            a, b, residual = (*tensors, None)[:3]
+            return list(op(a, b, residual or [], world.name, text))
+        if self.family == "gemm_ar_rmsnorm":
+            a, b, residual, weight = tensors
+            return _as_lists(self.family, op(a, b, residual or [], weight, float(options["eps"]), world.name, text))
+        return list(op(*tensors, world.name, text))
 
 
-def _call_key(world: Any, tensors: tuple[list[torch.Tensor], ...]) -> tuple[Any, ...]:
-    """The call's world and every argument's shape and dtype (rank 0's: the ops require them alike on every rank)."""
-    return (world.name, tuple((tuple(t[0].shape), t[0].dtype) for t in tensors))
+def _call_key(world: Any, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The call's world and every argument's shape and dtype (rank 0's: the ops require them alike on every rank;
+    None for an absent optional argument)."""
+    return (world.name, tuple(None if t is None else (tuple(t[0].shape), t[0].dtype) for t in tensors))
 
 
 _OPS: dict[tuple[str, Tuning], TunedOp] = {}

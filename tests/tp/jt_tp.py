@@ -42,12 +42,17 @@ def layer_of(state: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tens
 FAST = {
     "ag_gemm": {"mode": "push_cublas", "push_by": "sm", "gemm_order": "gathered", "comm_sms": 2},
     "gemm_rs": {"mode": "pull_cublas", "reduce_sms": 4},
+    # cuBLAS's partial, then one launch that exchanges it: one-shot pushed for the sum, two-shot pulled (row owners,
+    # each row's 1/rms handed out) for the residual + RMSNorm epilogue
+    "gemm_ar": {"mode": "one_shot", "gemm": "cublas", "transport": "push", "tiles_per_flag": 1, "comm_sms": 4},
+    "gemm_ar_rmsnorm": {"mode": "two_shot", "gemm": "cublas", "transport": "pull", "tiles_per_flag": 1, "comm_sms": 4},
 }
 
 
-def fast_store(path: Path, world_sizes: tuple[int, ...] = (2, 4)) -> str:
-    """A SQLite store holding one record of each fused GEMM family per world size, with a FAST config: every layer
-    shape finds it as its nearest tuned shape (`on_miss="nearest"`, the layers' default). Returns its URL."""
+def fast_store(path: Path, world_sizes: tuple[int, ...] = (2, 4), configs: dict[str, dict] | None = None) -> str:
+    """A SQLite store holding one record of each fused GEMM family per world size, with a FAST config (or `configs`'
+    for the kernels it names): every layer shape finds it as its nearest tuned shape (`on_miss="nearest"`, the layers'
+    default). Returns its URL."""
     from jointtune.autotune.tuner.keys import triton_version
     from jointtune.db import NewRecord, open_store
     from jointtune.hardware import detect
@@ -56,10 +61,11 @@ def fast_store(path: Path, world_sizes: tuple[int, ...] = (2, 4)) -> str:
 
     url = f"sqlite:///{path}"
     store = open_store(url)
-    for kernel, config in FAST.items():
+    for kernel, config in {**FAST, **(configs or {})}.items():
         for w in world_sizes:
             store.upsert_record(NewRecord(
-                kernel=kernel, kernel_version=get_family(kernel).version, space_version=get_space(kernel).version,
+                kernel=kernel, kernel_version=get_family(kernel).version,
+                space_version=get_space(get_family(kernel).space).version,
                 shape={"M": 64, "N": 256, "K": 256}, dtype="bfloat16", world_size=w, hardware_id=detect().hardware_id,
                 triton_version=triton_version(), config=dict(config), latency_p50_us=100.0, trials=1, timing="eager",
             ))  # fmt: skip

@@ -53,8 +53,15 @@ def test_layers_prefill_and_decode_match_the_single_rank_reference(tmp_path, W, 
                 _check(stack([x] * W, caches, phase="decode", batch=B, layout=layout), x,
                        _reference(refs, ref_caches, x, phase="decode", batch=B))  # fmt: skip
             assert [int(n) for n in caches[0].lens[0]] == [L + steps] * B
-    ops = [stack.layers[0].attn.qkv.op, stack.layers[0].attn.o_proj.op]
+    first = stack.layers[0]
+    ops = [first.attn.qkv.op, first.attn.o_proj.op, first.attn.o_proj.ar_norm_op, first.down.ar_op]
     assert {s for op in ops for s in op.launcher.sources.values()} == {"nearest-store"}  # found through the decorator
+    # the standard layout's row-parallel GEMMs ran fused: o_proj (and down but the last layer's) with the residual +
+    # RMSNorm epilogue, the last down with the residual; keys are the calls' global dims (K = W x K per rank)
+    norm_keys = {dict(k[0])["K"] for k in first.attn.o_proj.ar_norm_op.launcher.cache}
+    assert norm_keys == ({256, 512} if layers > 1 else {256})  # o_proj's K = heads x head_dim; down's = intermediate
+    assert {dict(k[0])["K"] for k in first.down.ar_op.launcher.cache} == {512}
+    assert {c["mode"] for op in ops[2:] for c in op.launcher.cache.values()} == {"one_shot", "two_shot"}
 
 
 def test_uneven_token_counts_run_the_standard_layout(tmp_path):
@@ -89,13 +96,15 @@ def test_configs_it_cant_run_and_grad_are_refused_by_name():
         layer([x, x], layer.new_cache(1, 4), layout="standard", phase="prefill", batch=1)
 
 
-def test_a_decode_step_compiles_with_fullgraph_and_matches_eager(tmp_path):
+def test_decode_steps_compile_with_fullgraph_in_both_layouts_and_match_eager(tmp_path):
+    """Two layers, so the standard layout's compiled step has every row-parallel form: o_proj and the first down with
+    the residual + RMSNorm epilogue (`gemm_ar_rmsnorm`), the last down with the residual (`gemm_ar`)."""
     torch._dynamo.reset()
     W, B = 2, 2
     cfg = small_config()
-    state = hf_checkpoint(cfg, layers=1, seed=5)
+    state = hf_checkpoint(cfg, layers=2, seed=5)
     tuning = Tuning(db_url=fast_store(tmp_path / "c.db", (2,)))
-    stack, _ = _stack(create_world("local", world_size=W), cfg, state, tuning, "flash_decode", layers=1)
+    stack, _ = _stack(create_world("local", world_size=W), cfg, state, tuning, "flash_decode", layers=2)
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randn(B * 2, HIDDEN, generator=gen).bfloat16()
     eager_caches, compiled_caches = stack.new_caches(B, 8), stack.new_caches(B, 8)
@@ -106,10 +115,13 @@ def test_a_decode_step_compiles_with_fullgraph_and_matches_eager(tmp_path):
             for name in ("k", "v", "lens"):
                 for dst, src in zip(getattr(mine, name), getattr(theirs, name)):
                     dst.copy_(src)
-        for _ in range(2):  # the first eager step resolves the decode shapes' configs; the compiled graph bakes them
+        # sp: ag_gemm, gemm_rs, decode; standard: gemm_ar_rmsnorm, gemm_ar, decode. The eager step of each resolves
+        # the decode shapes' configs; the compiled graph bakes them in
+        for layout in ("sp", "standard"):
             x = torch.randn(B, HIDDEN, generator=gen).bfloat16()
-            want = stack([x] * W, eager_caches, phase="decode", batch=B, layout="sp")
-            got = compiled([x] * W, compiled_caches, phase="decode", batch=B, layout="sp")  # ag_gemm, gemm_rs, decode
+            want = stack([x] * W, eager_caches, phase="decode", batch=B, layout=layout)
+            got = compiled([x] * W, compiled_caches, phase="decode", batch=B, layout=layout)
             for g, w in zip(got, want):
                 assert _rel(g, w) < 1e-2
-        assert torch.equal(compiled_caches[0].lens[1], eager_caches[0].lens[1])  # the cache advanced inside the graph
+            assert torch.equal(got[0], got[1])  # replicated rows stay the same bits on every rank
+        assert torch.equal(compiled_caches[1].lens[1], eager_caches[1].lens[1])  # the cache advanced inside the graph

@@ -12,13 +12,16 @@ from pathlib import Path
 from jt_tp import fast_store
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "e2e" / "decoder_layers.py"
+#: GEMM + all-reduce records of the unfused mode: the script is checked here, the fused kernels in the layers' tests
+#: (each fused call costs a tenth of a second or more in the interpreter, and the benchmark makes dozens)
+BASELINE_AR = {"gemm_ar": {"mode": "baseline"}, "gemm_ar_rmsnorm": {"mode": "baseline"}}
 
 
 def test_the_benchmark_runs_every_path_on_simulated_ranks_and_writes_its_result(tmp_path):
     out = tmp_path / "e2e.json"
     args = ["--cpu", "--world-size", "2", "--model", "tiny", "--layers", "1", "--prefill", "8", "--batches", "2",
             "--kv-lens", "16", "--iters", "1", "--warmup", "0", "--no-compile-check", "--out", str(out),
-            "--db", fast_store(tmp_path / "jt.db", (2,))]  # fmt: skip
+            "--db", fast_store(tmp_path / "jt.db", (2,), BASELINE_AR)]  # fmt: skip
     done = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=240,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -31,12 +34,24 @@ def test_the_benchmark_runs_every_path_on_simulated_ranks_and_writes_its_result(
     for cell in (prefill, decode):
         assert set(cell["paths"]) == {"jointtune/sp", "jointtune/standard", "torch/nccl"}
         assert all(err < 2e-2 for err in cell["errors"].values()), cell["errors"]  # every path against the reference
-        assert set(cell["breakdown"]["jointtune"]) == {"qkv", "o_proj", "gate_up", "down", "attention"}
-        assert isinstance(cell["breakdown"]["torch_standard"]["all_reduce"], float)
+        breakdown = cell["breakdown"]
+        assert set(breakdown["jointtune"]) == {"qkv", "o_proj", "gate_up", "down", "attention"}
+        assert all(isinstance(us, float) for us in breakdown["jointtune"].values()), breakdown["jointtune"]
+        assert all(isinstance(breakdown["torch_standard"][op], float) for op in ("all_reduce", "add_rms_norm"))
+        # the op each timed entry ran, in the layout the cell chose (the faster one: either may win here)
+        fused = breakdown["layout"] == "standard"
+        assert breakdown["jointtune_kernels"]["o_proj"].startswith("gemm_ar_rmsnorm" if fused else "gemm_rs")
+        assert breakdown["jointtune_kernels"]["down"].startswith("gemm_ar (" if fused else "gemm_rs")
         assert cell["jointtune_tokens_per_s"] > 0 and cell["torch_standard_tokens_per_s"] > 0
     assert set(decode["attention"]["us_per_layer"]) == {"flash_decode", "sdpa"}  # both kernels timed, one chosen
     assert sorted(result["layout_rule"]["measured"]) == ["2", "8"]
     assert result["config_sources"]["ag_gemm"] == {"nearest-store": 4}  # the layers' configs came from the store
+    # jointtune/standard's row-parallel ops: o_proj with the RMSNorm epilogue, down (one layer: the stack's last) with
+    # the residual, at 8 and 2 tokens, each with the store's record
+    for kernel, K in (("gemm_ar_rmsnorm", 256), ("gemm_ar", 512)):
+        assert result["config_sources"][kernel] == {"nearest-store": 2}
+        modes = sorted(result["config_modes"][kernel].items())
+        assert modes == [(f"M={m},N=256,K={K} eager", "baseline") for m in (2, 8)]
     kinds = {a["anchor"] for a in result["anchors"]}
     assert {"prefill >= 1.15x the standard torch TP layer", "decode >= 1.10x the standard torch TP layer"} <= kinds
     assert all(a["passed"] for a in result["anchors"] if a["anchor"].startswith("correct"))

@@ -1,5 +1,6 @@
-"""Column- and row-parallel linears on simulated ranks, both layouts, against one-rank torch; grad refused; a shape
-torch.compile meets first. (The decoder layer's tests compile the linears inside a whole layer.)"""
+"""Column- and row-parallel linears on simulated ranks, both layouts, against one-rank torch; the row-parallel layer's
+residual + RMSNorm epilogue (fused GEMM + all-reduce in the standard layout, the same bits on every rank); grad
+refused; a shape torch.compile meets first. (The decoder layer's tests compile the linears inside a whole layer.)"""
 
 from __future__ import annotations
 
@@ -41,24 +42,35 @@ def test_column_then_row_parallel_in_both_layouts_match_one_rank(W, tmp_path):
             for r, o in enumerate(out):
                 rows = want[r * R : (r + 1) * R] if layout == "sp" else want
                 assert o.shape == rows.shape and rel_error(o, rows) < 2e-2
-    sources = {s for op in (up.op, down.op) for s in op.launcher.sources.values()}
+    sources = {s for op in (up.op, down.op, down.ar_op) for s in op.launcher.sources.values()}
     assert sources == {"nearest-store"}  # the decorator's chain: the nearest tuned shape of the store
+    assert {c["mode"] for c in down.ar_op.launcher.cache.values()} == {"one_shot"}  # the fused GEMM + all-reduce
 
 
-def test_the_standard_layouts_row_op_can_be_swapped():
-    world = create_world("local", world_size=2)
-    seen = []
-
-    def fused_stand_in(xs, ws, w):
-        seen.append(len(xs))
-        total = sum(x.float() @ wt.float() for x, wt in zip(xs, ws))
-        return [total.bfloat16() for _ in xs]
-
-    _, w, _ = _data(0, 8, 32, 16)
-    row = RowParallelLinear.from_weight(world, w, standard=fused_stand_in)
-    x = torch.randn(8, 32).bfloat16()
-    out = row([x[:, :16], x[:, 16:]], layout="standard")
-    assert seen == [2] and rel_error(out[0], x.float() @ w.float().t()) < 2e-2
+@pytest.mark.parametrize("W", [2, 4])
+def test_row_parallel_residual_and_rmsnorm_epilogue_in_both_layouts(W, tmp_path):
+    """h = x @ W^T + residual and RMSNorm(h) * weight: fused into GEMM + all-reduce in the standard layout (two-shot
+    here: each row's owner normalises it and hands out h and 1/rms), torch after GEMM+RS in sp."""
+    world = create_world("local", world_size=W)
+    T, K, N, eps = 8, 64, 32, 1e-5
+    x, w, _ = _data(W + 7, T, K, N)
+    down = RowParallelLinear.from_weight(world, w, tuning=Tuning(db_url=fast_store(tmp_path / "jt.db", (W,))))
+    gen = torch.Generator().manual_seed(W)
+    res, norm = torch.randn(T, N, generator=gen).bfloat16(), (1 + torch.rand(N, generator=gen)).bfloat16()
+    want_h = x.float() @ w.float().t() + res.float()
+    want_normed = want_h * torch.rsqrt(want_h.square().mean(-1, keepdim=True) + eps) * norm.float()
+    k, R = K // W, T // W
+    parts = [x[:, r * k : (r + 1) * k] for r in range(W)]
+    with torch.no_grad():
+        normed, h = down(parts, layout="standard", residual=[res] * W, norm_weight=[norm] * W, eps=eps)
+        plain = down(parts, layout="standard", residual=[res] * W)
+        for got, want in ((normed, want_normed), (h, want_h), (plain, want_h)):
+            assert all(torch.equal(g, got[0]) for g in got) and rel_error(got[0], want) < 2e-2  # the same bits
+        sp_normed, sp_h = down(parts, layout="sp", residual=[res[r * R : (r + 1) * R] for r in range(W)],
+                               norm_weight=[norm] * W, eps=eps)  # fmt: skip
+        assert rel_error(torch.cat(sp_normed), want_normed) < 2e-2 and rel_error(torch.cat(sp_h), want_h) < 2e-2
+    assert {c["mode"] for c in down.ar_norm_op.launcher.cache.values()} == {"two_shot"}
+    assert set(down.ar_norm_op.launcher.sources.values()) == {"nearest-store"}
 
 
 def test_forward_only_grad_is_refused_by_name():

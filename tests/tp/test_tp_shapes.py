@@ -35,20 +35,21 @@ def test_gemm_shapes_of_both_layouts_match_the_hand_computed_ones(model, tp):
             "gate_up": ("ag_gemm", {"M": T, "N": 2 * inter if inter else 0, "K": hidden}),
             "down": ("gemm_rs", {"M": T, "N": hidden, "K": inter}),
         }
-        want_standard = {  # the column-parallel GEMMs per rank; the row-parallel ones before the all-reduce
-            "qkv": {"M": T, "N": qkv // tp, "K": hidden},
-            "o_proj": {"M": T, "N": hidden, "K": attn},
-            "gate_up": {"M": T, "N": 2 * inter // tp if inter else 0, "K": hidden},
-            "down": {"M": T, "N": hidden, "K": inter},
+        want_standard = {  # the column-parallel GEMMs per rank; the row-parallel ones as GEMM + all-reduce sees them
+            "qkv": (None, {"M": T, "N": qkv // tp, "K": hidden}),
+            "o_proj": ("gemm_ar_rmsnorm", {"M": T, "N": hidden, "K": attn}),  # + residual, post-attention norm
+            "gate_up": (None, {"M": T, "N": 2 * inter // tp if inter else 0, "K": hidden}),
+            "down": ("gemm_ar_rmsnorm", {"M": T, "N": hidden, "K": inter}),  # + residual, the next layer's norm
+            "down_last": ("gemm_ar", {"M": T, "N": hidden, "K": inter}),  # + residual: a stack's last layer
         }
         ops_here = ("qkv", "o_proj", "gate_up", "down") if inter else ("qkv", "o_proj")
         for op in ops_here:
             assert got[(T, op, "sp")] == (*want_sp[op], tp)
-            assert got[(T, op, "standard")][1:] == (want_standard[op], tp)
-            # the row-parallel GEMMs are tuned as GEMM + all-reduce (gemm_ar); the column-parallel ones are local
-            assert got[(T, op, "standard")][0] == ("gemm_ar" if op in ("o_proj", "down") else None)
+        for op in (*ops_here, "down_last") if inter else ops_here:
+            assert got[(T, op, "standard")] == (*want_standard[op], tp)
+        assert len([o for o in ops if o.tokens == T]) == (9 if inter else 4)
         if not inter:
-            assert (T, "gate_up", "sp") not in got  # the MoE MLP is not a dense layer
+            assert (T, "gate_up", "sp") not in got and (T, "down_last", "standard") not in got  # MoE: not a dense MLP
 
 
 def test_decode_attention_head_and_context_parallel():
@@ -76,8 +77,11 @@ def test_plan_dedupes_jobs_and_buckets_kv_lengths():
     assert dict(fd.shape)["S"] == 4096 and fd.world_size == 1  # the bucket a call at 3000 keys looks up
     assert all(j.settings.trials == 4 for j in plan.jobs)
     both = model_plan("llama-3-70b", tp=2, tokens=[8], kv_lens=[], timings=["eager", "graph"])
-    # per timing: the sequence-parallel layout's four GEMMs, the standard layout's two row-parallel GEMM + all-reduces
-    assert sorted({j.settings.timing for j in both.jobs}) == ["eager", "graph"] and len(both.jobs) == 12
+    # per timing: the sequence-parallel layout's four GEMMs; the standard layout's row-parallel GEMM + all-reduces:
+    # o_proj and down with the RMSNorm epilogue, down without it (a stack's last layer)
+    assert sorted({j.settings.timing for j in both.jobs}) == ["eager", "graph"] and len(both.jobs) == 14
+    graph = sorted(j.kernel for j in both.jobs if j.settings.timing == "graph")
+    assert graph == ["ag_gemm", "ag_gemm", "gemm_ar", "gemm_ar_rmsnorm", "gemm_ar_rmsnorm", "gemm_rs", "gemm_rs"]
 
 
 def test_a_shape_a_family_cant_run_is_listed_with_the_reason_not_tuned(tmp_path):
@@ -87,7 +91,7 @@ def test_a_shape_a_family_cant_run_is_listed_with_the_reason_not_tuned(tmp_path)
     plan = model_plan(str(tmp_path), tp=2, tokens=[8], kv_lens=[4096])
     (attn,) = [(op, job) for op, job in zip(plan.ops, plan.job_of) if op.op == "attn"]
     assert attn[1] is None and attn[0].note.startswith("flash_decode can't run it: shape.D: 96 is not allowed")
-    assert sorted({j.kernel for j in plan.jobs}) == ["ag_gemm", "gemm_ar", "gemm_rs"]
+    assert sorted({j.kernel for j in plan.jobs}) == ["ag_gemm", "gemm_ar", "gemm_ar_rmsnorm", "gemm_rs"]
 
 
 def test_bad_requests_name_the_field():

@@ -1,6 +1,6 @@
-"""`jointtune tune --model`: a tiny model's every fused-op shape tuned on the CPU (five shapes, a trial each), the
-records stored and exported as a bundle, and the layer then finding exactly those records; a sweep file's `model:`
-job."""
+"""`jointtune tune --model`: a tiny model's every fused-op shape tuned on the CPU (eight shapes, a trial each), the
+records stored and exported as a bundle, and a stack of the layers then finding exactly those records in both layouts;
+a sweep file's `model:` job."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from jointtune.autotune.workers.sweeps.sweepfile import parse_sweep
 from jointtune.cli import main
 from jointtune.db import open_store
 from jointtune.server.bundle import import_bundle
-from jointtune.tp import LlamaDecoderLayer, Tuning, load_model_config
+from jointtune.tp import LlamaDecoderLayer, TPDecoder, Tuning, load_model_config
 
 TINY = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
         "num_key_value_heads": 2, "num_hidden_layers": 2, "rope_theta": 10000.0, "rms_norm_eps": 1e-5}  # fmt: skip
@@ -43,35 +43,42 @@ def test_tune_model_stores_exports_and_the_layer_finds_the_records(tmp_path, tin
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "tiny at TP=2: each op of a decoder layer" in out and "layer (sp)" in out
-    # QKV and gate_up (ag_gemm), o_proj and down (gemm_rs; gemm_ar in the standard layout) at 4 tokens, decode
-    # attention at batch 4 x 64 keys
+    # QKV and gate_up (ag_gemm), o_proj and down (gemm_rs) at 4 tokens; in the standard layout o_proj and down with the
+    # residual + RMSNorm epilogue (gemm_ar_rmsnorm) and down with the residual only (gemm_ar, a stack's last layer);
+    # decode attention at batch 4 x 64 keys
     records = open_store(url).list_records()
     assert sorted((r.kernel, r.world_size, tuple(sorted(r.shape.items()))) for r in records) == [
         ("ag_gemm", 2, (("K", 128), ("M", 4), ("N", 384))),
         ("ag_gemm", 2, (("K", 128), ("M", 4), ("N", 512))),
         ("flash_decode", 1, (("B", 4), ("D", 64), ("H", 1), ("H_KV", 1), ("S", 64))),
-        ("gemm_ar", 2, (("K", 128), ("M", 4), ("N", 128))),
         ("gemm_ar", 2, (("K", 256), ("M", 4), ("N", 128))),
+        ("gemm_ar_rmsnorm", 2, (("K", 128), ("M", 4), ("N", 128))),
+        ("gemm_ar_rmsnorm", 2, (("K", 256), ("M", 4), ("N", 128))),
         ("gemm_rs", 2, (("K", 128), ("M", 4), ("N", 128))),
         ("gemm_rs", 2, (("K", 256), ("M", 4), ("N", 128))),
     ]
-    assert "exported: 7 of 7 tuned records" in out
+    assert "exported: 8 of 8 tuned records" in out and "layer (standard)" in out
     elsewhere = f"sqlite:///{tmp_path / 'serving.db'}"  # a serving machine imports the bundle
-    assert import_bundle(open_store(elsewhere), bundle.read_text())["records"] == 7
+    assert import_bundle(open_store(elsewhere), bundle.read_text())["records"] == 8
 
-    # the layer, built from the same config, finds exactly these records through @joint_autotune
+    # a stack of two layers, built from the same config, finds exactly these records through @joint_autotune
     world = create_world("local", world_size=2)
     tuning = Tuning(db_url=elsewhere, on_miss="error")  # a miss would raise: every key must be found
-    layer = LlamaDecoderLayer.random(world, load_model_config(tiny), seed=0, tuning=tuning, attn_kernel="flash_decode")
-    cache = layer.new_cache(batch=4, capacity=64)
+    config = load_model_config(tiny)
+    layers = [LlamaDecoderLayer.random(world, config, seed=i, tuning=tuning, attn_kernel="flash_decode")
+              for i in (0, 1)]  # fmt: skip
+    stack = TPDecoder(layers)
     with torch.no_grad():
-        for phase in ("prefill", "decode"):  # 4 sequences of 1 token, then one decode step: 4 rows each time
-            x = torch.randn(4, 128).bfloat16()
-            rows = [x[:2], x[2:]]  # the sequence-parallel layout: each rank's 2 rows
-            layer(rows, cache, layout="sp", phase=phase, batch=4)
-    ops = [layer.attn.qkv.op, layer.attn.o_proj.op, layer.gate_up.op, layer.down.op, layer.attn.decode_op]
-    # every key from the store (tuned in the CPU interpreter here: interp records, named so)
-    assert {s.removesuffix(" [interp record]") for op in ops for s in op.launcher.sources.values()} == {"store"}
+        for layout in ("sp", "standard"):
+            caches = stack.new_caches(batch=4, capacity=64)
+            for phase in ("prefill", "decode"):  # 4 sequences of 1 token, then one decode step: 4 rows each time
+                x = torch.randn(4, 128).bfloat16()
+                stack([x, x], caches, layout=layout, phase=phase, batch=4)
+    first = layers[0]  # the layers share one op per family (and Tuning): these are every key either layer resolved
+    ops = [first.attn.qkv.op, first.attn.o_proj.op, first.attn.decode_op, first.down.ar_norm_op, first.down.ar_op]
+    # every key from the store (tuned in the CPU interpreter here: interp records, named so), one per record
+    sources = [s.removesuffix(" [interp record]") for op in ops for s in op.launcher.sources.values()]
+    assert sources == ["store"] * 8
 
 
 def test_sweep_file_model_jobs_are_the_jobs_tune_model_runs(tiny):

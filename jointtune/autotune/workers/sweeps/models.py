@@ -8,7 +8,7 @@ so the end of a run can print the model's per-layer table (`layer_rows`).
 Example:
     >>> plan = model_plan("llama-3-8b", tp=2, tokens=[8, 4096], kv_lens=[4096])
     >>> len(plan.ops), len(plan.jobs), job_label(plan.jobs[0])
-    (17, 13, 'ag_gemm M=8,N=6144,K=4096 bfloat16 w2')
+    (19, 15, 'ag_gemm M=8,N=6144,K=4096 bfloat16 w2')
 """
 
 from __future__ import annotations
@@ -86,14 +86,23 @@ def model_plan(model: str, *, tp: int, tokens: Sequence[int], kv_lens: Sequence[
     return ModelPlan(config.name, tp, tuple(kept), tuple(jobs), tuple(job_of))
 
 
+#: ops that are an alternative form of another op of the layer (a stack's last down projection), not in its total
+_NOT_IN_TOTAL = {"down_last"}
+
+
 def layer_rows(plan: ModelPlan, results: Sequence[Any]) -> list[dict[str, Any]]:
     """One row per op of the plan: tokens, op, layout, kernel, shape, W, mode, best and baseline µs, speedup (best
-    unfused path / best), or the op's note where nothing was tuned; then per token count the sequence-parallel
-    layer's fused ops together (`op` = "layer (sp)")."""
+    unfused path / best), or the op's note where nothing was tuned; then per token count and layout the layer's
+    tuned ops together (`op` = "layer (sp)": its four fused GEMMs; "layer (standard)": o_proj and down with their
+    epilogues, as every layer of a stack but the last runs them)."""
     by_job = {r.job: r for r in results}
     rows: list[dict[str, Any]] = []
-    totals: dict[int, list[float]] = {}
+    totals: dict[tuple[int, str], list[float]] = {}
+    tuned: dict[tuple[int, str], int] = {}  # ops with a job, per (tokens, layout), that a total counts
     for op, job in zip(plan.ops, plan.job_of):
+        in_total = op.layout in ("sp", "standard") and op.op not in _NOT_IN_TOTAL and job is not None
+        if in_total:
+            tuned[(op.tokens, op.layout)] = tuned.get((op.tokens, op.layout), 0) + 1
         result = by_job.get(job) if job is not None else None
         row = {"tokens": op.tokens, "op": op.op, "layout": op.layout, "kernel": op.kernel or "-", "shape": op.shape,
                "world_size": op.world_size, "kv_len": op.kv_len, "mode": None, "best_us": None, "baseline_us": None,
@@ -104,21 +113,22 @@ def layer_rows(plan: ModelPlan, results: Sequence[Any]) -> list[dict[str, Any]]:
                        speedup=result.speedup)  # fmt: skip
             if result.best_us is None:
                 row["note"] = "not tuned: no config measured"
-            if op.layout == "sp":
-                total = totals.setdefault(op.tokens, [0.0, 0.0, 0])
+            if in_total:
+                total = totals.setdefault((op.tokens, op.layout), [0.0, 0.0, 0])
                 if result.best_us is not None and result.baseline_us is not None:
                     total[0] += result.best_us
                     total[1] += result.baseline_us
                     total[2] += 1
         rows.append(row)
-    for tokens, (best, base, count) in totals.items():
-        n = sum(1 for op in plan.ops if op.tokens == tokens and op.layout == "sp")
-        note = "" if count == n else f"{n - count} of {n} sp ops without a result"
-        rows.append({"tokens": tokens, "op": "layer (sp)", "layout": "sp", "kernel": "-", "shape": {},
+    for (tokens, layout), (best, base, count) in totals.items():
+        n = tuned[(tokens, layout)]
+        note = "" if count == n else f"{n - count} of {n} {layout} ops without a result"
+        rows.append({"tokens": tokens, "op": f"layer ({layout})", "layout": layout, "kernel": "-", "shape": {},
                      "world_size": plan.tp, "kv_len": None, "mode": None, "best_us": best if count else None,
                      "baseline_us": base if count else None, "speedup": base / best if count and best else None,
                      "note": note})  # fmt: skip
-    order = {"qkv": 0, "o_proj": 1, "gate_up": 2, "down": 3, "layer (sp)": 4, "attn": 5}
+    order = {"qkv": 0, "o_proj": 1, "gate_up": 2, "down": 3, "down_last": 4, "layer (sp)": 5, "layer (standard)": 5,
+             "attn": 6}  # fmt: skip
     layouts = {"sp": 0, "standard": 1, "head": 2, "context": 3}
     rows.sort(key=lambda r: (r["tokens"], layouts.get(r["layout"], 9), order.get(r["op"], 9), r["kv_len"] or 0))
     return rows

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The end-to-end benchmark on a lent 4-GPU machine (issue 35): tune a model's decoder-layer shapes at TP=4 or TP=2 into a
+# bundle (`jointtune tune --model ... --export`), then run its decoder layers with that bundle against the standard
+# torch TP layer and torch's async-TP (bench/e2e/README.md). Each phase is sized to about 6 minutes and stopped by a
+# `timeout` before 10; $WORK is packed into $OUT/e2e.tgz after every step, so a call stopped at its limit still returns
+# what finished. Tuning resumes: run a tune phase again until its log ends with "exported: ..." (the study store lives
+# in $WORK, kept while the machine is; the bundle is copied to $OUT, commit it to bench/results/).
+#
+# Usage: bash bench/e2e/e2e_device.sh PHASE...
+#   tune4 | tune2      jointtune tune --model $MODEL --tp 4|2 --tokens 1,8,32,4096 --kv-lens 4096, graph timing
+#   decode4            decode steps at batch 1, 8, 32 with 4K of KV, TP=4 (4 layers, CUDA graphs)
+#   prefill4           prefill of 4096 tokens, TP=4
+#   bench2             TP=2: the decode cells on GPUs 0,1 and the prefill on GPUs 2,3, at once
+#   compile4 | compile2  torch.compile(fullgraph=True) of the stack, a decode step in each layout
+# MODEL (default llama-3-70b), BUNDLE (default: the tune phase's, else bench/results/tuned_$MODEL_tp<W>_<gpu>.json).
+source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
+MODEL=${MODEL:-llama-3-70b}
+WORK=${WORK:-/tmp/e2e}
+mkdir -p "$WORK"
+GPU=$(python3 -c "import torch; n = torch.cuda.get_device_name().lower(); print(next((k for k in ('h200', 'h100') if k in n), 'gpu'))")
+pack() { flock "$WORK/.lock" tar czf "$OUT/e2e.tgz" --exclude=.lock -C "$WORK" .; }
+bundle() { # W: the bundle a bench phase reads
+  local name="tuned_${MODEL}_tp$1_$GPU.json"
+  if [ -n "$BUNDLE" ]; then echo "$BUNDLE"; elif [ -f "$WORK/$name" ]; then echo "$WORK/$name"; else echo "bench/results/$name"; fi
+}
+tune() { # W: every fused-op shape of one layer at TP=W (both layouts), 1-32 decode tokens and a 4096-token prefill
+  local log="$WORK/tune_${MODEL}_tp$1.log"
+  timeout 345 python3 -m jointtune.cli tune --model "$MODEL" --tp "$1" --tokens 1,8,32,4096 --kv-lens 4096 \
+    --timing graph --trials 10 --time-budget 8 --db "sqlite:///$WORK/tune.db" \
+    --export "$WORK/tuned_${MODEL}_tp$1_$GPU.json" > "$log" 2>&1
+  echo "exit $? after: tune --model $MODEL --tp $1 (124: stopped at its limit; run the phase again, it resumes)"
+  tail -n 70 "$log"
+  cp -f "$WORK/tuned_${MODEL}_tp$1_$GPU.json" "$OUT/" 2>/dev/null
+  pack
+}
+e2e() { # SECONDS W NAME PORT ARGS...: one run of decoder_layers.py (4 layers, CUDA graphs) with the bundle of TP=W
+  local b out="$WORK/e2e_${MODEL}_tp$2_$3_$GPU.json"
+  b=$(bundle "$2")
+  if [ ! -f "$b" ]; then echo "no bundle $b: run tune$2 first (or set BUNDLE)"; return; fi
+  timeout "$1" torchrun --nproc-per-node="$2" --master-port="$4" bench/e2e/decoder_layers.py --model "$MODEL" \
+    --bundle "$b" --iters 10 --warmup 3 --out "$out" "${@:5}" > "$WORK/e2e_${MODEL}_tp$2_$3.log" 2>&1
+  echo "exit $? after: e2e $MODEL tp$2 $3 (bundle $b)"
+  grep -E '^\{"cell"|cells,|FAILED' "$WORK/e2e_${MODEL}_tp$2_$3.log" | cut -c1-400
+  pack
+}
+for phase in "$@"; do
+  case $phase in
+    tune4) tune 4 ;;
+    tune2) tune 2 ;;
+    decode4) e2e 345 4 decode_kv4k 29704 --prefill 0 --batches 1,8,32 --kv-lens 4096 --no-compile-check ;;
+    prefill4) e2e 345 4 prefill4096 29705 --prefill 4096 --batches '' --no-compile-check ;;
+    bench2)
+      CUDA_VISIBLE_DEVICES=0,1 e2e 345 2 decode_kv4k 29702 --prefill 0 --batches 1,8,32 --kv-lens 4096 \
+        --no-compile-check &
+      CUDA_VISIBLE_DEVICES=2,3 e2e 345 2 prefill4096 29703 --prefill 4096 --batches '' --no-compile-check &
+      wait ;;
+    compile4) e2e 300 4 compile 29706 --prefill 0 --batches '' --paths jointtune ;;
+    compile2) CUDA_VISIBLE_DEVICES=0,1 e2e 300 2 compile 29707 --prefill 0 --batches '' --paths jointtune ;;
+    *) echo "unknown phase $phase (tune4 tune2 decode4 prefill4 bench2 compile4 compile2)" ;;
+  esac
+done
