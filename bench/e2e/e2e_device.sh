@@ -26,7 +26,7 @@ bundle() { # W: the bundle a bench phase reads
 tune() { # W: every fused-op shape of one layer at TP=W (both layouts), 1-32 decode tokens and a 4096-token prefill
   local log="$WORK/tune_${MODEL}_tp$1.log"
   timeout 345 python3 -m jointtune.cli tune --model "$MODEL" --tp "$1" --tokens 1,8,32,4096 --kv-lens 4096 \
-    --timing graph --trials 10 --time-budget 8 --db "sqlite:///$WORK/tune.db" \
+    --timing graph --trials 8 --time-budget 6 --db "sqlite:///$WORK/tune.db" \
     --export "$WORK/tuned_${MODEL}_tp$1_$GPU.json" > "$log" 2>&1
   echo "exit $? after: tune --model $MODEL --tp $1 (124: stopped at its limit; run the phase again, it resumes)"
   tail -n 70 "$log"
