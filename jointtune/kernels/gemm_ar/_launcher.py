@@ -41,6 +41,7 @@ from jointtune.errors import ShapeError
 from jointtune.kernels.gemm_ar._args import ArShape, GemmArConfig
 from jointtune.kernels.gemm_ar._plans import build_plan
 from jointtune.kernels.runtime.calls import DTYPES, as_list, forward_only, usable
+from jointtune.kernels.runtime.gemm import check_gemm_operands
 from jointtune.kernels.runtime.plan import config_key, resolve_config
 from jointtune.kernels.runtime.world import World
 
@@ -52,25 +53,8 @@ WEIGHT_DTYPES = (torch.float32,)
 def _check(a: Tensors, b: Tensors, res: Tensors | None, weight: Tensors | None, eps: float,
            world: World) -> tuple[int, int, int]:  # fmt: skip
     """(M, K_r, N) of a call; ShapeError naming the argument otherwise."""
+    M, K_r, N = check_gemm_operands(a, b, world, ("M", "K_r", "N"))
     n_local = len(world.local_ranks)
-    if len(a) != n_local or len(b) != n_local:
-        raise ShapeError(f"a, b: expected one tensor per local rank ({n_local}), got {len(a)} and {len(b)}")
-    M, K_r = a[0].shape if a[0].dim() == 2 else (0, 0)
-    N = b[0].shape[1] if b[0].dim() == 2 else 0
-    for i, (ai, bi) in enumerate(zip(a, b)):
-        if ai.dim() != 2 or bi.dim() != 2:
-            raise ShapeError(f"a, b: must be 2-D, got a{list(ai.shape)} and b{list(bi.shape)} on rank index {i}")
-        if tuple(ai.shape) != (M, K_r) or tuple(bi.shape) != (K_r, N) or min(M, K_r, N) < 1:
-            raise ShapeError(
-                f"shapes: a must be [M, K_r] and b [K_r, N] alike on every rank, all sizes >= 1; rank index {i} has "
-                f"a{list(ai.shape)}, b{list(bi.shape)} against a[{M}, {K_r}], b[{K_r}, {N}]"
-            )
-        if ai.dtype not in DTYPES or bi.dtype != ai.dtype:
-            raise ShapeError(f"dtype: a {ai.dtype} and b {bi.dtype}; both must be bfloat16 or float16")
-        if ai.device != world.device or bi.device != world.device:
-            raise ShapeError(f"device: tensors must be on {world.device}, got {ai.device} and {bi.device}")
-        if bi.stride() != b[0].stride():
-            raise ShapeError(f"b: strides must match on every rank; rank index {i} has {bi.stride()}")
     dtype = a[0].dtype
     if res is not None:
         _check_like("residual", res, n_local, (M, N), (dtype,), world)
