@@ -167,6 +167,32 @@ def test_fewer_rows_than_ranks(M, W):
         call.check()
 
 
+#: (mode, transport, W): cuBLAS partials of [21, 600] copied in [16, 256] tiles, 6 of them over 4 programs, a flag each:
+#: programs 0 and 1 send two tiles before releasing both flags at once (two-shot: tiles holding several owners' rows)
+COPIED = [("one_shot", "push", 2), ("one_shot", "push", 4), ("two_shot", "push", 3), ("one_shot", "pull", 3),
+          ("two_shot", "pull", 4)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("mode", "transport", "W"), COPIED)
+def test_copied_tiles_flagged_together_once_their_program_sent_them_all(mode, transport, W):
+    world = LocalWorld(world_size=W)
+    call = Call(world, 21, 600, 40, seed=W)
+    config = dict(mode=mode, gemm="cublas", transport=transport, tiles_per_flag=1, comm_sms=4)
+    call.plain(config)
+    call.check()
+    prepared = prepare(call.a, call.b, world=world, config=config, residual=call.res, norm_weight=call.weight,
+                       eps=EPS, out=call.out, h_out=call.h)  # fmt: skip
+    for _ in range(2):  # the prepared launch re-issued with fresh inputs, an eager call between
+        call.fresh()
+        high = _flag_high(world)
+        prepared.run()
+        call.check(norm=True)
+        assert _flag_high(world) > high
+        call.fresh()
+        call.plain(config)
+        call.check()
+
+
 #: replays at W = 2, 3 and 4, with the norm epilogue or without (the interleaving test below replays and re-issues the
 #: other configs)
 REPLAYS = [("baseline", 4, True), ("one_shot_pull_split_k", 3, False), ("two_shot_push_grouped", 4, False),

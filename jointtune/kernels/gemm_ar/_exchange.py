@@ -131,4 +131,31 @@ def _finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, 
             _release(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1, FENCE)
 
 
-__all__ = ["_chunk_owners", "_finish_tile", "_release", "_send", "_wait_sources", "triton"]
+@triton.jit
+def _release_tiles(first_tile, step, n_tiles, flag_ptrs_ptr, epoch, rank, flag_stride, tiles_m, tiles_n, M,
+                   rows_per_owner, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
+                   TWO_SHOT: tl.constexpr, FENCE: tl.constexpr):  # fmt: skip
+    # The flags of every tile this program sent (tiles first_tile, + step, ...; a flag per tile), released at once
+    # after all were sent: one barrier and one fence for the program's tiles, not one per tile, each waiting for its
+    # tile's writes to peers before the next tile's start. For copied tiles (no GEMM to overlap with the waits).
+    tl.debug_barrier()
+    if FENCE:
+        value = _sys_fence(epoch.to(tl.int64))
+    else:
+        value = epoch.to(tl.int64)
+    for t in range(first_tile, n_tiles, step):
+        first = 0
+        last = WORLD - 1
+        if TWO_SHOT:
+            pm, _ = grouped_tile(t, tiles_m, tiles_n, GROUP_M)
+            first = (pm * BLOCK_M) // rows_per_owner
+            last = (tl.minimum(M, pm * BLOCK_M + BLOCK_M) - 1) // rows_per_owner
+        for p in range(first, last + 1):
+            flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
+            if FENCE:
+                tl.atomic_xchg(flags + rank * flag_stride + t, value, sem="relaxed", scope="sys")
+            else:
+                tl.atomic_xchg(flags + rank * flag_stride + t, value, sem="release", scope="sys")
+
+
+__all__ = ["_chunk_owners", "_finish_tile", "_release", "_release_tiles", "_send", "_wait_sources", "triton"]

@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels.gemm_ar._exchange import _finish_tile, _release, _send, _wait_sources
+from jointtune.kernels.gemm_ar._exchange import _finish_tile, _release, _release_tiles, _send, _wait_sources
 from jointtune.kernels.gemm_ar._reduce import _gather_row, _reduce_block, _reduce_row
 from jointtune.kernels.runtime.signals import call_epoch, open_call, publish_call, wait_flag
 from jointtune.kernels.runtime.tiles import grouped_tile, split_product
@@ -129,6 +129,8 @@ def gemm_ar_kernel(
     if TWO_SHOT and PUSH:  # an owner's inbox slots start at its first row
         recv_row0 = row_lo
     col_blocks = tl.cdiv(N, RED_N)
+    # copied tiles, a flag each: a program sends all its tiles, then releases their flags at once
+    BATCHED: tl.constexpr = PRODUCE == 2 and TILES_PER_FLAG == 1
     if PRODUCE > 0:  # noqa: SIM102 (constexpr)
         # ---- produce: tiles of the partial, each sent to its readers, a flag per TILES_PER_FLAG of them ----
         if pid < produce_programs:
@@ -154,9 +156,13 @@ def gemm_ar_kernel(
                     _send(acc.to(send_ptr.dtype.element_ty), offs_m, offs_n, mmask, nmask, send_ptr,
                           send_deltas_ptr, half, N, rank, rows_per_owner, first_row, last_row, WORLD, TWO_SHOT,
                           PUSH)  # fmt: skip
-                    _finish_tile(tile, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, tiles_m, tiles_n,
-                                 M, rows_per_owner, first_row, last_row, WORLD, BLOCK_M, GROUP_M, TILES_PER_FLAG,
-                                 TWO_SHOT, FENCE)  # fmt: skip
+                    if not BATCHED:
+                        _finish_tile(tile, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, tiles_m,
+                                     tiles_n, M, rows_per_owner, first_row, last_row, WORLD, BLOCK_M, GROUP_M,
+                                     TILES_PER_FLAG, TWO_SHOT, FENCE)  # fmt: skip
+            if BATCHED:
+                _release_tiles(pid, produce_programs, n_tiles, flag_ptrs_ptr, epoch, rank, flag_stride, tiles_m,
+                               tiles_n, M, rows_per_owner, WORLD, BLOCK_M, GROUP_M, TWO_SHOT, FENCE)  # fmt: skip
     if REDUCE:  # noqa: SIM102 (constexpr)
         # ---- reduce: this rank's rows, item by item, once every source's tiles under the item are in ----
         if pid >= comm_lo:
