@@ -14,8 +14,9 @@ of three timings of a graph of 4 calls replayed 20 times (`common.measure.graph_
 - `allreduce_alone:<variant>`: each all-reduce variant the device runs, on a ready [M, N] partial;
 - `baseline:<variant>`: `gemm_ar` in its baseline mode (cuBLAS, then that all-reduce);
 - `ours:<name>`: `gemm_ar` in fused configs: cuBLAS then our exchange launch (one-shot / two-shot, push / pull, a few
-  comm program counts) and the one-launch tile-GEMM form; with `exchange_us` = that minus `cublas_alone`, the
-  exchange launch's share (it is not reachable alone through the public API).
+  comm program counts) and the one-launch tile-GEMM form (split-K 4, as the space's seeds, and none); with
+  `exchange_us` = the cuBLAS form's time minus `cublas_alone`, the exchange launch's share (it is not reachable alone
+  through the public API).
 Every `gemm_ar` config is checked first: its output against the float32 reference and the same bits on every rank.
 """
 
@@ -64,8 +65,10 @@ def fused_configs(M: int) -> dict[str, dict[str, Any]]:
     for comm in (64, 128):
         out[f"two_shot_cublas_push_c{comm}"] = dict(mode="two_shot", gemm="cublas", transport="push",
                                                     tiles_per_flag=1, comm_sms=comm)  # fmt: skip
-    out["one_shot_triton_push"] = dict(mode="one_shot", gemm="triton", transport="push", tiles_per_flag=1,
-                                       comm_sms=0, **tile)  # fmt: skip
+    out["one_shot_triton_push_split4"] = dict(mode="one_shot", gemm="triton", transport="push", tiles_per_flag=1,
+                                              comm_sms=0, **tile)  # fmt: skip
+    # no split-K: 128 column tiles of 64, each program streams its whole K_r (no workspace merge)
+    out["one_shot_triton_push_split1"] = dict(out["one_shot_triton_push_split4"], SPLIT_K=1)
     return out
 
 
