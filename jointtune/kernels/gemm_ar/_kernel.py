@@ -8,7 +8,9 @@ launch one after another runs them as three launches per rank (every rank's firs
   wrote earlier on the stream). A finished tile, rounded once to the input dtype, goes where its readers find it
   (`_send`): push puts it into every reader's inbox (one-shot: every rank, slot `rank`; two-shot: each row's owner),
   pull into this rank's own buffer. Consecutive tiles (TILES_PER_FLAG, in tile order) share a flag; the tile that
-  completes the count releases it to every reader, at system scope, carrying the call's epoch. Producing never waits.
+  completes the count releases it to every reader, at system scope, carrying the call's epoch. Copied tiles with a
+  flag each are flagged together once their program has sent them all. Compiled, a release to W readers is one
+  system-scope fence and W relaxed flag writes (`_exchange._release`). Producing never waits.
 - reduce: this rank's items (one-shot: every row; two-shot: the rows it owns) wait for the flags of every source's
   tiles under them, then sum the W sources in rank order in float32 (this rank's own partial read back as rounded,
   so every rank adds the same values in the same order: bit-identical outputs), add the residual, store. With NORM an
