@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 tune smoke archeck ar4 arn4 ar2 artune)
+#   flashlong2 tune smoke archeck aranat ar4 arn4 ar2 artune)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -63,6 +63,14 @@ for phase in "$@"; do
       wait ;;
     flashlong4) fo 130 4 flash_decode "$FLASH_LONG" flash_decode_long_w4.json --per-mode 1 --stress 0 --item-timeout 60 ;;
     flashlong2) CUDA_VISIBLE_DEVICES=0,1 fo 150 2 flash_decode "$FLASH_LONG" flash_decode_long_w2.json --per-mode 1 --stress 0 --item-timeout 60 ;;
+    aranat)  # GEMM + all-reduce's anatomy at 8, 64, 128 rows, W=4: this tree, then ./before (a checkout's jointtune) if any
+      for tree in . before; do
+        [ -d "$tree/jointtune" ] || continue
+        name=$([ "$tree" = . ] && echo after || echo before)
+        timeout 150 torchrun --nproc-per-node=4 --master-port=29541 bench/ops/gemm_ar_anatomy.py --tree "$tree" \
+          --out "$WORK/gemm_ar_anatomy_$name.json" > "$WORK/gemm_ar_anatomy_$name.log" 2>&1
+        echo "exit $? after: gemm_ar_anatomy $name"; grep -E '^\{|^wrote' "$WORK/gemm_ar_anatomy_$name.log"; pack
+      done ;;
     archeck)  # GEMM + all-reduce on the GPUs: every mode and form right, the same bits on every rank, replays (W=4, W=2)
       for w in 4 2; do
         gpus=0,1,2,3; shapes=8x8192x2048,300x4096x1024; limit=330

@@ -9,7 +9,9 @@ Two faults that only a GPU showed, as wrong sums now and then, are visible in wh
 
 And the rule that makes one thread's release or acquire speak for its whole program (`signals`' doc): a
 scalar release (or acq_rel count) must come after a barrier that follows the program's tensor stores and
-atomics, and the tensor loads after a scalar acquire must come after a barrier that follows it.
+atomics, and the tensor loads after a scalar acquire must come after a barrier that follows it. A release made of
+a system-scope fence and relaxed flag writes (GEMM+AR) needs the barrier before the fence, and the fence before
+every relaxed flag write.
 
     python tests/kernels/ordering_probe.py '[{"family": "gemm_rs", "mode": "atomic", ...}, ...]'
 
@@ -31,7 +33,7 @@ from aot_compile import SHARED_OPTIONS, config_launches, lower, shared_kernels  
 # isort: split
 
 import triton
-from ttgir_checks import unbarriered_handoffs, unfenced_zeroing
+from ttgir_checks import unbarriered_handoffs, unfenced_flag_writes, unfenced_zeroing
 
 _FLAG_ACQUIRE = re.compile(r"\b(ld|atom)\.global\.\S*acquire\S*\.[bsu]64\b")  # flags and epochs are int64
 
@@ -45,6 +47,8 @@ def facts(name: str, compiled) -> dict:
         "flag_acquires": sum(bool(_FLAG_ACQUIRE.search(ln)) for ln in instructions),
         "unfenced_zeroing": unfenced_zeroing(compiled.asm["ttgir"]),
         "unbarriered_handoffs": unbarriered_handoffs(compiled.asm["ttgir"]),
+        "unfenced_flag_writes": unfenced_flag_writes(compiled.asm["ttgir"]),
+        "sys_fences": sum(ln.startswith("fence.acq_rel.sys") for ln in instructions),
     }
 
 

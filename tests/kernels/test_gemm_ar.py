@@ -167,6 +167,32 @@ def test_fewer_rows_than_ranks(M, W):
         call.check()
 
 
+#: (mode, transport, W): cuBLAS partials of [21, 600] copied in [16, 256] tiles, 6 of them over 4 programs, a flag each:
+#: programs 0 and 1 send two tiles before releasing both flags at once (two-shot: tiles holding several owners' rows)
+COPIED = [("one_shot", "push", 2), ("one_shot", "push", 4), ("two_shot", "push", 3), ("one_shot", "pull", 3),
+          ("two_shot", "pull", 4)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("mode", "transport", "W"), COPIED)
+def test_copied_tiles_flagged_together_once_their_program_sent_them_all(mode, transport, W):
+    world = LocalWorld(world_size=W)
+    call = Call(world, 21, 600, 40, seed=W)
+    config = dict(mode=mode, gemm="cublas", transport=transport, tiles_per_flag=1, comm_sms=4)
+    call.plain(config)
+    call.check()
+    prepared = prepare(call.a, call.b, world=world, config=config, residual=call.res, norm_weight=call.weight,
+                       eps=EPS, out=call.out, h_out=call.h)  # fmt: skip
+    for _ in range(2):  # the prepared launch re-issued with fresh inputs, an eager call between
+        call.fresh()
+        high = _flag_high(world)
+        prepared.run()
+        call.check(norm=True)
+        assert _flag_high(world) > high
+        call.fresh()
+        call.plain(config)
+        call.check()
+
+
 #: replays at W = 2, 3 and 4, with the norm epilogue or without (the interleaving test below replays and re-issues the
 #: other configs)
 REPLAYS = [("baseline", 4, True), ("one_shot_pull_split_k", 3, False), ("two_shot_push_grouped", 4, False),
@@ -317,6 +343,10 @@ def test_space_defaults_seeds_and_rules():
         seeds = space.seeds(problem, limits)
         assert len(seeds) == (0 if W == 1 else 6), shape  # every seed valid here
         assert [s["mode"] for s in seeds[:1]] == ([] if W == 1 else ["one_shot" if shape["M"] <= 128 else "two_shot"])
+    # split-K only where the column tiles leave half the SMs idle: none at N=8192 (128 tiles of 64), 4 at N=2048
+    for N, split in ((8192, 1), (5120, 1), (2048, 4)):
+        problem = Problem.of({"M": 8, "N": N, "K": 8192}, dtype="bfloat16", world_size=4)
+        assert {s.get("SPLIT_K") for s in space.seeds(problem, limits) if s["gemm"] == "triton"} == {split}, N
     problem = Problem.of({"M": 64, "N": 8192, "K": 8192}, dtype="bfloat16", world_size=4)
     # K only must divide: any M
     assert space.violations({"mode": "baseline", "collective": "torch_one_shot"}, problem, limits) == []

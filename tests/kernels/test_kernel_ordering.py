@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from sm90 import gpu_image_triton, run_sm90
-from ttgir_checks import unbarriered_handoffs
+from ttgir_checks import unbarriered_handoffs, unfenced_flag_writes
 
 GEMM = dict(M=1024, N=2048, K=1024)
 TILE = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)
@@ -39,6 +39,9 @@ CONFIGS = [
          tiles_per_flag=4, comm_sms=8, SPLIT_K=2, **dict(TILE, BLOCK_M=64, num_warps=4)),
     dict(family="gemm_ar", shape=GEMM, mode="one_shot", gemm="cublas", transport="pull", tiles_per_flag=1,
          comm_sms=32),
+    # the decode form: one fence, then a relaxed flag write per rank, for every released tile
+    dict(family="gemm_ar", shape=dict(M=8, N=8192, K=8192), world_size=4, mode="one_shot", gemm="cublas",
+         transport="push", tiles_per_flag=1, comm_sms=64),
 ]  # fmt: skip
 
 
@@ -59,6 +62,9 @@ def _check(facts: list[dict]) -> None:
         assert f["flag_acquires"] >= f["spins"], f"{where}: {f['spins']} polling loops, {f['flag_acquires']} acquires"
         assert f["unfenced_zeroing"] == [], f"{where}: zeroing with no barrier after the read: {f['unfenced_zeroing']}"
         assert f["unbarriered_handoffs"] == [], f"{where}: one thread's handoff alone: {f['unbarriered_handoffs']}"
+        assert f["unfenced_flag_writes"] == [], f"{where}: {f['unfenced_flag_writes']}"
+    # GEMM+AR releases by one fence and relaxed writes when compiled (the interpreter keeps release exchanges)
+    assert all(f["sys_fences"] >= 1 for f in facts if f["kernel"] == "gemm_ar_kernel")
 
 
 def test_waits_acquire_and_zeroing_waits_for_every_read_with_this_triton():
@@ -81,6 +87,11 @@ _ACQUIRE = "%7 = tt.atomic_rmw add, acquire, sys, %flag, %c0_i64, %true : (!tt.p
 _LOAD = "%8 = tt.load %src, %mask, %cst : tensor<128x64x!tt.ptr<bf16>, #blocked> loc(#loc5)"
 _TENSOR_ADDS = "%9 = tt.atomic_rmw fadd, relaxed, gpu, %slot, %acc, %m : (tensor<128x64x!tt.ptr<f32>, #b>, ...) loc(#l)"
 _ASYNC_LOAD = "%a = ttg.async_copy_global_to_local %p, %buf mask %m : tensor<128x64x!tt.ptr<bf16>, #b> -> <128x64xbf16>"
+_FENCE = (
+    '%v = tt.elementwise_inline_asm "fence.acq_rel.sys;\\0A\\09mov.b64 $0, $1;" {constraints = "=l,l", '
+    "packed_element = 1 : i32, pure = false} %epoch : i64 -> i64 loc(#loc7)"
+)
+_RELAXED_FLAG = "%f = tt.atomic_rmw exch, relaxed, sys, %flag, %v, %true : (!tt.ptr<i64>, i64, i1) -> i64 loc(#loc8)"
 _TICKET = "%w = tt.atomic_rmw add, relaxed, gpu, %tickets, %c1_i32, %true : (!tt.ptr<i32>, i32, i1) -> i32 loc(#loc6)"
 
 
@@ -96,3 +107,14 @@ def test_the_handoff_check_flags_a_release_or_acquire_without_its_barrier():
     assert unbarriered_handoffs("\n".join([_ACQUIRE, "gpu.barrier", _ASYNC_LOAD])) == []
     # a relaxed work counter hands nothing over
     assert unbarriered_handoffs("\n".join([_STORE, _TICKET, _LOAD])) == []
+    # a fence speaks for the program only behind a barrier
+    assert unbarriered_handoffs("\n".join([_STORE, "gpu.barrier", _FENCE, _RELAXED_FLAG])) == []
+    assert len(unbarriered_handoffs("\n".join([_STORE, _FENCE, _RELAXED_FLAG]))) == 1
+
+
+def test_the_fence_check_flags_a_relaxed_flag_write_with_no_fence_before_it():
+    assert unfenced_flag_writes("\n".join([_STORE, "gpu.barrier", _FENCE, _RELAXED_FLAG, _RELAXED_FLAG])) == []
+    assert len(unfenced_flag_writes("\n".join([_STORE, "gpu.barrier", _RELAXED_FLAG]))) == 1
+    assert len(unfenced_flag_writes("\n".join([_FENCE, _STORE, _RELAXED_FLAG]))) == 1
+    assert len(unfenced_flag_writes(_RELAXED_FLAG)) == 1
+    assert unfenced_flag_writes(_RELEASE) == []  # a release exchange is a handoff of its own

@@ -25,14 +25,32 @@ def _chunk_owners(chunk, n_tiles, tiles_m, tiles_n, M, rows_per_owner, BLOCK_M: 
 
 
 @triton.jit
-def _release(flag_ptrs_ptr, index, epoch, first, last, skip):
+def _sys_fence(value):
+    # `value` back, after a system-scope acq_rel fence (compiled code only: the CPU interpreter runs no PTX). The value
+    # passes through the fence, so what is computed from it (the flags' value) can't be hoisted above it.
+    return tl.inline_asm_elementwise("fence.acq_rel.sys;\n\tmov.b64 $0, $1;", "=l,l", [value], dtype=tl.int64,
+                                     is_pure=False, pack=1)  # fmt: skip
+
+
+@triton.jit
+def _release(flag_ptrs_ptr, index, epoch, first, last, skip, FENCE: tl.constexpr):
     # flag `index` := epoch at ranks first..last but `skip`, publishing the program's earlier writes, all threads'
-    # (system scope)
+    # (system scope). FENCE (compiled): a barrier, one system-scope fence, then a strong relaxed write per rank: PTX's
+    # release pattern (a fence.acq_rel followed by a strong write), one fence for all W flags, not one per flag (a
+    # release atomic is a fence of its own, each waiting for the one before's write to a peer). Interpreted: a release
+    # exchange per rank (the interpreter has no fence).
     tl.debug_barrier()
-    for p in range(first, last + 1):
-        if p != skip:
-            flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
-            tl.atomic_xchg(flags + index, epoch, sem="release", scope="sys")
+    if FENCE:
+        value = _sys_fence(epoch.to(tl.int64))
+        for p in range(first, last + 1):
+            if p != skip:
+                flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(flags + index, value, sem="relaxed", scope="sys")
+    else:
+        for p in range(first, last + 1):
+            if p != skip:
+                flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(flags + index, epoch, sem="release", scope="sys")
 
 
 @triton.jit
@@ -89,7 +107,7 @@ def _send(val, offs_m, offs_n, mmask, nmask, send_ptr, send_deltas_ptr, half, N,
 @triton.jit
 def _finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, tiles_m, tiles_n, M, rows_per_owner,
                  row_lo, row_hi, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
-                 TILES_PER_FLAG: tl.constexpr, TWO_SHOT: tl.constexpr):  # fmt: skip
+                 TILES_PER_FLAG: tl.constexpr, TWO_SHOT: tl.constexpr, FENCE: tl.constexpr):  # fmt: skip
     # Count tile t towards its chunk; the tile completing the chunk releases the chunk's flag to its readers (every
     # rank, or in two-shot the owners of its rows). The count is acq_rel after a barrier: it carries every thread's
     # stores of every counted tile (`_signals` doc).
@@ -100,7 +118,7 @@ def _finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, 
         if TWO_SHOT:
             first = row_lo // rows_per_owner
             last = row_hi // rows_per_owner
-        _release(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1)
+        _release(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1, FENCE)
     else:
         expected = tl.minimum(TILES_PER_FLAG, n_tiles - chunk * TILES_PER_FLAG)
         tl.debug_barrier()
@@ -110,7 +128,34 @@ def _finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, 
             if TWO_SHOT:
                 first, last = _chunk_owners(chunk, n_tiles, tiles_m, tiles_n, M, rows_per_owner, BLOCK_M, GROUP_M,
                                             TILES_PER_FLAG)  # fmt: skip
-            _release(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1)
+            _release(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1, FENCE)
 
 
-__all__ = ["_chunk_owners", "_finish_tile", "_release", "_send", "_wait_sources", "triton"]
+@triton.jit
+def _release_tiles(first_tile, step, n_tiles, flag_ptrs_ptr, epoch, rank, flag_stride, tiles_m, tiles_n, M,
+                   rows_per_owner, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
+                   TWO_SHOT: tl.constexpr, FENCE: tl.constexpr):  # fmt: skip
+    # The flags of every tile this program sent (tiles first_tile, + step, ...; a flag per tile), released at once
+    # after all were sent: one barrier and one fence for the program's tiles, not one per tile, each waiting for its
+    # tile's writes to peers before the next tile's start. For copied tiles (no GEMM to overlap with the waits).
+    tl.debug_barrier()
+    if FENCE:
+        value = _sys_fence(epoch.to(tl.int64))
+    else:
+        value = epoch.to(tl.int64)
+    for t in range(first_tile, n_tiles, step):
+        first = 0
+        last = WORLD - 1
+        if TWO_SHOT:
+            pm, _ = grouped_tile(t, tiles_m, tiles_n, GROUP_M)
+            first = (pm * BLOCK_M) // rows_per_owner
+            last = (tl.minimum(M, pm * BLOCK_M + BLOCK_M) - 1) // rows_per_owner
+        for p in range(first, last + 1):
+            flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
+            if FENCE:
+                tl.atomic_xchg(flags + rank * flag_stride + t, value, sem="relaxed", scope="sys")
+            else:
+                tl.atomic_xchg(flags + rank * flag_stride + t, value, sem="release", scope="sys")
+
+
+__all__ = ["_chunk_owners", "_finish_tile", "_release", "_release_tiles", "_send", "_wait_sources", "triton"]

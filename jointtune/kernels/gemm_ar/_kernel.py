@@ -8,7 +8,9 @@ launch one after another runs them as three launches per rank (every rank's firs
   wrote earlier on the stream). A finished tile, rounded once to the input dtype, goes where its readers find it
   (`_send`): push puts it into every reader's inbox (one-shot: every rank, slot `rank`; two-shot: each row's owner),
   pull into this rank's own buffer. Consecutive tiles (TILES_PER_FLAG, in tile order) share a flag; the tile that
-  completes the count releases it to every reader, at system scope, carrying the call's epoch. Producing never waits.
+  completes the count releases it to every reader, at system scope, carrying the call's epoch. Copied tiles with a
+  flag each are flagged together once their program has sent them all. Compiled, a release to W readers is one
+  system-scope fence and W relaxed flag writes (`_exchange._release`). Producing never waits.
 - reduce: this rank's items (one-shot: every row; two-shot: the rows it owns) wait for the flags of every source's
   tiles under them, then sum the W sources in rank order in float32 (this rank's own partial read back as rounded,
   so every rank adds the same values in the same order: bit-identical outputs), add the residual, store. With NORM an
@@ -35,7 +37,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels.gemm_ar._exchange import _finish_tile, _release, _send, _wait_sources
+from jointtune.kernels.gemm_ar._exchange import _finish_tile, _release, _release_tiles, _send, _wait_sources
 from jointtune.kernels.gemm_ar._reduce import _gather_row, _reduce_block, _reduce_row
 from jointtune.kernels.runtime.signals import call_epoch, open_call, publish_call, wait_flag
 from jointtune.kernels.runtime.tiles import grouped_tile, split_product
@@ -108,6 +110,7 @@ def gemm_ar_kernel(
     WAIT_C: tl.constexpr,
     UPCAST: tl.constexpr,
     EPOCH: tl.constexpr,
+    FENCE: tl.constexpr,
 ):
     pid = tl.program_id(0) + pid_base
     epoch = call_epoch(state_ptr, EPOCH)
@@ -128,6 +131,8 @@ def gemm_ar_kernel(
     if TWO_SHOT and PUSH:  # an owner's inbox slots start at its first row
         recv_row0 = row_lo
     col_blocks = tl.cdiv(N, RED_N)
+    # copied tiles, a flag each: a program sends all its tiles, then releases their flags at once
+    BATCHED: tl.constexpr = PRODUCE == 2 and TILES_PER_FLAG == 1
     if PRODUCE > 0:  # noqa: SIM102 (constexpr)
         # ---- produce: tiles of the partial, each sent to its readers, a flag per TILES_PER_FLAG of them ----
         if pid < produce_programs:
@@ -153,9 +158,13 @@ def gemm_ar_kernel(
                     _send(acc.to(send_ptr.dtype.element_ty), offs_m, offs_n, mmask, nmask, send_ptr,
                           send_deltas_ptr, half, N, rank, rows_per_owner, first_row, last_row, WORLD, TWO_SHOT,
                           PUSH)  # fmt: skip
-                    _finish_tile(tile, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, tiles_m, tiles_n,
-                                 M, rows_per_owner, first_row, last_row, WORLD, BLOCK_M, GROUP_M, TILES_PER_FLAG,
-                                 TWO_SHOT)  # fmt: skip
+                    if not BATCHED:
+                        _finish_tile(tile, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, tiles_m,
+                                     tiles_n, M, rows_per_owner, first_row, last_row, WORLD, BLOCK_M, GROUP_M,
+                                     TILES_PER_FLAG, TWO_SHOT, FENCE)  # fmt: skip
+            if BATCHED:
+                _release_tiles(pid, produce_programs, n_tiles, flag_ptrs_ptr, epoch, rank, flag_stride, tiles_m,
+                               tiles_n, M, rows_per_owner, WORLD, BLOCK_M, GROUP_M, TWO_SHOT, FENCE)  # fmt: skip
     if REDUCE:  # noqa: SIM102 (constexpr)
         # ---- reduce: this rank's rows, item by item, once every source's tiles under the item are in ----
         if pid >= comm_lo:
@@ -168,7 +177,7 @@ def gemm_ar_kernel(
                     _reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w_ptr, out_ptr,
                                 hout_ptr, gat_ptr, gat_deltas_ptr, parity * ghalf_stride, rms_ptr, rms_deltas_ptr,
                                 parity * rhalf_stride, flag_ptrs_ptr, rank * flag_stride + n_chunks + i, epoch, rank,
-                                WORLD, RED_N, RESIDUAL, TWO_SHOT, PUSH)  # fmt: skip
+                                WORLD, RED_N, RESIDUAL, TWO_SHOT, PUSH, FENCE)  # fmt: skip
             else:  # an item is [RED_M, RED_N] inside one row tile
                 kr_lo = row_lo // RED_M
                 row_blocks = tl.where(row_hi > row_lo, (row_hi - 1) // RED_M - kr_lo + 1, 0)
@@ -183,7 +192,7 @@ def gemm_ar_kernel(
                                   out_ptr, gat_ptr, gat_deltas_ptr, parity * ghalf_stride, rank, WORLD, RED_M, RED_N,
                                   RESIDUAL, TWO_SHOT, PUSH)  # fmt: skip
                     if TWO_SHOT:
-                        _release(flag_ptrs_ptr, rank * flag_stride + n_chunks + i, epoch, 0, WORLD - 1, rank)
+                        _release(flag_ptrs_ptr, rank * flag_stride + n_chunks + i, epoch, 0, WORLD - 1, rank, FENCE)
     if GATHER:  # noqa: SIM102 (constexpr)
         # ---- gather (two-shot): every item another rank owns, once the owner released it ----
         if pid >= comm_lo:
