@@ -2,8 +2,9 @@
 
 Flash-Decode's is context-parallel decode as a careful user writes it: each rank runs SDPA over its own slice of the
 KV cache (a GQA group's query heads become the query rows of their KV head, so no K/V is expanded), keeps the
-log-sum-exp, sends its partial output (bf16) and LSE (float32) in one all-gather (one buffer: the LSE's bytes ride
-behind the output's), and every rank combines the W partials by their LSEs in float32.
+log-sum-exp, sends its partial output (in q's dtype) and LSE (float32) in one all-gather (one buffer: the LSE's bytes
+ride behind the output's), and every rank combines the W partials by their LSEs in float32. Every rank's KV slice is
+taken whole (the benchmark's caches are full); per-sequence lengths are not part of this path.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class SdpaGatherCombine:
                  collective: str) -> None:  # fmt: skip
         B, H, D = q[0].shape
         if (B * H * D * q[0].element_size()) % 4:
-            raise ValueError(f"q: B*H*D={B * H * D} must be even for the float32 LSE to follow the bf16 output")
+            raise ValueError(f"q: B*H*D={B * H * D} must be even for the float32 LSE to follow the output")
         self.world, self.q, self.k, self.v, self.scale, self.collective = world, q, k, v, scale, collective
         self.n_out = B * H * D
         per_rank = self.n_out + B * H * 4 // q[0].element_size()  # the LSE's float32 bytes, counted in q's dtype
