@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import optuna
 import pytest
+from jt_tuning import result_of, tune
 from optuna.trial import TrialState
 
 from jointtune.autotune.tuner.results import collect
 from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import ATTR_REASON, ATTR_ROLE, open_storage, trial_config, trial_kind
-from jointtune.autotune.workers.control import SoloControl
-from jointtune.autotune.workers.coordinator import Coordinator, GroupInfo, GroupOptions
-from jointtune.autotune.workers.executor import RankExecutor
 from jointtune.db import NewRecord, open_store
 from jointtune.hardware import detect
 from jointtune.search_spaces import Problem, canonical_json
@@ -22,26 +20,6 @@ BEST = {"mode": "fast", "tile": 4, "chunk": 2}
 
 def sleep_job(m: int = 64, **changes) -> Job:
     return Job.of("jt_sleep", Problem.of({"M": m}, dtype="float32", world_size=2), FAST.replace(**changes))
-
-
-def tune(url: str, *jobs: Job, group: str = "g-core") -> None:
-    executor = RankExecutor(SoloControl(), world_kind="local")
-    try:
-        Coordinator(
-            url=url,
-            jobs=lambda: jobs,
-            group=GroupInfo(group, "local", 1),
-            control=SoloControl(),
-            executor=executor,
-            options=GroupOptions(heartbeat_s=1, grace_s=3, poll_s=0.05),
-        ).run()
-    finally:
-        executor.close()
-
-
-def result_of(url: str, job: Job):
-    (result,) = collect(open_storage(url), [job], hardware_id=detect().hardware_id)
-    return result
 
 
 def test_tpe_spends_exactly_the_budget_and_publishes_the_best(families, sqlite_url):
