@@ -21,7 +21,7 @@ from jointtune.kernels.gemm_ar._args import ArShape, GemmArConfig, Work, kernel_
 from jointtune.kernels.gemm_ar._kernel import gemm_ar_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.launch import Launch
-from jointtune.kernels.runtime.symm import ALIGN, call_state, flags, offset, slot_elems
+from jointtune.kernels.runtime.symm import ALIGN, call_state, flags, peer_deltas, slot_elems
 from jointtune.kernels.runtime.world import SymmetricBuffer, World
 
 Tensors = list[torch.Tensor]
@@ -63,14 +63,6 @@ class BaselinePlan:
             else:
                 torch.add(si, res[i], out=h_out[i])  # elementwise: h_out may be the residual itself
             oi.copy_(rms_norm(h_out[i], weight[i], self.eps))
-
-
-def _deltas(world: World, buf: SymmetricBuffer, i: int, extra: int = 0) -> torch.Tensor:
-    """Element offsets from local rank index i's buffer to every rank's, plus `extra`, as a device table."""
-    own, elem = buf.tensors[i].data_ptr(), buf.tensors[i].element_size()
-    return world.int_table(
-        tuple(offset(buf.peers[i][p].data_ptr(), own, elem) + extra for p in range(world.world_size))
-    )
 
 
 def _halved(world: World, name: str, slot: int, dtype: torch.dtype) -> tuple[SymmetricBuffer, int]:
@@ -122,13 +114,13 @@ class FusedPlan:
             a = torch.empty((1, 1), dtype=s.dtype, device=dev)
             b = torch.empty_strided((1, 1), s.b_stride, dtype=s.dtype, device=dev)
             if push:
-                send_deltas = _deltas(world, buf, i, r * slot)
+                send_deltas = peer_deltas(world, buf, i, r * slot)
                 recv_deltas = world.int_table(tuple(p * slot for p in range(W)))
             else:
-                send_deltas, recv_deltas = dummy, _deltas(world, buf, i)
+                send_deltas, recv_deltas = dummy, peer_deltas(world, buf, i)
             ws, counts = self._split_k(world, w, i)
-            gat_deltas = _deltas(world, gather, i) if gather else dummy
-            rms_deltas = _deltas(world, rms, i) if rms else dummy
+            gat_deltas = peer_deltas(world, gather, i) if gather else dummy
+            rms_deltas = peer_deltas(world, rms, i) if rms else dummy
             done = world.scratch("gemm_ar.done", w.n_chunks, torch.int32)[i]
             for n, (produce, reduce, gathers, epoch, grid, comm_lo, comm) in enumerate(steps):
                 args = kernel_args(

@@ -34,8 +34,8 @@ from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.gemm import split_k_workspace
 from jointtune.kernels.runtime.launch import Launch
 from jointtune.kernels.runtime.signals import open_call_kernel
-from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, inbox, offset, slot_elems
-from jointtune.kernels.runtime.world import SymmetricBuffer, World
+from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, inbox, peer_deltas, slot_elems
+from jointtune.kernels.runtime.world import World
 
 
 class BaselinePlan:
@@ -59,14 +59,6 @@ class BaselinePlan:
         if not direct:
             for o, r in zip(out, target):
                 o.copy_(r)
-
-
-def _deltas(world: World, buf: SymmetricBuffer, i: int, extra: list[int]) -> torch.Tensor:
-    """Element offsets from local rank index i's buffer to every rank's, plus `extra[p]`, as a device table."""
-    own, elem = buf.tensors[i].data_ptr(), buf.tensors[i].element_size()
-    return world.int_table(
-        tuple(offset(buf.peers[i][p].data_ptr(), own, elem) + extra[p] for p in range(world.world_size))
-    )
 
 
 def _stand_in(world: World, s: RsShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -112,14 +104,14 @@ class FusedPlan:
         self.phases: list[list[Launch]] = [[] for _ in phases]
         for i, r in enumerate(world.local_ranks):
             if cfg.mode == "atomic":
-                dest_deltas = _deltas(world, buf, i, [0] * W)
+                dest_deltas = peer_deltas(world, buf, i)
                 src_deltas = world.int_table((0,))
             elif cfg.mode == "push":
-                dest_deltas = _deltas(world, buf, i, [r * slot] * W)
+                dest_deltas = peer_deltas(world, buf, i, r * slot)
                 src_deltas = world.int_table(tuple(p * slot for p in range(W)))
             else:
                 dest_deltas = world.int_table(tuple(p * slot for p in range(W)))
-                src_deltas = _deltas(world, buf, i, [r * slot] * W)
+                src_deltas = peer_deltas(world, buf, i, r * slot)
             ws, counts = split_k_workspace(world, "gemm_rs", cfg, tiles, i)
             a, b, out = _stand_in(world, s)
             first = (r + 1) % W if epi_reduce or cfg.tile_order == "peers_first" else r
@@ -251,7 +243,7 @@ class PullCublasPlan:
             steps = [(1, True, False, False, 1), (red, False, True, False, 2)]
         self.phases: list[list[Launch]] = [[] for _ in steps]
         for i, r in enumerate(world.local_ranks):
-            src_deltas = _deltas(world, buf, i, [r * R * N] * W)
+            src_deltas = peer_deltas(world, buf, i, r * R * N)
             a, b, out = _stand_in(world, s)
             for n, (grid, has_ready, has_reduce, has_exit, epoch) in enumerate(steps):
                 args = kernel_args(

@@ -48,6 +48,15 @@ def offset(ptr: int, base: int, elem: int) -> int:
     return diff // elem
 
 
+def peer_deltas(world: World, buf: SymmetricBuffer, i: int, extra: int = 0) -> torch.Tensor:
+    """Element offsets from local rank index i's buffer to every rank's, plus `extra`, as a device table: how a kernel
+    reaches every peer's copy of `buf` from its own pointer."""
+    own, elem = buf.tensors[i].data_ptr(), buf.tensors[i].element_size()
+    return world.int_table(
+        tuple(offset(buf.peers[i][p].data_ptr(), own, elem) + extra for p in range(world.world_size))
+    )
+
+
 @dataclass(frozen=True)
 class CallState:
     counters: list[torch.Tensor]  # per local rank: int64 [epoch, arrivals]
