@@ -30,9 +30,6 @@ import torch
 
 from jointtune.errors import TuningError
 
-#: the ops a layer may call: the three fused families, and GEMM + all-reduce in its two kernels (the sum, and the sum
-#: with the residual + RMSNorm epilogue: one space, `gemm_ar`, two record keys)
-FAMILIES = ("ag_gemm", "gemm_rs", "flash_decode", "gemm_ar", "gemm_ar_rmsnorm")
 _POLICY_ORDER = ("graph", "eager", "gpu")
 
 
@@ -86,6 +83,8 @@ def _gemm_ar_rmsnorm(a: Any, b: Any, residual: Any, weight: Any, *, world: Any, 
     return gemm_ar_rmsnorm(a, b, residual, weight, eps=eps, world=world, config=config)
 
 
+#: the ops a layer may call: the three fused families, and GEMM + all-reduce in its two kernels (the sum, and the sum
+#: with the residual + RMSNorm epilogue: one space, `gemm_ar`, two record keys)
 _RUNNERS = {"ag_gemm": _ag_gemm, "gemm_rs": _gemm_rs, "flash_decode": _flash_decode, "gemm_ar": _gemm_ar,
             "gemm_ar_rmsnorm": _gemm_ar_rmsnorm}  # fmt: skip
 
@@ -111,7 +110,7 @@ class TunedOp:
         from jointtune.kernels import get_family
 
         if family not in _RUNNERS:
-            raise TuningError(f"family: {family!r} is not allowed; allowed: {', '.join(FAMILIES)}")
+            raise TuningError(f"family: {family!r} is not allowed; allowed: {', '.join(_RUNNERS)}")
         self.family = family
         self.tuning = tuning
         #: the decorated launcher (its `cache` and `sources` say which config each key got, and from where): the
