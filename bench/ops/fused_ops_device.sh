@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 tune smoke archeck aranat ar4 arn4 ar2 artune)
+#   flashlong2 tune smoke archeck aranat ar4 arn4 ar2 artune fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -22,6 +22,23 @@ SMALL=16x8192x8192,32x8192x8192,16x6144x4096,32x6144x4096,16x4096x14336,32x4096x
 FLASH_LONG=1x64x8x524288x128,8x64x8x524288x128,32x64x8x131072x128,8x40x8x262144x128,32x56x8x131072x128,1x64x8x32768x128,8x64x8x32768x128
 # GEMM + all-reduce (issue 33's targets): M in 1..128 and 1024 at (N, K per rank) = (8192, 2048), (8192, 7168),
 # (5120, 6912): Llama-3-70B's o_proj and down at TP=4 and Qwen2.5-32B's down; K is global (W x K per rank)
+# one fence per multi-rank flag release (`signals.release_ranks`), before/after in one call: ./before holds the earlier
+# checkout's jointtune (release exchanges), run first, then this tree; every mode at one candidate each
+FENCE_GEMM=16x8192x8192,64x8192x8192,128x8192x8192
+FENCE_FLASH=1x64x8x32768x128,8x64x8x8192x128
+fence_trees() { # W GPUS PORT: ag_gemm, gemm_rs and flash_decode on ./before, then on this tree
+  local tree name
+  for tree in before .; do
+    [ -d "$tree/jointtune" ] || continue
+    name=$([ "$tree" = . ] && echo after || echo before)
+    PYTHONPATH=$PWD/$tree:$PYTHONPATH CUDA_VISIBLE_DEVICES=$2 fo 150 "$1" ag_gemm "$FENCE_GEMM" \
+      ag_gemm_fence_${name}_w$1.json --per-mode 1 --stress 50 --item-timeout 60 --port "$3"
+    PYTHONPATH=$PWD/$tree:$PYTHONPATH CUDA_VISIBLE_DEVICES=$2 fo 150 "$1" gemm_rs "$FENCE_GEMM" \
+      gemm_rs_fence_${name}_w$1.json --per-mode 1 --stress 50 --item-timeout 60 --port "$3"
+    PYTHONPATH=$PWD/$tree:$PYTHONPATH CUDA_VISIBLE_DEVICES=$2 fo 100 "$1" flash_decode "$FENCE_FLASH" \
+      flash_decode_fence_${name}_w$1.json --per-mode 1 --stress 50 --item-timeout 60 --port "$3"
+  done
+}
 ar_shapes() { local m out=""; for m in 1 8 32 64 128 1024; do out="$out,${m}x$1x$(($2 * $3))"; done; echo "${out#,}"; }
 for phase in "$@"; do
   case $phase in
@@ -102,6 +119,8 @@ for phase in "$@"; do
           done ) &
       done
       wait ;;
+    fence4) fence_trees 4 0,1,2,3 29561 ;;
+    fence2) fence_trees 2 0,1 29562 ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
 done

@@ -63,8 +63,14 @@ def _check(facts: list[dict]) -> None:
         assert f["unfenced_zeroing"] == [], f"{where}: zeroing with no barrier after the read: {f['unfenced_zeroing']}"
         assert f["unbarriered_handoffs"] == [], f"{where}: one thread's handoff alone: {f['unbarriered_handoffs']}"
         assert f["unfenced_flag_writes"] == [], f"{where}: {f['unfenced_flag_writes']}"
-    # GEMM+AR releases by one fence and relaxed writes when compiled (the interpreter keeps release exchanges)
-    assert all(f["sys_fences"] >= 1 for f in facts if f["kernel"] == "gemm_ar_kernel")
+    # a flag to several ranks goes out as one fence and relaxed writes when compiled (`signals.release_ranks`; the
+    # interpreter keeps release exchanges): every kernel that releases to every peer has its fence
+    fenced = {"gemm_ar_kernel", "allgather_push_kernel", "release_chunk_kernel", "open_call_kernel"}
+    assert all(f["sys_fences"] >= 1 for f in facts if f["kernel"] in fenced)
+    by_mode = {((f["config"] or {}).get("family"), (f["config"] or {}).get("mode")): f for f in facts}
+    assert by_mode[("ag_gemm", "push")]["sys_fences"] >= 1
+    assert by_mode[("flash_decode", "fused")]["sys_fences"] >= 1
+    assert by_mode[("gemm_rs", "pull_cublas")]["sys_fences"] >= 1
 
 
 def test_waits_acquire_and_zeroing_waits_for_every_read_with_this_triton():

@@ -10,7 +10,7 @@ _STORE = re.compile(r"^\s*tt\.store (%[\w.]+), (%[\w.]+)")
 _BARRIER = re.compile(r"\b(gpu\.barrier|ttg\.barrier)\b")  # `tl.debug_barrier()` in Triton 3.6 / 3.9
 _F32_READ = re.compile(r"tt\.(load|atomic_rmw)\b.*tensor<[\dx]+x!tt\.ptr<f32>")
 _SCALAR_RMW = re.compile(r"tt\.atomic_(rmw|cas)\b[^:]*\b(release|acq_rel|acquire)\b.*: \(!tt\.ptr<")
-#: a system-scope fence in inline asm (`gemm_ar`'s releases: one fence, then relaxed flag writes)
+#: a system-scope fence in inline asm (`signals.release_ranks`: one fence, then relaxed flag writes)
 _FENCE = re.compile(r"tt\.elementwise_inline_asm\b.*\bfence\.(acq_rel|sc)\.sys\b")
 #: a relaxed system-scope flag write: a handoff only behind a fence
 _RELAXED_FLAG = re.compile(r"tt\.atomic_rmw exch, relaxed, sys\b[^:]*: \(!tt\.ptr<")

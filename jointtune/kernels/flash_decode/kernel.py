@@ -32,7 +32,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels.runtime.signals import call_epoch_and_half, open_call, publish_call, wait_flag
+from jointtune.kernels.runtime.signals import (
+    FENCED,
+    call_epoch_and_half,
+    open_call,
+    publish_call,
+    release_ranks,
+    wait_flag,
+)
 
 #: LSE of a partial with no keys: finite, so merges need no special case (exp2(EMPTY - x) == 0 for real x)
 EMPTY = tl.constexpr(-1.0e30)
@@ -252,11 +259,8 @@ def flash_decode_kernel(
                 tl.debug_barrier()  # every thread reads the other splits' partials after the count's acquire
                 _send_chunk(parts_ptr, dest_ptr, dest_deltas_ptr, chunk, n_items, n_splits, half, D, PW, HPP, HB,
                             IPF, SPLITS, SEND_TO)  # fmt: skip
-                if SIGNAL:
-                    tl.debug_barrier()  # every thread's rows reach every rank before the flag
-                    for p in range(0, WORLD):
-                        flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
-                        tl.atomic_xchg(flags + rank * n_chunks + chunk, epoch, sem="release", scope="sys")
+                if SIGNAL:  # every thread's rows reach every rank (this one too) before the flag
+                    release_ranks(flag_ptrs_ptr, rank * n_chunks + chunk, epoch, 0, WORLD - 1, -1, FENCED)
     if COMBINE:  # noqa: SIM102 (constexpr: a decode-only launch has no combine code at all)
         if unit >= n_decode:
             # ---- combine: one chunk, once every source's rows are in ----

@@ -6,6 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from jointtune.kernels.runtime.signals import release_ranks, sys_fence
 from jointtune.kernels.runtime.tiles import grouped_tile
 
 # ---- tiles and flags --------------------------------------------------------------------------------------------
@@ -22,35 +23,6 @@ def _chunk_owners(chunk, n_tiles, tiles_m, tiles_n, M, rows_per_owner, BLOCK_M: 
         lo = tl.minimum(lo, pm * BLOCK_M)
         hi = tl.maximum(hi, tl.minimum(M, pm * BLOCK_M + BLOCK_M))
     return lo // rows_per_owner, (hi - 1) // rows_per_owner
-
-
-@triton.jit
-def _sys_fence(value):
-    # `value` back, after a system-scope acq_rel fence (compiled code only: the CPU interpreter runs no PTX). The value
-    # passes through the fence, so what is computed from it (the flags' value) can't be hoisted above it.
-    return tl.inline_asm_elementwise("fence.acq_rel.sys;\n\tmov.b64 $0, $1;", "=l,l", [value], dtype=tl.int64,
-                                     is_pure=False, pack=1)  # fmt: skip
-
-
-@triton.jit
-def _release(flag_ptrs_ptr, index, epoch, first, last, skip, FENCE: tl.constexpr):
-    # flag `index` := epoch at ranks first..last but `skip`, publishing the program's earlier writes, all threads'
-    # (system scope). FENCE (compiled): a barrier, one system-scope fence, then a strong relaxed write per rank: PTX's
-    # release pattern (a fence.acq_rel followed by a strong write), one fence for all W flags, not one per flag (a
-    # release atomic is a fence of its own, each waiting for the one before's write to a peer). Interpreted: a release
-    # exchange per rank (the interpreter has no fence).
-    tl.debug_barrier()
-    if FENCE:
-        value = _sys_fence(epoch.to(tl.int64))
-        for p in range(first, last + 1):
-            if p != skip:
-                flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
-                tl.atomic_xchg(flags + index, value, sem="relaxed", scope="sys")
-    else:
-        for p in range(first, last + 1):
-            if p != skip:
-                flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
-                tl.atomic_xchg(flags + index, epoch, sem="release", scope="sys")
 
 
 @triton.jit
@@ -118,7 +90,7 @@ def _finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, 
         if TWO_SHOT:
             first = row_lo // rows_per_owner
             last = row_hi // rows_per_owner
-        _release(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1, FENCE)
+        release_ranks(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1, FENCE)
     else:
         expected = tl.minimum(TILES_PER_FLAG, n_tiles - chunk * TILES_PER_FLAG)
         tl.debug_barrier()
@@ -128,7 +100,7 @@ def _finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, 
             if TWO_SHOT:
                 first, last = _chunk_owners(chunk, n_tiles, tiles_m, tiles_n, M, rows_per_owner, BLOCK_M, GROUP_M,
                                             TILES_PER_FLAG)  # fmt: skip
-            _release(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1, FENCE)
+            release_ranks(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1, FENCE)
 
 
 @triton.jit
@@ -140,7 +112,7 @@ def _release_tiles(first_tile, step, n_tiles, flag_ptrs_ptr, epoch, rank, flag_s
     # tile's writes to peers before the next tile's start. For copied tiles (no GEMM to overlap with the waits).
     tl.debug_barrier()
     if FENCE:
-        value = _sys_fence(epoch.to(tl.int64))
+        value = sys_fence(epoch.to(tl.int64))
     else:
         value = epoch.to(tl.int64)
     for t in range(first_tile, n_tiles, step):
@@ -158,4 +130,4 @@ def _release_tiles(first_tile, step, n_tiles, flag_ptrs_ptr, epoch, rank, flag_s
                 tl.atomic_xchg(flags + rank * flag_stride + t, value, sem="release", scope="sys")
 
 
-__all__ = ["_chunk_owners", "_finish_tile", "_release", "_release_tiles", "_send", "_wait_sources", "triton"]
+__all__ = ["_chunk_owners", "_finish_tile", "_release_tiles", "_send", "_wait_sources", "triton"]

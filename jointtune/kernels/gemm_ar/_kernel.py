@@ -10,7 +10,7 @@ launch one after another runs them as three launches per rank (every rank's firs
   pull into this rank's own buffer. Consecutive tiles (TILES_PER_FLAG, in tile order) share a flag; the tile that
   completes the count releases it to every reader, at system scope, carrying the call's epoch. Copied tiles with a
   flag each are flagged together once their program has sent them all. Compiled, a release to W readers is one
-  system-scope fence and W relaxed flag writes (`_exchange._release`). Producing never waits.
+  system-scope fence and W relaxed flag writes (`runtime.signals.release_ranks`). Producing never waits.
 - reduce: this rank's items (one-shot: every row; two-shot: the rows it owns) wait for the flags of every source's
   tiles under them, then sum the W sources in rank order in float32 (this rank's own partial read back as rounded,
   so every rank adds the same values in the same order: bit-identical outputs), add the residual, store. With NORM an
@@ -37,9 +37,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels.gemm_ar._exchange import _finish_tile, _release, _release_tiles, _send, _wait_sources
+from jointtune.kernels.gemm_ar._exchange import _finish_tile, _release_tiles, _send, _wait_sources
 from jointtune.kernels.gemm_ar._reduce import _gather_row, _reduce_block, _reduce_row
-from jointtune.kernels.runtime.signals import call_epoch, open_call, publish_call, wait_flag
+from jointtune.kernels.runtime.signals import call_epoch, open_call, publish_call, release_ranks, wait_flag
 from jointtune.kernels.runtime.tiles import grouped_tile, split_product
 
 # ---- the kernel -------------------------------------------------------------------------------------------------
@@ -192,7 +192,8 @@ def gemm_ar_kernel(
                                   out_ptr, gat_ptr, gat_deltas_ptr, parity * ghalf_stride, rank, WORLD, RED_M, RED_N,
                                   RESIDUAL, TWO_SHOT, PUSH)  # fmt: skip
                     if TWO_SHOT:
-                        _release(flag_ptrs_ptr, rank * flag_stride + n_chunks + i, epoch, 0, WORLD - 1, rank, FENCE)
+                        item_flag = rank * flag_stride + n_chunks + i
+                        release_ranks(flag_ptrs_ptr, item_flag, epoch, 0, WORLD - 1, rank, FENCE)
     if GATHER:  # noqa: SIM102 (constexpr)
         # ---- gather (two-shot): every item another rank owns, once the owner released it ----
         if pid >= comm_lo:

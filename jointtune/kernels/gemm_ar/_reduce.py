@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels.gemm_ar._exchange import _release
+from jointtune.kernels.runtime.signals import release_ranks
 
 # ---- reduce and gather ------------------------------------------------------------------------------------------
 # Loops over sources are written out in each function rather than in a helper: the CPU interpreter pays about a
@@ -78,7 +78,7 @@ def _reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, 
                 tl.store(rms_ptr + rhalf + delta + m, inv)
         else:
             tl.store(rms_ptr + rhalf + m, inv)
-        _release(flag_ptrs_ptr, flag_index, epoch, 0, WORLD - 1, rank, FENCE)
+        release_ranks(flag_ptrs_ptr, flag_index, epoch, 0, WORLD - 1, rank, FENCE)
     tl.debug_barrier()  # pass 2 reads the h every thread stored
     for c0 in range(0, N, RED_N):  # normed = h * 1/rms * weight, rounded once
         cols = c0 + tl.arange(0, RED_N)

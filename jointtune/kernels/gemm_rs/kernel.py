@@ -56,10 +56,12 @@ import triton
 import triton.language as tl
 
 from jointtune.kernels.runtime.signals import (
+    FENCED,
     call_epoch_and_half,
     open_call,
     publish_call,
     release_flag,
+    release_ranks,
     wait_chunks,
     wait_flag,
 )
@@ -103,9 +105,7 @@ def _send_tile_rows(acc, dest_ptr, dest_deltas_ptr, flag_ptrs_ptr, epoch, half, 
     d_ptrs = dest_ptr + half + (delta + rows_at)[:, None] + offs_n[None, :]
     others = mmask & (owner != rank)
     tl.store(d_ptrs, acc.to(dest_ptr.dtype.element_ty), mask=others[:, None] & nmask[None, :])
-    for s in range(first_owner, last_owner + 1):
-        if s != rank:
-            release_flag_to(flag_ptrs_ptr, s, rank * n_tiles + tile, epoch)
+    release_ranks(flag_ptrs_ptr, rank * n_tiles + tile, epoch, first_owner, last_owner, rank, FENCED)
 
 
 # Integers that may be 1 stay runtime values: Triton would otherwise compile anew for 1 vs not-1.

@@ -32,6 +32,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from jointtune.kernels.runtime.device import interpreted
+
+#: How compiled code releases a flag to several ranks: a barrier, one system-scope fence, then a relaxed system-scope
+#: write per rank (PTX's release pattern: a fence.acq_rel followed by a strong write). A release exchange per rank is a
+#: fence of its own, each waiting for the previous one's write to reach its peer, so W flags cost W fences' round trips;
+#: this costs one. The CPU interpreter runs no PTX (no fence): there it keeps a release exchange per rank. Fixed per
+#: process (`device.interpreted`, chosen before Triton is imported); a global constexpr, so compiled kernels key on it.
+FENCED = tl.constexpr(not interpreted())
+
 # ---- the call's epoch ---------------------------------------------------------------------------
 # EPOCH (constexpr) of a kernel: 1 = this launch opens the call (reads counter + 1, `open_call` at the start of
 # every program, `publish_call` at the end), 2 = the call is already open (the counter is the epoch).
@@ -77,15 +86,38 @@ def publish_call(state_ptr, epoch, num_programs):
 
 
 @triton.jit
+def sys_fence(value):
+    """`value` back, after a system-scope acq_rel fence (compiled code only: the interpreter has no PTX). The value
+    passes through the fence, so what is computed from it (a flag's value) can't be hoisted above it."""
+    return tl.inline_asm_elementwise("fence.acq_rel.sys;\n\tmov.b64 $0, $1;", "=l,l", [value], dtype=tl.int64,
+                                     is_pure=False, pack=1)  # fmt: skip
+
+
+@triton.jit
+def release_ranks(flag_ptrs_ptr, index, epoch, first, last, skip, FENCE: tl.constexpr):
+    """Flag `index` := `epoch` at ranks `first`..`last` but `skip` (-1: none), publishing this program's earlier
+    writes, all threads' (system scope): a barrier, then FENCE (compiled code; `FENCED`) one fence and a relaxed write
+    per rank, else a release exchange per rank. `flag_ptrs_ptr`: every rank's flag buffer address, by rank."""
+    tl.debug_barrier()
+    if FENCE:
+        value = sys_fence(epoch.to(tl.int64))
+        for p in range(first, last + 1):
+            if p != skip:
+                flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(flags + index, value, sem="relaxed", scope="sys")
+    else:
+        for p in range(first, last + 1):
+            if p != skip:
+                flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
+                tl.atomic_xchg(flags + index, epoch, sem="release", scope="sys")
+
+
+@triton.jit
 def release_flag(flag_ptrs_ptr, rank, index, epoch, WORLD: tl.constexpr):
     """Flag `index` (this rank's) at every peer := `epoch`, publishing this program's earlier writes (all threads'):
-    a barrier, then one system-scope release per peer. `flag_ptrs_ptr`: every rank's flag buffer address, by rank.
-    The writer's half of every handoff between ranks (module doc); bench/ops/handoff_litmus.py checks it on GPUs."""
-    tl.debug_barrier()
-    for j in range(1, WORLD):
-        peer = (rank + j) % WORLD
-        flags = tl.load(flag_ptrs_ptr + peer).to(tl.pointer_type(tl.int64))
-        tl.atomic_xchg(flags + index, epoch, sem="release", scope="sys")
+    `release_ranks` to every rank but this one. The writer's half of every handoff between ranks (module doc);
+    bench/ops/handoff_litmus.py checks it on GPUs."""
+    release_ranks(flag_ptrs_ptr, index, epoch, 0, WORLD - 1, rank, FENCED)
 
 
 @triton.jit
@@ -185,10 +217,7 @@ def open_call_kernel(state_ptr, entered_ptrs_ptr, entered_ptr, rank, WORLD: tl.c
     if SIGNAL:
         epoch = tl.load(state_ptr) + 1
         tl.store(state_ptr, epoch)
-        for j in range(1, WORLD):
-            peer = (rank + j) % WORLD
-            entered = tl.load(entered_ptrs_ptr + peer).to(tl.pointer_type(tl.int64))
-            tl.atomic_xchg(entered + rank, epoch, sem="release", scope="sys")
+        release_flag(entered_ptrs_ptr, rank, rank, epoch, WORLD)
     else:
         epoch = tl.load(state_ptr)
     if WAIT:
@@ -239,10 +268,7 @@ def allgather_push_kernel(
         open_call(state_ptr)
     if ENTER:
         if pid == 0:
-            for j in range(1, WORLD):
-                peer = (rank + j) % WORLD
-                entered = tl.load(entered_ptrs_ptr + peer).to(tl.pointer_type(tl.int64))
-                tl.atomic_xchg(entered + rank, epoch, sem="release", scope="sys")
+            release_flag(entered_ptrs_ptr, rank, rank, epoch, WORLD)
         for j in range(1, WORLD):  # every thread's stores into a peer come after the acquire of its entry
             wait_flag(entered_ptr + (rank + j) % WORLD, epoch)
     push_rows(
@@ -278,6 +304,7 @@ def wait_chunks_kernel(flags_ptr, state_ptr, rank, n_chunks, p_lo, p_hi, c_lo, c
 
 
 __all__ = [
+    "FENCED",
     "allgather_push_kernel",
     "call_epoch",
     "call_epoch_and_half",
@@ -287,6 +314,8 @@ __all__ = [
     "push_rows",
     "release_chunk_kernel",
     "release_flag",
+    "release_ranks",
+    "sys_fence",
     "triton",
     "wait_chunks",
     "wait_chunks_kernel",
