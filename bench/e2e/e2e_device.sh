@@ -12,6 +12,9 @@
 #   prefill4           prefill of 4096 tokens, TP=4
 #   bench2             TP=2: the decode cells on GPUs 0,1 and the prefill on GPUs 2,3, at once
 #   compile4 | compile2  torch.compile(fullgraph=True) of the stack, a decode step in each layout
+#   mini4              the standard layout's row-parallel shapes only (bench/e2e/decode_mini/MODEL_tpW.yaml, 8 trials a
+#                      shape) at TP=4, then the decode cells at 4K KV with the per-op breakdown, from that store
+#   mini2              the same at TP=2: Llama-3-70B on GPUs 0,1 and Qwen2.5-32B on GPUs 2,3, at once
 # MODEL (default llama-3-70b), BUNDLE (default: the tune phase's, else bench/results/tuned_$MODEL_tp<W>_<gpu>.json).
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 MODEL=${MODEL:-llama-3-70b}
@@ -43,6 +46,18 @@ e2e() { # SECONDS W NAME PORT ARGS...: one run of decoder_layers.py (4 layers, C
   grep -E '^\{"cell"|cells,|FAILED' "$WORK/e2e_${MODEL}_tp$2_$3.log" | cut -c1-400
   pack
 }
+mini() { # MODEL W GPUS PORT: sweep bench/e2e/decode_mini/MODEL_tpW.yaml into its own store, then its decode cells from it
+  local db="$WORK/mini_$1_tp$2.db" log="$WORK/mini_$1_tp$2.log" out="$WORK/e2e_$1_tp$2_decode_mini_$GPU.json"
+  CUDA_VISIBLE_DEVICES=$3 timeout 200 python3 -m jointtune.cli sweep "bench/e2e/decode_mini/$1_tp$2.yaml" --profile gpu \
+    --db "sqlite:///$db" > "$log" 2>&1
+  echo "exit $? after: sweep decode_mini $1_tp$2"; tail -n 16 "$log"; pack
+  CUDA_VISIBLE_DEVICES=$3 timeout 330 torchrun --nproc-per-node="$2" --master-port="$4" bench/e2e/decoder_layers.py \
+    --model "$1" --db "sqlite:///$db" --iters 10 --warmup 3 --prefill 0 --batches 1,8,32 --kv-lens 4096 \
+    --no-compile-check --out "$out" > "$WORK/e2e_$1_tp$2_decode_mini.log" 2>&1
+  echo "exit $? after: e2e $1 tp$2 decode (store $db)"
+  grep -E '^\{"cell"|cells,|FAILED|holds' "$WORK/e2e_$1_tp$2_decode_mini.log" | cut -c1-600
+  pack
+}
 for phase in "$@"; do
   case $phase in
     tune4) tune 4 ;;
@@ -56,6 +71,11 @@ for phase in "$@"; do
       wait ;;
     compile4) e2e 300 4 compile 29706 --prefill 0 --batches '' --paths jointtune ;;
     compile2) CUDA_VISIBLE_DEVICES=0,1 e2e 300 2 compile 29707 --prefill 0 --batches '' --paths jointtune ;;
-    *) echo "unknown phase $phase (tune4 tune2 decode4 prefill4 bench2 compile4 compile2)" ;;
+    mini4) mini llama-3-70b 4 0,1,2,3 29708 ;;
+    mini2)
+      mini llama-3-70b 2 0,1 29709 &
+      mini qwen2.5-32b 2 2,3 29710 &
+      wait ;;
+    *) echo "unknown phase $phase (tune4 tune2 decode4 prefill4 bench2 compile4 compile2 mini4 mini2)" ;;
   esac
 done

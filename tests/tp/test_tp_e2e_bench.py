@@ -11,6 +11,10 @@ from pathlib import Path
 
 from jt_tp import fast_store
 
+from jointtune.autotune.workers.sweeps.sweepfile import load_sweep_file
+from jointtune.tp.model_config import load_model_config
+from jointtune.tp.shapes import model_op_shapes
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "e2e" / "decoder_layers.py"
 #: GEMM + all-reduce records of the unfused mode: the script is checked here, the fused kernels in the layers' tests
 #: (each fused call costs a tenth of a second or more in the interpreter, and the benchmark makes dozens)
@@ -55,3 +59,22 @@ def test_the_benchmark_runs_every_path_on_simulated_ranks_and_writes_its_result(
     kinds = {a["anchor"] for a in result["anchors"]}
     assert {"prefill >= 1.15x the standard torch TP layer", "decode >= 1.10x the standard torch TP layer"} <= kinds
     assert all(a["passed"] for a in result["anchors"] if a["anchor"].startswith("correct"))
+
+
+def test_the_decode_mini_sweeps_tune_exactly_the_standard_layouts_row_parallel_shapes():
+    """Each bench/e2e/decode_mini file holds the GEMM + all-reduce shapes `tune --model` derives for its model and TP
+    degree at decode batches 1, 8 and 32: what the benchmark's standard layout looks up, nothing else."""
+    files = sorted((Path(__file__).resolve().parents[2] / "bench" / "e2e" / "decode_mini").glob("*_tp*.yaml"))
+    assert len(files) == 3
+    for path in files:
+        model, tp = path.stem.rsplit("_tp", 1)
+        derived = {
+            (s.kernel, s.world_size, (s.shape["M"], s.shape["N"], s.shape["K"]))
+            for s in model_op_shapes(load_model_config(model), tp=int(tp), tokens=[1, 8, 32], kv_lens=[4096])
+            if s.kernel in ("gemm_ar", "gemm_ar_rmsnorm")
+        }
+        swept = {
+            (j.kernel, j.world_size, (j.problem.dims["M"], j.problem.dims["N"], j.problem.dims["K"]))
+            for j in load_sweep_file(path).jobs("gpu")
+        }
+        assert swept == derived, path.name
