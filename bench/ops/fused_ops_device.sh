@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 tune smoke archeck aranat ar4 arn4 ar2 artune fence4 fence2)
+#   flashlong2 tune smoke archeck aranat ar4 arn4 ar2 artune arlong4 fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -105,6 +105,14 @@ for phase in "$@"; do
           echo "exit $? after: tune gemm_ar w$w m$m"; tail -n 8 "$WORK/artune_w${w}_m$m.log"; pack
         done
       done ;;
+    arlong4)  # the tuner on gemm_ar with a longer budget (40 trials, graph policy, W=4) where the short tunes found least:
+      # 64 rows of Llama-3-70B's o_proj (0.90x in the anatomy) and 8 rows of its down (1.07x after 8 trials)
+      for shape in 64x8192x8192 8x8192x28672; do
+        timeout 200 python3 -m jointtune.cli tune --kernel gemm_ar --shape $shape --world-size 4 --timing graph \
+          --trials 40 --db "sqlite:///$WORK/arlong.db" > "$WORK/arlong_w4_$shape.log" 2>&1
+        echo "exit $? after: tune gemm_ar w4 $shape (40 trials)"; grep -E "—|done in" "$WORK/arlong_w4_$shape.log" | tail -3; pack
+      done
+      python3 -m jointtune.cli db list --db "sqlite:///$WORK/arlong.db" > "$WORK/arlong_records.txt" 2>&1; pack ;;
     ar4|arn4)  # gemm_ar (ar4) or its residual + RMSNorm form (arn4) at W=4, one fo per (N, K per rank)
       fam=gemm_ar; [ "$phase" = arn4 ] && fam=gemm_ar_rmsnorm
       fo 190 4 $fam "$(ar_shapes 8192 2048 4)" ${fam}_w4_o.json --per-mode 3 --stress 200
