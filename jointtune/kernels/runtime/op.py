@@ -14,7 +14,7 @@ the skeleton is the same. The same object gives
 
 Example (a family's launcher module):
     >>> class AgGemmOp(FusedOp):                                       # doctest: +SKIP
-    ...     name, inputs, output, bound_in_place = "ag_gemm", ("a", "b"), "c", ("a",)
+    ...     name, inputs, outputs, bound_in_place = "ag_gemm", ("a", "b"), ("c",), ("a",)
     ...     def check(self, args, world): ...
     >>> OP = AgGemmOp(); OP.register()                                  # doctest: +SKIP
     >>> OP.call((a, b), world, config)                                  # doctest: +SKIP
