@@ -162,13 +162,14 @@ class FusedOp(ABC):
     def new_outputs(self, world: World, args: Args, out: Any) -> Args:
         """Each output's list: a new tensor per rank, or the caller's checked (one row-major tensor of the outputs'
         shape each); `out` is one output's tensors, or a tuple of one entry per output for an op of several."""
+        shape, x0 = self.out_shape(args, world.world_size), args[0][0]
         several = len(self.outputs) > 1
         given = (None,) * len(self.outputs) if out is None else tuple(out) if several else (out,)
-        return [self._output(world, args, o, name if several else "out") for name, o in zip(self.outputs, given)]
+        return [self._output(world, args, o, name if several else "out", shape, x0)
+                for name, o in zip(self.outputs, given)]  # fmt: skip
 
-    def _output(self, world: World, args: Args, out: Any, name: str) -> list[torch.Tensor]:
-        x0 = args[0][0]
-        shape = self.out_shape(args, world.world_size)
+    def _output(self, world: World, args: Args, out: Any, name: str, shape: tuple[int, ...],
+                x0: torch.Tensor) -> list[torch.Tensor]:  # fmt: skip
         if out is None:
             return [torch.empty(shape, dtype=x0.dtype, device=world.device) for _ in args[0]]
         outs = as_list(out)
