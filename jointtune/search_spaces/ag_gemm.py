@@ -21,7 +21,8 @@ The ag_gemm kernel is written against exactly these names, values and meanings.
 
 from __future__ import annotations
 
-from jointtune.search_spaces._collectives import ALL_GATHER, collective_available, collective_param
+from jointtune.search_spaces._collectives import ALL_GATHER, collective_param
+from jointtune.search_spaces._family import family_space
 from jointtune.search_spaces._gemm import (
     BIG_TILE,
     ce_params,
@@ -34,7 +35,6 @@ from jointtune.search_spaces._gemm import (
     tile_params,
 )
 from jointtune.search_spaces._params import Context, Value, categorical, next_pow2, pow2, when
-from jointtune.search_spaces._space import Space
 
 _check_problem, _derive = sharded_problem("ag_gemm", ("M", "N"), {"R": "M", "N_r": "N"})
 
@@ -107,7 +107,7 @@ def default_chunk_m(R: int) -> int | None:
     return divisors[-1] if divisors else None
 
 
-AG_GEMM = Space(
+AG_GEMM = family_space(
     "ag_gemm",
     dims=("M", "N", "K"),
     revision=5,  # 2: SPLIT_K (split-K tiles) and its depth rule; 3: push_cublas; 4: one 16-row chunk below 16 rows;
@@ -148,10 +148,8 @@ AG_GEMM = Space(
     constraints=[
         *tile_constraints("N_r", "N / world_size", "K", "global depth"),
         *comm_constraints(),
-        collective_available(ALL_GATHER),
     ],
     derive=_derive,
-    dtypes=("bfloat16", "float16"),
     check_problem=_check_problem,
     default=_default,
     seeds=_seeds,

@@ -21,7 +21,8 @@ import math
 from collections.abc import Mapping
 
 from jointtune.errors import SpaceError
-from jointtune.search_spaces._collectives import ALL_GATHER, collective_available, collective_param
+from jointtune.search_spaces._collectives import ALL_GATHER, collective_param
+from jointtune.search_spaces._family import family_space
 from jointtune.search_spaces._params import (
     Constraint,
     Context,
@@ -34,7 +35,6 @@ from jointtune.search_spaces._params import (
     when,
 )
 from jointtune.search_spaces._problem import Problem
-from jointtune.search_spaces._space import Space
 
 HEAD_DIMS = (64, 128, 256)
 #: any divisor of G works (the kernel pads a program's heads to 16 rows for the dot): GQA groups of 5 or 7
@@ -207,7 +207,7 @@ def _starts(ctx: Context) -> list[dict[str, Value]]:
 
 _COMM = when(mode=("fused", "pull", "wait"))
 
-FLASH_DECODE = Space(
+FLASH_DECODE = family_space(
     "flash_decode",
     dims=("B", "H", "H_KV", "S", "D"),
     example=(1, 64, 8, 32768, 128),
@@ -259,10 +259,8 @@ FLASH_DECODE = Space(
             "items_per_flag <= next_pow2(B * H / heads_per_program)",
             _items_per_flag,
         ),
-        collective_available(ALL_GATHER),
     ],
     derive=_derive,
-    dtypes=("bfloat16", "float16"),
     check_problem=_check_problem,
     default=_default,
     starts=_starts,

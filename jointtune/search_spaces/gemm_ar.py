@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from jointtune.search_spaces._collectives import ALL_REDUCE, collective_available, collective_param
+from jointtune.search_spaces._collectives import ALL_REDUCE, collective_param
+from jointtune.search_spaces._family import family_space
 from jointtune.search_spaces._gemm import row_tile, sharded_problem, tile_constraints, tile_params
 from jointtune.search_spaces._params import Constraint, Context, Value, categorical, cdiv, choice, next_pow2, when
-from jointtune.search_spaces._space import Space
 
 _check_problem, _derive = sharded_problem("gemm_ar", ("K",), {"K_r": "K"})
 
@@ -164,7 +164,7 @@ def _starts(ctx: Context) -> list[dict[str, Value]]:
     ]
 
 
-GEMM_AR = Space(
+GEMM_AR = family_space(
     "gemm_ar",
     dims=("M", "N", "K"),
     example=(64, 8192, 8192),
@@ -212,10 +212,8 @@ GEMM_AR = Space(
             _comm_sms,
         ),
         Constraint("one_shot_rows", ("mode",), f"mode != one_shot or M <= {ONE_SHOT_MAX_ROWS}", _one_shot_rows),
-        collective_available(ALL_REDUCE),
     ],
     derive=_derive,
-    dtypes=("bfloat16", "float16"),
     check_problem=_check_problem,
     default=_default,
     seeds=_seeds,

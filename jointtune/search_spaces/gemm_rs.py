@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from jointtune.search_spaces._collectives import REDUCE_SCATTER, collective_available, collective_param
+from jointtune.search_spaces._collectives import REDUCE_SCATTER, collective_param
+from jointtune.search_spaces._family import family_space
 from jointtune.search_spaces._gemm import (
     BASELINE_BELOW_ROWS,
     BIG_TILE,
@@ -42,7 +43,6 @@ from jointtune.search_spaces._gemm import (
     tile_params,
 )
 from jointtune.search_spaces._params import Constraint, Context, Value, categorical, pow2, when
-from jointtune.search_spaces._space import Space
 
 _check_problem, _derive = sharded_problem("gemm_rs", ("M", "K"), {"R": "M", "K_r": "K"})
 
@@ -110,7 +110,7 @@ def _reduce_budget(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     )
 
 
-GEMM_RS = Space(
+GEMM_RS = family_space(
     "gemm_rs",
     dims=("M", "N", "K"),
     # 2: SPLIT_K and its depth rule; 3: the kernel's modes (atomic, pull_cublas, reduce_sms, tile_order); 4: no
@@ -167,10 +167,8 @@ GEMM_RS = Space(
             "reduce_sms <= num_sms // 4 beside a fused GEMM (pull, push, atomic), else <= num_sms",
             _reduce_budget,
         ),
-        collective_available(REDUCE_SCATTER),
     ],
     derive=_derive,
-    dtypes=("bfloat16", "float16"),
     check_problem=_check_problem,
     default=_default,
     nondeterministic=NONDETERMINISTIC,

@@ -16,6 +16,7 @@ from jointtune.search_spaces import (
     DeviceLimits,
     Space,
     anchor_problems,
+    choice,
     get_space,
     pow2,
 )
@@ -601,3 +602,16 @@ def test_seeds_are_valid_configs_of_their_regime_and_leave_the_version_alone() -
     assert get_space("flash_decode").seeds(anchor_problems(["flash_decode"])[0][1], HOPPER) == []
     # they change no record's meaning: the space's version is the same without them
     assert _rebuild(rs).version == rs.version and _rebuild(AG_GEMM).version == AG_GEMM.version
+
+
+def test_a_family_space_refuses_the_collectives_of_its_own_knob_last_and_runs_the_kernels_dtypes() -> None:
+    from jointtune.search_spaces._family import family_space
+
+    for name in ("ag_gemm", "gemm_rs", "flash_decode", "gemm_ar"):
+        space = get_space(name)
+        rule = space.constraints[-1]
+        assert space.dtypes == ("bfloat16", "float16") and rule.name == "collective_available", name
+        assert rule.fields == ("collective",) and "collective" in {p.name for p in space.params}
+    with pytest.raises(SpaceError, match=r"jt_no_collective: a family's space needs a `collective` param"):
+        family_space("jt_no_collective", dims=("M",), params=[choice("x", (1, 2))], constraints=[], revision=1,
+                     default=lambda ctx: {"x": 1})  # fmt: skip

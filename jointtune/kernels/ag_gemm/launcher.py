@@ -41,7 +41,7 @@ def _owner(world: World, a: list[torch.Tensor]) -> tuple[Any, int]:
 class AgGemmOp(FusedOp):
     """A [R, K] per rank gathered over the ranks, times this rank's B [K, N_r]: C [M, N_r], M = R * W."""
 
-    name, inputs, output, bound_in_place = "ag_gemm", ("a", "b"), "c", ("a",)
+    name, inputs, outputs, bound_in_place = "ag_gemm", ("a", "b"), ("c",), ("a",)
 
     def check(self, args: Args, world: World) -> None:
         check_gemm_operands(*args, world, ("R", "K", "N_r"))
@@ -76,9 +76,10 @@ class AgGemmOp(FusedOp):
     def out_shape(self, args: Args, world_size: int) -> tuple[int, ...]:
         return (args[0][0].shape[0] * world_size, args[1][0].shape[1])
 
-    def issue(self, world: World, key: Any, plan: Any, args: Args, outs: list[torch.Tensor], placed: Any,
+    def issue(self, world: World, key: Any, plan: Any, args: Args, outputs: Args, placed: Any,
               return_gathered: bool = False) -> Any:  # fmt: skip
         a, b = args
+        (outs,) = outputs
         if world.concurrent and not return_gathered and getattr(plan, "replay_eagerly", False):  # (`eager_graph`)
             copied, in_place = ([], [*a, *b]) if placed is not None else (a, b)  # an owner's A is read in place
             if world.eager.call(key, lambda ins, o: plan(ins or a, b, o), copied, in_place, outs):

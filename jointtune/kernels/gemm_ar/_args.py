@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import triton
 
 from jointtune.kernels.runtime.config import LaunchConfig
 from jointtune.kernels.runtime.device import interpreted
+from jointtune.kernels.runtime.gemm import KShardShape
 from jointtune.kernels.runtime.symm import cdiv
 from jointtune.search_spaces.gemm_ar import copy_tile
 
@@ -30,15 +30,9 @@ class GemmArConfig(LaunchConfig, space="gemm_ar", defaults=dict(
 
 
 @dataclass(frozen=True)
-class ArShape:
-    """One call's sizes: A_r [M, K_r], B_r [K_r, N], every output [M, N], over W ranks; the epilogue it runs."""
+class ArShape(KShardShape):
+    """One call's sizes (every output [M, N]) and the epilogue it runs."""
 
-    W: int
-    M: int
-    K_r: int
-    N: int
-    dtype: torch.dtype
-    b_stride: tuple[int, int]
     residual: bool = False
     norm: bool = False
 

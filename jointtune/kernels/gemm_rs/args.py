@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import triton
 
 from jointtune.kernels.runtime.config import LaunchConfig
 from jointtune.kernels.runtime.device import interpreted
+from jointtune.kernels.runtime.gemm import KShardShape
 from jointtune.kernels.runtime.symm import cdiv
 
 #: rows x columns of one reduce step (a reduce program's unit of work inside a chunk)
@@ -60,15 +60,8 @@ class GemmRsConfig(LaunchConfig, space="gemm_rs", defaults=_DEFAULTS):
 
 
 @dataclass(frozen=True)
-class RsShape:
-    """One call's sizes: A_r [M, K_r], B_r [K_r, N], out [R, N] with R = M / W, over W ranks."""
-
-    W: int
-    M: int
-    K_r: int
-    N: int
-    dtype: torch.dtype
-    b_stride: tuple[int, int]
+class RsShape(KShardShape):
+    """One call's sizes: out [R, N] with R = M / W."""
 
     @property
     def R(self) -> int:

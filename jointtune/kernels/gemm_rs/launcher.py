@@ -59,8 +59,9 @@ class GemmRsOp(FusedOp):
     def out_shape(self, args: Args, world_size: int) -> tuple[int, ...]:
         return (args[0][0].shape[0] // world_size, args[1][0].shape[1])
 
-    def issue(self, world: World, key: Any, plan: Any, args: Args, outs: list[torch.Tensor], placed: Any) -> Any:
+    def issue(self, world: World, key: Any, plan: Any, args: Args, outputs: Args, placed: Any) -> Any:
         a, b = args
+        (outs,) = outputs
         replayed = (
             world.concurrent
             and getattr(plan, "replay_eagerly", False)

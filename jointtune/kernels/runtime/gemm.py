@@ -1,5 +1,6 @@
-"""What the two GEMM families (AG+GEMM, GEMM+RS) share on the host: their operands' checks and their family's
-dims, FLOP count and ahead-of-time compiles (the Triton tile pieces they share are in `tiles`)."""
+"""What the GEMM families (AG+GEMM, GEMM+RS, GEMM+AR) share on the host: their operands' checks, the sizes of a call
+whose K is sharded over the ranks, and their family's dims, inputs, FLOP count and ahead-of-time compiles (the Triton
+tile pieces they share are in `tiles`)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,19 @@ def check_gemm_operands(a: list[torch.Tensor], b: list[torch.Tensor], world: Any
     return rows, depth, cols
 
 
+@dataclass(frozen=True)
+class KShardShape:
+    """One call's sizes where K is sharded over the W ranks (the row-parallel layer): A_r [M, K_r] and B_r [K_r, N]
+    per rank (B's strides), each rank's partial product [M, N]."""
+
+    W: int
+    M: int
+    K_r: int
+    N: int
+    dtype: torch.dtype
+    b_stride: tuple[int, int]
+
+
 @dataclass
 class GemmInputs:
     """Every local rank's A and B, and what the family's reference needs of all ranks' (`all_a`; `all_b` where the
@@ -77,7 +91,7 @@ class GemmFamily(OpFamily):
     #: (kernel, arguments, options) of each Triton launch a call makes, with 1-element stand-in tensors
     launches: ClassVar[Callable[..., list[StandinLaunch]]]
 
-    def key(self, a: Any, b: Any, *, world: Any, **_: Any) -> dict[str, int]:
+    def key(self, a: Any, b: Any, *_: Any, world: Any, **__: Any) -> dict[str, int]:
         try:  # the decorator's hot path: arguments are checked only when reading them fails
             return self.call_shape(as_list(a)[0], as_list(b)[0], world.world_size)
         except (AttributeError, IndexError, TypeError, ValueError):
@@ -88,12 +102,14 @@ class GemmFamily(OpFamily):
     def call_shape(self, a0: torch.Tensor, b0: torch.Tensor, world_size: int) -> dict[str, int]:
         """The problem shape (global M, N, K) of a call from its first rank's A and B."""
 
-    #: the dims a problem splits over the ranks (AG+GEMM: M and N; GEMM+RS: M and K)
-    split: ClassVar[tuple[str, str]]
+    #: the dims a problem splits over the ranks (AG+GEMM: M and N; GEMM+RS: M and K; GEMM+AR: K)
+    split: ClassVar[tuple[str, ...]]
     #: whether a tuner's inputs put A in symmetric memory unless it says (as the layer before would leave it)
     symmetric_inputs: ClassVar[bool] = False
     #: whether the reference reads every rank's B (kept on the device in `GemmInputs.all_b`), or only the local ones
     reference_reads_all_b: ClassVar[bool] = False
+    #: what `make_inputs` returns (a `GemmInputs`, with the fields of `more_inputs` where a family adds some)
+    inputs_type: ClassVar[type[GemmInputs]] = GemmInputs
 
     @abstractmethod
     def shard_shapes(self, M: int, N: int, K: int, world_size: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -101,14 +117,14 @@ class GemmFamily(OpFamily):
 
     def make_inputs(self, problem: Any, world: Any, *, seed: int, symmetric: bool | None = None) -> GemmInputs:
         """Every rank's A and B shards, fresh random and scaled by K^-1/4, all drawn from one seed on the CPU, so each
-        rank can build the reference on its own; ShapeError unless the `split` dims divide by the world size."""
+        rank can build the reference on its own (then any `more_inputs`, from the same draws); ShapeError unless the
+        `split` dims divide by the world size."""
         M, N, K = (problem.dim(d) for d in self.dims)
         W = world.world_size
         if problem.world_size != W or any(problem.dim(d) % W for d in self.split):
-            x, y = self.split
+            dims = " and ".join(f"{d}={problem.dim(d)}" for d in self.split)
             raise ShapeError(
-                f"shape: {x}={problem.dim(x)} and {y}={problem.dim(y)} must be divisible by world_size={W} "
-                f"(the problem says {problem.world_size})"
+                f"shape: {dims} must be divisible by world_size={W} (the problem says {problem.world_size})"
             )
         a_shape, b_shape = self.shard_shapes(M, N, K, W)
         dtype = getattr(torch, problem.dtype)
@@ -118,10 +134,17 @@ class GemmFamily(OpFamily):
         a = [all_a[r] for r in world.local_ranks]
         if self.symmetric_inputs if symmetric is None else symmetric:
             a = self.in_symmetric(world, a)
-        if not self.reference_reads_all_b:
-            return GemmInputs(problem, a, [all_b[r].to(world.device) for r in world.local_ranks], all_a)
-        all_b = [x.to(world.device) for x in all_b]
-        return GemmInputs(problem, a, [all_b[r] for r in world.local_ranks], all_a, all_b, world.local_ranks)
+        if self.reference_reads_all_b:
+            every_b: list[torch.Tensor] | None = [x.to(world.device) for x in all_b]
+            b, ranks = [every_b[r] for r in world.local_ranks], world.local_ranks
+        else:
+            every_b, b, ranks = None, [all_b[r].to(world.device) for r in world.local_ranks], ()
+        return self.inputs_type(problem, a, b, all_a, every_b, ranks, **self.more_inputs(problem, world, gen))
+
+    def more_inputs(self, problem: Any, world: Any, gen: torch.Generator) -> dict[str, Any]:
+        """The family's inputs besides A and B (an epilogue's operands), by field of `inputs_type`, drawn after them
+        from the generator that drew them; none by default."""
+        return {}
 
     @staticmethod
     def in_symmetric(world: Any, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
