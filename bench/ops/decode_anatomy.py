@@ -436,7 +436,8 @@ class Rig:
             if collective not in self.placed:
                 a = self.x.a[0]
                 self.placed[collective] = self.world.collective_empty(tuple(a.shape), a.dtype, collective)
-                self.placed[collective][0].copy_(a)
+                for dst, src in zip(self.placed[collective], self.x.a):
+                    dst.copy_(src)
             inputs = dataclasses.replace(self.x, a=self.placed[collective])
         return lambda: self.family.run(inputs, config, self.world)
 
@@ -449,19 +450,22 @@ class Rig:
         return lambda: torch.mm(a, b, out=c)
 
     def collective_alone(self, v: str) -> Callable[[], Any]:
-        """The family's collective alone in variant `v`, on buffers that variant reads without a copy."""
-        world, a = self.world, self.x.a[0]
-        M, W = self.problem.dim("M"), world.world_size
+        """The family's collective alone in variant `v`, on buffers that variant reads without a copy: the A shards
+        gathered (ag_gemm), or the cuBLAS partials reduce-scattered (gemm_rs); the call returns what it made."""
+        world, x = self.world, self.x
+        M, W, a = self.problem.dim("M"), world.world_size, x.a[0]
         if self.family.name == "ag_gemm":
             shard = world.collective_empty(tuple(a.shape), a.dtype, v)
-            shard[0].copy_(a)
+            for dst, src in zip(shard, x.a):
+                dst.copy_(src)
             full = world.collective_empty((M, a.shape[1]), a.dtype, v)
             return lambda: world.all_gather(shard, out=full, collective=v)
-        n = self.x.b[0].shape[1]
+        n = x.b[0].shape[1]
         full = world.collective_empty((M, n), a.dtype, v)
-        full[0].copy_(a @ self.x.b[0])
+        for dst, ai, bi in zip(full, x.a, x.b):
+            torch.mm(ai, bi, out=dst)
         rows = world.collective_empty((M // W, n), a.dtype, v)
-        return lambda: world.reduce_scatter(full, rows, collective=v)
+        return lambda: world.reduce_scatter(full, rows, collective=v) or rows
 
 
 def solo_world(world: Any) -> Any:

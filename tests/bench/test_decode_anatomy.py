@@ -59,6 +59,39 @@ def test_a_row_times_every_fused_mode_the_seeds_and_every_baseline_variant(famil
     assert da.tile_alone(fam, space, problem, {"ours:ce": ours["ours:ce"]}, limits) == "no pull config among ours"
 
 
+@pytest.mark.parametrize("family", ["ag_gemm", "gemm_rs"])
+def test_the_unfused_pieces_compute_what_they_stand_for(family: str) -> None:
+    """On simulated ranks: cuBLAS alone is this rank's GEMM, the collective alone gathers A (reduce-scatters the
+    partials) in every variant, and the baseline in every variant, A placed in its window, matches the reference."""
+    da = _anatomy()
+    import torch
+
+    from jointtune.kernels import create_world, get_family
+    from jointtune.search_spaces import DeviceLimits, get_space
+
+    fam, space, world = get_family(family), get_space(family), create_world("local", 2)
+    problem = space.make_problem("32x256x128", dtype="bf16", world_size=2)
+    rig, tol = da.Rig(fam, problem, world), fam.tolerance("bfloat16")
+    x = rig.x
+    want = (
+        torch.cat([a.float() for a in x.all_a]) @ x.b[0].float()
+        if family == "ag_gemm"
+        else x.a[0].float() @ x.b[0].float()
+    )
+    c = rig.gemm_alone()()
+    assert ((c.float() - want).norm() / want.norm()).item() < tol
+    baselines = [k for k in da.candidates(space, problem, DeviceLimits.nominal_hopper()) if k.startswith("baseline:")]
+    assert len(baselines) == (3 if family == "ag_gemm" else 2)
+    for key in baselines:
+        v = key.split(":", 1)[1]
+        assert fam.max_error(rig.call({"mode": "baseline", "collective": v})(), rig.ref) <= tol, v
+        got = rig.collective_alone(v)()
+        if family == "ag_gemm":
+            assert all(torch.equal(g, torch.cat(x.all_a)) for g in got), v
+        else:
+            assert fam.max_error(got, rig.ref) <= tol, v
+
+
 def _row() -> dict:
     tile = dict(BLOCK_M=64, BLOCK_N=64)
     return {
