@@ -21,7 +21,8 @@ Per family (ag_gemm, gemm_rs) and M (default 64, 128, 16) at N = K = 8192, each 
 three timings of a graph of 4 calls replayed 20 times (`common.measure.graph_ms`), µs per call:
 - `gemm_alone`: `cublas`, this rank's GEMM (ag_gemm: the gathered A [M, K] @ B_r [K, N/W]; gemm_rs: A_r [M, K/W] @
   B_r [K/W, N]); `ours_tile`, our tile GEMM alone: the family's `pull` seed on the same per-rank GEMM, on a world of
-  one rank (a process group of its own: no peer, so nothing is sent or waited for; the call's epoch is still read);
+  one rank (a process group of its own: no peer, so nothing is sent or waited for; the call's epoch is still read),
+  measured for every row at the end of the run (the one part that needs groups of one rank);
 - `collective_alone`: the all-gather (ag_gemm) or reduce-scatter (gemm_rs) alone, in each variant the device runs;
 - `baseline`: the family's baseline mode (cuBLAS + that collective) in each variant;
 - `ours`: the family in each fused mode at the space's seeds and per-mode starts (`Space.seeds`, `Space.mode_starts`).
@@ -501,8 +502,30 @@ def precompile(family: Any, jobs: list[tuple[dict[str, Any], Any]]) -> list[str]
         return [e for e in pool.map(one, jobs) if e]
 
 
-def anatomy(world: Any, solo: Any, name: str, M: int, limits: Any, save: Callable[[dict], None],
-            item_s: float) -> dict[str, Any]:  # fmt: skip
+def run_item(label: str, fn: Callable[[], Any], seconds: float, save: Callable[[], None]) -> Any:
+    """`fn()` under a watchdog; an exception is its result ({"failed": ...}); the result file is saved after."""
+    with Watchdog(label, seconds):
+        try:
+            return fn()
+        except Exception as exc:
+            torch.cuda.synchronize()
+            return {"failed": f"{type(exc).__name__}: {exc}"[:300]}
+        finally:
+            save()
+
+
+def timed_call(world: Any, family: Any, config: dict[str, Any], fn: Callable[[], Any], ref: Any) -> dict[str, Any]:
+    """`config`'s call checked against the reference (eager and replayed), then timed if right."""
+    entry: dict[str, Any] = {"config": config, **checked(family, fn, ref)}
+    tol = family.tolerance("bfloat16")
+    if entry["error"] <= tol and entry["graph_error"] <= tol:
+        entry["us"] = graph_us(world, fn)
+    return entry
+
+
+def anatomy(world: Any, name: str, M: int, limits: Any, save: Callable[[dict], None], item_s: float) -> dict[str, Any]:
+    """One row: cuBLAS alone, every collective variant alone, every baseline variant and our fused configs (our tile
+    GEMM alone comes last in the run: `tile_gemm_alone`; its kernel is compiled here with the others)."""
     family = get_family(name)
     space = get_space(family.space)
     problem = space.make_problem({"M": M, "N": N, "K": K}, dtype="bf16", world_size=world.world_size)
@@ -511,44 +534,35 @@ def anatomy(world: Any, solo: Any, name: str, M: int, limits: Any, save: Callabl
     alone = tile_alone(family, space, problem, ours, limits)
     row: dict[str, Any] = {"M": M, "N": N, "K": K, "gemm_alone": {}, "collective_alone": {}, "baseline": {},
                            "ours": {}}  # fmt: skip
-    jobs = [(c, problem) for c in ours.values()] + ([alone] if isinstance(alone, tuple) and solo else [])
+    jobs = [(c, problem) for c in ours.values()] + ([alone] if isinstance(alone, tuple) else [])
     row["precompile_errors"] = precompile(family, jobs)
     rig = Rig(family, problem, world)
-    tol = family.tolerance("bfloat16")
 
     def item(label: str, fn: Callable[[], Any]) -> Any:
-        with Watchdog(f"{name} M={M} {label}", item_s):
-            try:
-                return fn()
-            except Exception as exc:
-                torch.cuda.synchronize()
-                return {"failed": f"{type(exc).__name__}: {exc}"[:300]}
-            finally:
-                save(row)
-
-    def timed_call(config: dict[str, Any], fn: Callable[[], Any], ref: Any) -> dict[str, Any]:
-        entry: dict[str, Any] = {"config": config, **checked(family, fn, ref)}
-        if entry["error"] <= tol and entry["graph_error"] <= tol:
-            entry["us"] = graph_us(world, fn)
-        return entry
+        return run_item(f"{name} M={M} {label}", fn, item_s, lambda: save(row))
 
     row["gemm_alone"]["cublas"] = item("cublas alone", lambda: graph_us(world, rig.gemm_alone()))
-    if isinstance(alone, str) or solo is None:
-        row["gemm_alone"]["ours_tile"] = {"skipped": alone if isinstance(alone, str) else "no world of one rank"}
-    else:
-
-        def tile() -> dict[str, Any]:
-            cfg, one = alone
-            x = family.make_inputs(one, solo, seed=11)
-            return timed_call(cfg, lambda: family.run(x, cfg, solo), family.reference(x))
-
-        row["gemm_alone"]["ours_tile"] = item("tile GEMM alone", tile)
     for v in (key.split(":", 1)[1] for key in configs if key.startswith("baseline:")):
         row["collective_alone"][v] = item(f"{v} alone", lambda v=v: graph_us(world, rig.collective_alone(v)))
     for key, cfg in configs.items():
         group = "baseline" if key.startswith("baseline:") else "ours"
-        row[group][key] = item(key, lambda cfg=cfg: timed_call(cfg, rig.call(cfg), rig.ref))
+        row[group][key] = item(key, lambda cfg=cfg: timed_call(world, family, cfg, rig.call(cfg), rig.ref))
     return row
+
+
+def tile_gemm_alone(world: Any, solo: Any, name: str, M: int, limits: Any) -> dict[str, Any]:
+    """Our tile GEMM alone at one row: the family's pull seed on this rank's GEMM, on `solo` (a world of this rank
+    alone; every rank runs its own at once, timed as one)."""
+    family = get_family(name)
+    space = get_space(family.space)
+    problem = space.make_problem({"M": M, "N": N, "K": K}, dtype="bf16", world_size=world.world_size)
+    ours = {k: c for k, c in candidates(space, problem, limits).items() if k.startswith("ours:")}
+    alone = tile_alone(family, space, problem, ours, limits)
+    if isinstance(alone, str):
+        return {"skipped": alone}
+    cfg, one = alone
+    x = family.make_inputs(one, solo, seed=11)
+    return timed_call(world, family, cfg, lambda: family.run(x, cfg, solo), family.reference(x))
 
 
 def flag_costs(world: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -617,7 +631,7 @@ def main() -> None:
         ap.error(f"--families: unknown {unknown}; allowed: {', '.join(FAMILIES)}")
 
     from common.cuda import init_cuda_world, spin_up
-    from common.measure import run_header
+    from common.measure import max_over_ranks, run_header
 
     from jointtune.hardware import current_limits
 
@@ -648,10 +662,6 @@ def main() -> None:
         result["page"] = render(result)
         Path(args.out).write_text(json.dumps(dict(result, **({"partial": partial} if partial else {})), indent=1))
 
-    try:
-        solo = solo_world(world)
-    except Exception as exc:
-        solo, result["solo_world_error"] = None, f"{type(exc).__name__}: {exc}"[:300]
     spin_up(2.0)
     if not args.no_flags:
         try:
@@ -662,7 +672,7 @@ def main() -> None:
         save()
     for M in (int(m) for m in args.rows.split(",")):
         for name in args.families.split(","):
-            row = anatomy(world, solo, name, M, limits, save, args.item_timeout)
+            row = anatomy(world, name, M, limits, save, args.item_timeout)
             result["families"][name].append(row)
             torch.cuda.empty_cache()
             save()
@@ -671,6 +681,28 @@ def main() -> None:
                 print(f"{name} M={M}: " + (f"ours {f['ours']} {f['ours_us']} µs, best unfused {f['best_unfused']} "
                       f"{f['best_unfused_us']}, ideal {f['ideal_us']}: {f['speedup']}x" if "ours" in f else
                       json.dumps(f)), flush=True)  # fmt: skip
+    # our tile GEMM alone, last: it needs process groups of one rank, the one part not run by the rest of the bench
+    try:
+        solo = solo_world(world)
+    except Exception as exc:
+        solo, result["solo_world_error"] = None, f"{type(exc).__name__}: {exc}"[:300]
+    if max_over_ranks([0.0 if solo is not None else 1.0])[
+        0
+    ]:  # all ranks measure it, or none (its timing is collective)
+        solo = None
+    for name, rows in result["families"].items():
+        for row in rows:
+            M = row["M"]
+            row["gemm_alone"]["ours_tile"] = run_item(
+                f"{name} M={M} tile GEMM alone",
+                lambda name=name, M=M: (
+                    tile_gemm_alone(world, solo, name, M, limits) if solo else {"skipped": "no world of one rank"}
+                ),
+                args.item_timeout,
+                save,
+            )
+            if world.rank == 0:
+                print(f"{name} M={M}: tile GEMM alone {json.dumps(row['gemm_alone']['ours_tile'])[:200]}", flush=True)
     save()
     if world.rank == 0:
         print(result["page"], flush=True)
