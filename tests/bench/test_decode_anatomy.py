@@ -1,8 +1,9 @@
 """bench/ops/decode_anatomy.py off the GPU: what each row times (the space's seeds and per-mode starts, every baseline
-variant the device runs, our tile GEMM alone at world size 1), the floor and the page built from a row, and its flag
-ping-pong kernel: run in Triton's interpreter between three processes that share its flags and tile through files
-(the leader, two followers: round trips, a checked tile handoff, a fan-out, and a control the check must catch), and
-compiled for Hopper (sm_90) with the GPU image's Triton (3.6), or this one where that is not installed.
+variant the device runs, our tile GEMM alone at world size 1), the unfused pieces on simulated ranks, the floor and the
+page built from a row, and its flag ping-pong kernel: run in Triton's interpreter between three processes (one
+imports, then forks the others) that share its flags and tile through files (the leader, two followers: round trips,
+a checked tile handoff, a fan-out, and a control the check must catch), and compiled for Hopper (sm_90) with the GPU
+image's Triton (3.6), or this one where that is not installed.
 
 This file is also the child those tests start (`python test_decode_anatomy.py pingpong|compile ...`).
 """
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -187,30 +188,26 @@ def _child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _run_all(cmds: list[list[str]], env: dict[str, str], timeout: float = 90) -> list[str]:
-    """Run the processes at once; their stdout, or a failure naming the one that hung or failed (all are killed)."""
-    procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
-    outs = []
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> str:
+    """Run `cmd` in a session of its own; its stdout, or a failure. On a timeout the whole session is killed (the
+    ranks it forked too): a wait that never ends fails the test instead of hanging it."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
     try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            assert p.returncode == 0, f"{p.args[2:]} exited {p.returncode}:\n{out}\n{err[-3000:]}"
-            outs.append(out)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"a ping-pong process did not finish in {timeout} s (a wait that never ends)")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return outs
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{cmd[2:]} did not finish in {timeout} s (a wait that never ends)")
+    assert proc.returncode == 0, f"{cmd[2:]} exited {proc.returncode}:\n{out}\n{err[-3000:]}"
+    return out
 
 
 def test_pingpong_between_processes_in_the_interpreter(tmp_path: Path) -> None:
     for name, size in (("flags", FLAGS * 8), ("tile", TILE * 2)):
         (tmp_path / name).write_bytes(bytes(W_SHARED * size))
-    cmds = [[sys.executable, __file__, "pingpong", str(r), str(tmp_path)] for r in range(W_SHARED)]
-    outs = [json.loads(o.splitlines()[-1]) for o in _run_all(cmds, _child_env(TRITON_INTERPRET="1"))]
+    _run([sys.executable, __file__, "pingpong", str(tmp_path)], _child_env(TRITON_INTERPRET="1"), timeout=90)
+    outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(W_SHARED)]
     took = [o["took"] for o in outs]
     assert took == [[True] * 5, [True] * 5, [False, False, True, False, False]]  # rank 2 only in the fan-out
     assert [o["wrong"] for o in outs] == [[0] * 5, [0, 0, 0, 0, 2 * TILE], [0] * 5]  # the control: every element
@@ -219,12 +216,32 @@ def test_pingpong_between_processes_in_the_interpreter(tmp_path: Path) -> None:
     assert outs[2]["flags"][:2] == [8, 8]
 
 
-def _pingpong_child(rank: int, folder: Path) -> None:
-    """One rank of the interpreter ping-pong: every rank's flags and tile in files all of them map (the flag table
-    holds each rank's buffer as this process maps it, as symmetric memory's does)."""
+def _pingpong_ranks(folder: Path) -> None:
+    """Every rank of the interpreter ping-pong, each a process: this one imports once, then forks ranks 1.. (no
+    thread runs yet) and plays rank 0; a rank that fails makes this exit non-zero."""
     da = _anatomy()
     import torch
 
+    children = []
+    for rank in range(1, W_SHARED):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _pingpong_rank(da, torch, rank, folder)
+                code = 0
+            finally:
+                os._exit(code)
+        children.append(pid)
+    _pingpong_rank(da, torch, 0, folder)
+    failed = [pid for pid in children if os.waitpid(pid, 0)[1] != 0]
+    if failed:
+        sys.exit(f"forked ranks failed: {failed}")
+
+
+def _pingpong_rank(da, torch, rank: int, folder: Path) -> None:
+    """One rank: every rank's flags and tile in files all of them map (the flag table holds each rank's buffer as
+    this process maps it, as symmetric memory's does); what it saw goes to rank{rank}.json."""
     flags = torch.from_file(str(folder / "flags"), shared=True, size=W_SHARED * FLAGS, dtype=torch.int64)
     tiles = torch.from_file(str(folder / "tile"), shared=True, size=W_SHARED * TILE, dtype=torch.bfloat16)
     table = torch.tensor([flags[p * FLAGS :].data_ptr() for p in range(W_SHARED)], dtype=torch.int64)
@@ -237,17 +254,14 @@ def _pingpong_child(rank: int, folder: Path) -> None:
         dict(followers=1, programs=2, rounds=2),  # 9-10
         dict(followers=1, programs=2, rounds=2, tile=TILE, check=True),  # 11-12, rank 0 sends ones: every element wrong
     ]
-    (folder / f"ready{rank}").touch()  # start together: a rank spinning in the interpreter slows the others' imports
-    deadline = time.monotonic() + 60
-    while not all((folder / f"ready{r}").exists() for r in range(W_SHARED)) and time.monotonic() < deadline:
-        time.sleep(0.02)
     took, wrong = [], []
     for k, case in enumerate(cases):
         if k == len(cases) - 1:
             pp.src = torch.ones(TILE, dtype=torch.bfloat16)
         took.append(pp.launch(**case))
         wrong.append(int(pp.wrong.sum()))
-    print(json.dumps({"rank": rank, "took": took, "wrong": wrong, "flags": pp.flags.tolist()}), flush=True)
+    result = {"rank": rank, "took": took, "wrong": wrong, "flags": pp.flags.tolist()}
+    (folder / f"rank{rank}.json").write_text(json.dumps(result))
 
 
 def test_pingpong_compiles_for_hopper() -> None:
@@ -258,7 +272,7 @@ def test_pingpong_compiles_for_hopper() -> None:
     first = str(GPU_TRITON) if (GPU_TRITON / "triton").is_dir() else ""
     if not first and os.environ.get("JOINTTUNE_REQUIRE_GPU_TRITON"):
         pytest.fail(f"{GPU_TRITON} has no Triton; `make test` installs the GPU image's Triton there")
-    (out,) = _run_all([[sys.executable, __file__, "compile"]], _child_env(first=first), timeout=240)
+    out = _run([sys.executable, __file__, "compile"], _child_env(first=first), timeout=240)
     facts = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert len(facts) == 4
     for f in facts:
@@ -291,6 +305,6 @@ def _compile_child() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "pingpong":
-        _pingpong_child(int(sys.argv[2]), Path(sys.argv[3]))
+        _pingpong_ranks(Path(sys.argv[2]))
     else:
         _compile_child()
