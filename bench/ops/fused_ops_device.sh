@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 tune smoke archeck aranat ar4 arn4 ar2 artune arlong4 fence4 fence2)
+#   flashlong2 tune smoke archeck aranat ar4 arn4 ar2 artune arlong4 dtune2 fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -113,6 +113,19 @@ for phase in "$@"; do
         echo "exit $? after: tune gemm_ar w4 $shape (40 trials)"; grep -E "—|done in" "$WORK/arlong_w4_$shape.log" | tail -3; pack
       done
       python3 -m jointtune.cli db list --db "sqlite:///$WORK/arlong.db" > "$WORK/arlong_records.txt" 2>&1; pack ;;
+    dtune2)  # issue 36 at W=2: the tuner (40 trials, graph policy) on AG+GEMM (GPUs 0,1) and GEMM+RS (GPUs 2,3) at once,
+      # 64 and 128 rows of 8192x8192, where the seeds alone came within 1-10% of 1.15x (the decode anatomy)
+      for fam in ag_gemm gemm_rs; do
+        gpus=0,1; [ $fam = gemm_rs ] && gpus=2,3
+        ( for m in 64 128; do
+            CUDA_VISIBLE_DEVICES=$gpus timeout 200 python3 -m jointtune.cli tune --kernel $fam --shape ${m}x8192x8192 \
+              --world-size 2 --timing graph --trials 40 --db "sqlite:///$WORK/dtune2_$fam.db" \
+              > "$WORK/dtune2_${fam}_m$m.log" 2>&1
+            echo "exit $? after: tune $fam w2 ${m}x8192x8192 (40 trials)"; grep -E "—|done in" "$WORK/dtune2_${fam}_m$m.log" | tail -2
+          done
+          python3 -m jointtune.cli db list --db "sqlite:///$WORK/dtune2_$fam.db" > "$WORK/dtune2_${fam}_records.txt" 2>&1 ) &
+      done
+      wait; pack ;;
     ar4|arn4)  # gemm_ar (ar4) or its residual + RMSNorm form (arn4) at W=4, one fo per (N, K per rank)
       fam=gemm_ar; [ "$phase" = arn4 ] && fam=gemm_ar_rmsnorm
       fo 190 4 $fam "$(ar_shapes 8192 2048 4)" ${fam}_w4_o.json --per-mode 3 --stress 200
