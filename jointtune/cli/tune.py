@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from jointtune.autotune.workers import phases
 from jointtune.errors import TuningError
 
 if TYPE_CHECKING:
@@ -90,6 +91,12 @@ def parse_restrictions(items: list[str]) -> dict[str, list[int | bool | str]]:
     return out
 
 
+def _entered() -> None:
+    """Note where this process's start ends (interpreter and imports) in the phases log ($JOINTTUNE_PHASES)."""
+    phases.set_who("cli")
+    phases.record_start()
+
+
 def _console() -> Console:
     # Logs (CI, `| tee`) get wide lines instead of rich's 80-column default.
     return Console() if sys.stdout.isatty() else Console(width=200)
@@ -149,10 +156,11 @@ def _tune_and_summarise(
         print_interrupted(console, done, url=url, elapsed_s=time.monotonic() - start, again=this_command())
         raise SystemExit(130) from None
     try:
-        print_summary(
-            console, results, url=url, elapsed_s=time.monotonic() - start, already=already, report=report,
-            report_hint=report_hint, hardware_id=hardware_id,
-        )  # fmt: skip
+        with phases.phase("summary"):
+            print_summary(
+                console, results, url=url, elapsed_s=time.monotonic() - start, already=already, report=report,
+                report_hint=report_hint, hardware_id=hardware_id,
+            )  # fmt: skip
     finally:
         if epilogue is not None:
             epilogue(results)
@@ -254,6 +262,7 @@ def tune(
     ] = None,
 ) -> None:
     """Tune one kernel for one shape on this node, or (--model) every fused-op shape of a model."""
+    _entered()
     from jointtune.autotune.tuner.handles import study_space
     from jointtune.autotune.tuner.results import job_label
     from jointtune.autotune.tuner.search import check_study
@@ -354,6 +363,7 @@ def sweep(
     register_only: Annotated[bool, typer.Option("--register-only", help="only register it for workers")] = False,
 ) -> None:
     """Tune every job of a sweep file's profile on this node (and register it for workers)."""
+    _entered()
     from jointtune._command import jointtune_command
     from jointtune.autotune.tuner.studies import open_storage
     from jointtune.autotune.workers.runner import prepare_interpreter

@@ -1,7 +1,8 @@
 """The process side of tuning: the rank processes of a tuning group, what keeps them running, and sweeps.
 
 Owns rank 0's loop over studies (`coordinator`: claim, broadcast, tell, publish), every rank's side of a
-trial (`executor`: compile, check, time, agree), the control traffic between ranks (`control`), a rank
+trial (`executor`: compile, check, time, agree), compiling the next configs in worker processes meanwhile
+(`compiler`), where a run's time goes (`phases`), the control traffic between ranks (`control`), a rank
 process's entry point (`group`), the supervisor that spawns and restarts a group (`supervisor`), what
 makes a rank and all it starts die with the process that started it (`lifeline`), the per-trial
 watchdog (`watchdog`), who owns a running trial and what happens when its owner dies (`recovery`),

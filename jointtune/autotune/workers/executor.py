@@ -7,10 +7,15 @@ output of a config is checked against the reference the first time it runs; timi
 identical warm-up and iteration counts on every rank, and the group's latency is the MAX over
 ranks of each rank's percentiles.
 
-Compilation overlaps benchmarking: the coordinator sends the configs it will run next, and
-families with a `precompile(config, problem)` hook build them on a thread pool (Triton compiles
-off the GPU, and its on-disk cache makes the later launch cheap). Families without the hook are
-compiled at their first launch.
+Compilation overlaps benchmarking: the coordinator sends the configs it claimed ahead (`upcoming`) and the
+study's queued start (`queued`), and they compile while the current trial runs:
+- with a `CompilePool` (a tuning group on GPUs, `compiler`): in worker processes, each config once per group, by
+  the rank that owns it (the n-th config sent is rank n % W's, the same on every rank). At the config's trial its
+  owner waits for it, the ranks agree on the outcome, and each rank loads it (the family's `precompile`, now a
+  read of Triton's on-disk cache) before the check; the whole queued start compiles at once;
+- else (the interpreter, a job tuning online): the family's `precompile` on a thread pool, for the claimed
+  configs, on every rank.
+A config nobody sent ahead is compiled in the rank at its trial. Every phase goes to the phases log (`phases`).
 
 Example:
     >>> ex = RankExecutor(SoloControl(), world_kind="local")               # doctest: +SKIP
@@ -21,7 +26,9 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import math
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 from jointtune.autotune.tuner.settings import Job
 from jointtune.autotune.tuner.timing import measure, percentiles
+from jointtune.autotune.workers import phases
+from jointtune.autotune.workers.compiler import CompileCounter, CompileFailed, CompilePool, CompileTarget
 from jointtune.autotune.workers.watchdog import Watchdog
 from jointtune.errors import KernelError
 from jointtune.search_spaces import config_hash
@@ -37,6 +46,8 @@ if TYPE_CHECKING:
     from jointtune.autotune.workers.control import Control
     from jointtune.kernels import Family
     from jointtune.kernels.runtime.world import World
+
+log = logging.getLogger(__name__)
 
 #: Why a trial failed. "invalid" never reaches a rank; the others are results of running a config.
 FAIL_REASONS = ("invalid", "compile", "incorrect", "timeout", "crash", "error")
@@ -53,6 +64,21 @@ _CUDA_FATAL = (
     "an illegal",
 )
 _COMPILE_ERRORS = ("CompilationError", "OutOfResources", "CompileTimeAssertionFailure", "PTXASError")
+#: the most configs a rank has compiling ahead at once (an exhaustive study queues every config of its space)
+MAX_AHEAD = 64
+
+
+@dataclass
+class _Ahead:
+    """A config sent ahead: which rank compiles it, and this rank's job for it (None where another rank compiles
+    it). `load`: compiled in a worker process, so each rank loads it in process before its check; `generation`:
+    the compile pool's that took the job."""
+
+    config: dict[str, Any]
+    owner: int
+    future: concurrent.futures.Future[Any] | None
+    load: bool
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,6 +126,13 @@ def _same_device(world_kind: str) -> Callable[[], None] | None:
     return lambda: torch.cuda.set_device(device)
 
 
+def _lost(future: concurrent.futures.Future[Any]) -> bool:
+    """Whether a dead pool took this job's result with it (cancelled, broken, or never to finish)."""
+    if not future.done() or future.cancelled():
+        return True
+    return isinstance(future.exception(), concurrent.futures.BrokenExecutor)
+
+
 def _detail(exc: BaseException) -> str:
     lines = traceback.format_exception_only(type(exc), exc)
     return "".join(lines).strip()[-2000:]
@@ -115,18 +148,33 @@ class RankExecutor:
         world_kind: str = "local",
         watchdog: Watchdog | None = None,
         precompile_workers: int = 2,
+        compiler: CompilePool | None = None,
+        compile_target: CompileTarget | None = None,
         follower_grace_s: float = 3.0,
     ) -> None:
+        """`compiler`: compile ahead in its worker processes (the caller closes it), for `compile_target` (default:
+        this rank's GPU on a CUDA world, none elsewhere); without one, `precompile_workers` threads (0: none)."""
         self.control = control
         self.world_kind = world_kind
         self.watchdog = watchdog or Watchdog()
         self.follower_grace_s = follower_grace_s
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=precompile_workers,
-            thread_name_prefix="jointtune-precompile",
-            initializer=_same_device(world_kind),
+        self.compiler = compiler
+        self._target = compile_target
+        self._threads = (
+            concurrent.futures.ThreadPoolExecutor(
+                max_workers=precompile_workers,
+                thread_name_prefix="jointtune-precompile",
+                initializer=_same_device(world_kind),
+            )
+            if compiler is None and precompile_workers > 0
+            else None
         )
-        self._futures: dict[str, concurrent.futures.Future[None]] = {}
+        # which kernels compile in this process, by phase, for the phases log (compiled kernels only)
+        self._compiles = CompileCounter.install() if world_kind == "cuda" and phases.enabled() else None
+        self._ahead: dict[str, _Ahead] = {}
+        self._sent = 0  # configs sent ahead in this study: the next one's owner is rank `_sent % size`
+        self._load: set[str] = set()  # configs compiled elsewhere that this rank loads before their check
+        self._trials = 0
         self._worlds: dict[int, World] = {}
         self._job: Job | None = None
         self._family: Family | None = None
@@ -154,29 +202,66 @@ class RankExecutor:
         self._checked = set()
         error = ""
         try:
-            self._family = get_family(job.kernel)
-            world = self.world_for(job.world_size)
-            self._inputs = self._family.make_inputs(job.problem, world, seed=job.settings.seed + 1)
+            with phases.phase("inputs", kernel=job.kernel):
+                self._family = get_family(job.kernel)
+                world = self.world_for(job.world_size)
+                self._inputs = self._family.make_inputs(job.problem, world, seed=job.settings.seed + 1)
         except Exception as exc:
             error = f"rank {self.control.rank}: {_detail(exc)}"
         errors = [e for e in self.control.all_gather(error) if e]
         return errors[0] if errors else None
 
-    def prefetch(self, configs: Sequence[Mapping[str, Any]]) -> None:
-        """Start compiling configs that will run soon (no-op for families without the hook)."""
+    def prefetch(self, configs: Sequence[Mapping[str, Any]], queued: Sequence[Mapping[str, Any]] = ()) -> None:
+        """Start compiling configs that will run soon: `configs` (claimed), then `queued` (the study's start, which
+        only a compile pool takes ahead). Every rank must send the same configs in the same order."""
         hook = getattr(self._family, "precompile", None)
-        if hook is None or self._job is None:
+        if hook is None or self._job is None or self._family is None:
             return
         problem = self._job.problem
-        for config in configs:
+        for config in [*configs, *(queued if self.compiler is not None else ())]:
             key = config_hash(config)
-            if key not in self._futures and key not in self._checked:
-                self._futures[key] = self._pool.submit(hook, dict(config), problem)
+            if key in self._ahead or key in self._checked or len(self._ahead) >= MAX_AHEAD:
+                continue
+            owner = self._sent % self.control.size
+            self._sent += 1
+            if self.compiler is not None:
+                ahead = _Ahead(dict(config), owner, None, load=True)
+                if owner == self.control.rank:
+                    self._submit(ahead)
+                self._ahead[key] = ahead
+            elif self._threads is not None:
+                future = self._threads.submit(hook, dict(config), problem)
+                self._ahead[key] = _Ahead(dict(config), self.control.rank, future, load=False)
+            else:
+                continue
+            phases.record("ahead", time.time(), config=dict(config), owner=owner, trial=self._trials)
+
+    def _submit(self, ahead: _Ahead) -> None:
+        assert self.compiler is not None and self._family is not None and self._job is not None
+        ahead.generation = self.compiler.generation
+        ahead.future = self.compiler.submit(self._family.name, ahead.config, self._job.problem, self._compile_target())
+
+    def _pool_died(self, generation: int) -> None:
+        """A compile worker died and took its pool with it: a fresh pool takes this rank's other configs again."""
+        assert self.compiler is not None
+        if self.compiler.restart(generation):
+            log.warning("a compile worker died; compiling this config here and the others in a fresh pool")
+        for ahead in self._ahead.values():
+            if ahead.future is not None and ahead.generation == generation and _lost(ahead.future):
+                self._submit(ahead)
+
+    def _compile_target(self) -> CompileTarget | None:
+        if self._target is None and self.world_kind == "cuda":
+            self._target = CompileTarget.current()
+        return self._target
 
     def _cancel_precompiles(self) -> None:
-        for future in self._futures.values():
-            future.cancel()
-        self._futures.clear()
+        for ahead in self._ahead.values():
+            if ahead.future is not None:
+                ahead.future.cancel()
+        self._ahead.clear()
+        self._load.clear()
+        self._sent = 0
 
     # ---- per trial ----------------------------------------------------------------------------
     def execute(
@@ -207,26 +292,35 @@ class RankExecutor:
         assert job is not None and family is not None
         world = self.world_for(job.world_size)
         key = config_hash(config)
-        reason, detail = self._compile(key, config)
-        reason, detail = self._agree(reason, detail)
+        self._trials += 1
+        with phases.phase("compile", trial=self._trials) as note:
+            reason, detail = self._compile(key, config, note)
+            reason, detail = self._agree(reason, detail)
+            self._note_compiles(note)
         if reason:
+            self._load.discard(key)
             return Outcome(reason, detail)
         if key not in self._checked:
-            reason, detail = self._check(config, world)
-            reason, detail = self._agree(reason, detail)
+            with phases.phase("check", trial=self._trials) as note:
+                reason, detail = self._check(config, world, load=key in self._load)
+                reason, detail = self._agree(reason, detail)
+                self._note_compiles(note)
+            self._load.discard(key)
             if reason:
                 return Outcome(reason, detail)
             self._checked.add(key)
         self.control.barrier()
         stats = [0.0, 0.0, 0.0, 0.0]
         try:
-            samples = measure(
-                lambda: family.run(self._inputs, config, world),
-                world,
-                warmup=job.settings.warmup,
-                iters=job.settings.iters,
-                timing=job.settings.timing,
-            )
+            with phases.phase("measure", trial=self._trials) as note:
+                samples = measure(
+                    lambda: family.run(self._inputs, config, world),
+                    world,
+                    warmup=job.settings.warmup,
+                    iters=job.settings.iters,
+                    timing=job.settings.timing,
+                )
+                self._note_compiles(note)
             stats = [*percentiles(samples), samples.host_us]
             reason, detail = None, ""
         except Exception as exc:
@@ -238,23 +332,57 @@ class RankExecutor:
             return Outcome(reason, detail)
         return Outcome(None, "", merged[1], merged[2], merged[3], merged[4])
 
-    def _compile(self, key: str, config: dict[str, Any]) -> tuple[str | None, str]:
+    def _note_compiles(self, note: dict[str, Any]) -> None:
+        if self._compiles is not None:
+            note.update(self._compiles.take())
+
+    def _compile(self, key: str, config: dict[str, Any], note: dict[str, Any]) -> tuple[str | None, str]:
+        """This rank's part of compiling `config` before its trial: wait for its job sent ahead (a pool's, when this
+        rank owns it; a thread's), or compile it here when nobody took it ahead. The ranks agree after. `note` (the
+        phase's fields) says which it was."""
         hook = getattr(self._family, "precompile", None)
         if hook is None or key in self._checked:
+            note["how"] = "checked before"
             return None, ""
-        future = self._futures.pop(key, None)
+        ahead = self._ahead.pop(key, None)
+        problem = self._job.problem if self._job else None
         try:
-            if future is None:
-                hook(config, self._job.problem if self._job else None)
-            else:
-                future.result()
+            if ahead is None:
+                note["how"] = "here"
+                hook(config, problem)
+                return None, ""
+            if ahead.load:
+                self._load.add(key)
+            if ahead.future is None:
+                note["how"] = f"rank {ahead.owner}'s pool"
+                return None, ""
+            note["how"] = "waited for the pool" if ahead.load else "waited for a thread"
+            try:
+                failure = ahead.future.result()
+            except (concurrent.futures.BrokenExecutor, concurrent.futures.CancelledError):
+                # a worker died and took the pool's jobs with it: compile here, as without a pool
+                note["how"] = "here (the pool died)"
+                if self.compiler is not None:
+                    self._pool_died(ahead.generation)
+                self._load.discard(key)
+                hook(config, problem)
+                return None, ""
+            if failure:
+                raise CompileFailed(failure)
         except Exception as exc:
             return classify(exc, compiling=True), _detail(exc)
         return None, ""
 
-    def _check(self, config: dict[str, Any], world: World) -> tuple[str | None, str]:
+    def _check(self, config: dict[str, Any], world: World, *, load: bool = False) -> tuple[str | None, str]:
+        """Run `config` once against the reference; `load` first brings its kernels compiled elsewhere into this
+        process (a read of Triton's cache), where a failure is a compile failure."""
         job, family = self._job, self._family
         assert job is not None and family is not None
+        if load:
+            try:
+                family.precompile(config, job.problem)
+            except Exception as exc:
+                return classify(exc, compiling=True), _detail(exc)
         try:
             out = family.run(self._inputs, config, world)
             world.synchronize()
@@ -270,7 +398,8 @@ class RankExecutor:
 
     def close(self) -> None:
         self._cancel_precompiles()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
         for world in self._worlds.values():
             world.close()
         self._worlds.clear()

@@ -17,15 +17,18 @@ import importlib
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jointtune.autotune.tuner.settings import Job
+from jointtune.autotune.workers import phases
 from jointtune.autotune.workers.coordinator import GroupInfo, GroupOptions, GroupRestart
 from jointtune.autotune.workers.lifeline import bind_to_parent
 from jointtune.autotune.workers.watchdog import EXIT_RESTART
 
 if TYPE_CHECKING:
+    from jointtune.autotune.workers.compiler import CompilePool
     from jointtune.autotune.workers.control import Control
     from jointtune.autotune.workers.executor import RankExecutor
 
@@ -38,6 +41,8 @@ class GroupSpec:
 
     Jobs come either explicitly (`jobs`) or from a sweep registered in the storage (`sweep`,
     filtered to `profile`). `device_offset` is the first GPU of this group on its node.
+    `precompile_workers`: per rank, compile processes on GPUs (None: `compiler.default_workers`), threads on a
+    local world (None: 2); 0 compiles each config at its trial.
     """
 
     url: str
@@ -50,7 +55,7 @@ class GroupSpec:
     imports: tuple[str, ...] = ()
     options: GroupOptions = field(default_factory=GroupOptions)
     device_offset: int = 0
-    precompile_workers: int = 2
+    precompile_workers: int | None = None
 
 
 def device_profile() -> str:
@@ -84,19 +89,35 @@ def _jobs_source(spec: GroupSpec) -> Any:
     return lambda: load_sweep(storage, spec.sweep).jobs(profile)
 
 
+def _compile_pool(spec: GroupSpec) -> CompilePool | None:
+    """A rank on GPUs compiles ahead in worker processes, started now, so their imports overlap this rank's set-up."""
+    from jointtune.autotune.workers.compiler import CompilePool, default_workers
+
+    workers = default_workers(spec.nprocs) if spec.precompile_workers is None else spec.precompile_workers
+    if spec.world_kind != "cuda" or workers < 1:
+        return None
+    return CompilePool(workers, imports=spec.imports, warm_driver=True)
+
+
 def run_rank(spec: GroupSpec, rank: int | None = None) -> int:
     """Run this process's rank of the group until no work is left; returns the exit code."""
     from jointtune.autotune.workers.control import init_control
     from jointtune.autotune.workers.executor import RankExecutor
 
-    _prepare_process(spec)
     if rank is not None:
         os.environ["RANK"] = str(rank)
     os.environ.setdefault("WORLD_SIZE", str(spec.nprocs))
     local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+    phases.set_who(f"rank{os.environ['RANK']}" if "RANK" in os.environ else "rank")
+    phases.record_start()
+    with phases.phase("imports"):
+        _prepare_process(spec)
+    pool = _compile_pool(spec)
     use_cuda = spec.world_kind == "cuda"
-    control = init_control(use_cuda=use_cuda, device_index=spec.device_offset + local_rank)
-    executor = RankExecutor(control, world_kind=spec.world_kind, precompile_workers=spec.precompile_workers)
+    with phases.phase("control"):
+        control = init_control(use_cuda=use_cuda, device_index=spec.device_offset + local_rank)
+    threads = 2 if spec.precompile_workers is None else spec.precompile_workers
+    executor = RankExecutor(control, world_kind=spec.world_kind, precompile_workers=threads, compiler=pool)
     try:
         if control.rank == 0:
             from jointtune.autotune.workers.coordinator import Coordinator
@@ -122,7 +143,10 @@ def run_rank(spec: GroupSpec, rank: int | None = None) -> int:
         raise
     finally:
         executor.close()
+        if pool is not None:
+            pool.close()
     control.close()
+    phases.record("stop", time.time())
     return 0
 
 
@@ -141,7 +165,7 @@ def follow(control: Control, executor: RankExecutor) -> None:
         if op == "study":
             executor.start_study(Job.from_json(command["job"]))
         elif op == "trial":
-            executor.prefetch([command["config"], *command["upcoming"]])
+            executor.prefetch([command["config"], *command["upcoming"]], command.get("queued", ()))
             outcome = executor.execute(command["config"], deadline_s=command["deadline_s"])
             if outcome.fatal:
                 raise GroupRestart(f"trial crashed: {outcome.detail}")

@@ -25,6 +25,7 @@ from rich.console import Console
 
 from jointtune.autotune.tuner.results import JobResult, collect
 from jointtune.autotune.tuner.settings import Job
+from jointtune.autotune.workers import phases as phase_log
 from jointtune.autotune.workers.coordinator import GroupOptions
 from jointtune.autotune.workers.group import GroupSpec
 from jointtune.autotune.workers.recovery import host_id
@@ -156,8 +157,10 @@ def run_jobs(
     if all(r.done_reason is not None for r in before):
         return list(before)
     already = [r.study_name for r in before if r.done_reason is not None]
+    phase_log.record("prepare", phase_log.entered())
     with ProgressView(console, read, title=title, parallel=parallel, already=already) as view:
-        run_phases(phases, on_tick=view.refresh)
+        with phase_log.phase("ranks"):
+            run_phases(phases, on_tick=view.refresh)
         view.refresh()
     return list(read())
 
