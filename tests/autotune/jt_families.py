@@ -6,14 +6,14 @@ process registers the same spaces and families.
 - `jt_sleep`: latency is a sleep whose length depends on the config (best: tile=4, chunk=2, every
   config 20% apart) and scales with the shape's M; some tile/chunk pairs are invalid. Has a
   `precompile` hook. The tuner's clock measures exactly that length (`SimulatedClock`), so what a
-  test sees never depends on how busy the machine is. Its `standin_launches` (what a compile pool's
-  worker process builds) notes each config in $JT_COMPILE_LOG, a file, when that is set.
+  test sees never depends on how busy the machine is. Its one stand-in launch (`NotedKernel`, what a
+  compile pool's worker process builds) notes each config a worker built in $JT_COMPILE_LOG, when set.
   With $JT_GRANDCHILDREN set (a file), each process's first `make_inputs` also starts a long-lived
   helper process, as a plug-in might, and appends its pid to that file.
 - `jt_faulty`: like jt_sleep with a `variant` knob; with tile=1 a variant fails in one way each:
   raise (a compile error from the precompile hook, and from a compile pool's worker), hang, kill (SIGKILL of
-  its own process), wrong (returns wrong numbers). Best: tile=4. With $JT_COMPILE_CRASH (a file that does not
-  exist yet) the first worker process to build a tile=2 config makes that file and dies.
+  its own process), wrong (returns wrong numbers). Best: tile=4. Its stand-in launch is jt_sleep's, which
+  with $JT_COMPILE_CRASH kills the first worker process that builds a tile=2 config.
 - `jt_broken`: the jt_sleep space, but every config raises.
 - `jt_matmul`: a real torch matmul whose knobs (row splits, operand order) change its speed.
 - `jt_sim_decode`: flash_decode's real joint space (modes, conditions, the shape's constraints) over a simulated
@@ -45,13 +45,32 @@ from jointtune.search_spaces import Constraint, Space, categorical, choice, pow2
 PRECOMPILED: list[dict[str, Any]] = []
 
 
-def note_compile(family: str, config: Mapping[str, Any], problem: Any) -> None:
-    """Append what a compile pool's worker built to $JT_COMPILE_LOG (one JSON line), when set."""
-    path = os.environ.get("JT_COMPILE_LOG")
-    if path:
-        line = {"family": family, "M": problem.dim("M"), "config": dict(config), "pid": os.getpid()}
-        with open(path, "a") as handle:
-            handle.write(json.dumps(line) + "\n")
+class NotedKernel:
+    """The one stand-in launch of a test family's config: a compile pool's worker "compiles" it by calling
+    `warmup`, which notes the config in $JT_COMPILE_LOG (a file, when set). With $JT_COMPILE_CRASH (a file that does
+    not exist yet), the first warmup of a tile=2 config makes that file and kills its process, as a compiler's
+    segfault would."""
+
+    def __init__(self, family: str, config: Mapping[str, Any], problem: Any) -> None:
+        self.family, self.config, self.problem = family, dict(config), problem
+
+    def launch(self) -> Any:
+        return (self, {}, {})
+
+    def warmup(self, *, grid: Any) -> NotedKernel:
+        path = os.environ.get("JT_COMPILE_LOG")
+        if path:
+            line = {"family": self.family, "shape": dict(self.problem.shape), "config": self.config, "pid": os.getpid()}
+            with open(path, "a") as handle:
+                handle.write(json.dumps(line) + "\n")
+        crash = os.environ.get("JT_COMPILE_CRASH")
+        if crash and self.config.get("tile") == 2:
+            try:
+                os.close(os.open(crash, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return self
+            os._exit(3)
+        return self
 
 
 def compile_log(path: str, family: str, m: int) -> list[dict[str, Any]]:
@@ -60,7 +79,7 @@ def compile_log(path: str, family: str, m: int) -> list[dict[str, Any]]:
         return []
     with open(path) as handle:
         lines = [json.loads(text) for text in handle.read().splitlines() if text]
-    return [line["config"] for line in lines if line["family"] == family and line["M"] == m]
+    return [line["config"] for line in lines if line["family"] == family and line["shape"].get("M") == m]
 
 
 def _tile_chunk(cfg: Mapping[str, Any], ctx: Mapping[str, int]) -> str | None:
@@ -195,7 +214,7 @@ def _start_a_grandchild() -> None:
 
 
 class _Doubling(Family):
-    """Outputs 2*x on every rank; latency comes from a sleep."""
+    """Outputs 2*x on every rank; latency comes from a sleep; one stand-in launch (`NotedKernel`) per config."""
 
     dims = ("M",)
 
@@ -209,6 +228,9 @@ class _Doubling(Family):
 
     def max_error(self, outputs: Any, reference: Any) -> float:
         return max(float((o - r).norm() / r.norm()) for o, r in zip(outputs, reference))
+
+    def standin_launches(self, config: Mapping[str, Any], problem: Any, device: Any) -> list[Any]:
+        return [NotedKernel(self.name, config, problem).launch()]
 
 
 class SleepFamily(_Doubling):
@@ -227,9 +249,6 @@ class SleepFamily(_Doubling):
         PRECOMPILED.append(dict(config))
         time.sleep(0.002)
 
-    def standin_launches(self, config: Mapping[str, Any], problem: Any, device: Any) -> list[Any]:
-        note_compile(self.name, config, problem)
-        return []
 
 
 class FaultyFamily(_Doubling):
@@ -252,17 +271,9 @@ class FaultyFamily(_Doubling):
             raise KernelError("out of resources: shared memory, required: 300000, hardware limit: 232448")
 
     def standin_launches(self, config: Mapping[str, Any], problem: Any, device: Any) -> list[Any]:
-        note_compile(self.name, config, problem)
         if config.get("variant") == "raise":
             raise KernelError("out of resources: shared memory, required: 300000, hardware limit: 232448")
-        crash = os.environ.get("JT_COMPILE_CRASH")
-        if crash and config.get("tile") == 2:
-            try:
-                os.close(os.open(crash, os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                return []
-            os._exit(3)  # a compiler that dies, as a segfault in LLVM would
-        return []
+        return [NotedKernel(self.name, config, problem).launch()]
 
 
 class BrokenFamily(_Doubling):

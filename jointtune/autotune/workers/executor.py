@@ -174,6 +174,7 @@ class RankExecutor:
         self._ahead: dict[str, _Ahead] = {}
         self._sent = 0  # configs sent ahead in this study: the next one's owner is rank `_sent % size`
         self._load: set[str] = set()  # configs compiled elsewhere that this rank loads before their check
+        self._trivial: set[str] = set()  # configs sent to a pool that make no Triton launch: compiled at their trial
         self._trials = 0
         self._worlds: dict[int, World] = {}
         self._job: Job | None = None
@@ -220,11 +221,14 @@ class RankExecutor:
         problem = self._job.problem
         for config in [*configs, *(queued if self.compiler is not None else ())]:
             key = config_hash(config)
-            if key in self._ahead or key in self._checked or len(self._ahead) >= MAX_AHEAD:
+            if key in self._ahead or key in self._checked or key in self._trivial or len(self._ahead) >= MAX_AHEAD:
                 continue
             owner = self._sent % self.control.size
             self._sent += 1
             if self.compiler is not None:
+                if not self._has_launches(config):  # nothing for a worker to build: its trial won't wait for one
+                    self._trivial.add(key)
+                    continue
                 ahead = _Ahead(dict(config), owner, None, load=True)
                 if owner == self.control.rank:
                     self._submit(ahead)
@@ -235,6 +239,17 @@ class RankExecutor:
             else:
                 continue
             phases.record("ahead", time.time(), config=dict(config), owner=owner, trial=self._trials)
+
+    def _has_launches(self, config: Mapping[str, Any]) -> bool:
+        """Whether `config` makes Triton launches (the baseline and cuBLAS modes make none). A family that can't
+        say goes to the pool, whose worker then says what is wrong, as a compile failure of its trial."""
+        import torch
+
+        assert self._family is not None and self._job is not None
+        try:
+            return bool(self._family.standin_launches(dict(config), self._job.problem, torch.device("cpu")))
+        except Exception:
+            return True
 
     def _submit(self, ahead: _Ahead) -> None:
         assert self.compiler is not None and self._family is not None and self._job is not None
@@ -261,6 +276,7 @@ class RankExecutor:
                 ahead.future.cancel()
         self._ahead.clear()
         self._load.clear()
+        self._trivial.clear()
         self._sent = 0
 
     # ---- per trial ----------------------------------------------------------------------------
