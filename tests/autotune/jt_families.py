@@ -250,7 +250,6 @@ class SleepFamily(_Doubling):
         time.sleep(0.002)
 
 
-
 class FaultyFamily(_Doubling):
     name = "jt_faulty"
     space = "jt_faulty"

@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import optuna
-from optuna.trial import TrialState
 
 from jointtune.autotune.tuner.keys import TuningKey, triton_version
 from jointtune.autotune.tuner.locks import study_lock
@@ -150,12 +149,6 @@ class StudyHandle:
         baseline = baseline_config(self.space, self.problem, self.limits)
         self.study.set_user_attr(STUDY_BASELINE, canonical_json(baseline))
         self.study.set_user_attr(STUDY_INIT, True)
-
-    def waiting_configs(self, limit: int = 64) -> list[dict[str, Any]]:
-        """The configs enqueued and not yet claimed (the start, retries), in the order claims will take them."""
-        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        configs = [trial.system_attrs.get("fixed_params") for trial in waiting[:limit]]
-        return [dict(config) for config in configs if config]
 
     def state(self) -> StudyState:
         """Where the study stands now (read fresh from the storage)."""

@@ -7,7 +7,8 @@ budget check, ask, validate, stamp owner, heartbeat) -> broadcast -> every rank 
 tell -> publish a new best to the store. Claims run `lookahead` trials ahead so that ranks can
 precompile the next configs while the current one is timed, and every claimed trial runs unless the
 study's budget is spent first; the study's queued start (its enqueued configs, known before any
-trial runs) goes to the ranks with the first trial, so a compile pool builds all of it at once.
+trial runs) and the sampler's random draws after it (`Searcher.preview`) go to the ranks with the
+first trial, so a compile pool builds all of them at once.
 A search that finds no new config while trials are running (a claim ahead in a small sub-space,
 or another group's trials) does not stop the study: one of them may still fail and be enqueued
 again, so the study waits for them and stops as "exhausted" only once none is left. When every
@@ -52,6 +53,7 @@ from jointtune.autotune.tuner.studies import (
     retry_interrupted,
 )
 from jointtune.autotune.workers import phases
+from jointtune.autotune.workers.executor import MAX_AHEAD
 from jointtune.autotune.workers.recovery import Heartbeat, Owner, recover_study
 from jointtune.errors import TuningError
 
@@ -255,7 +257,8 @@ class Coordinator:
         has_hook = getattr(h.family, "precompile", None) is not None
         depth = 1 + (h.job.settings.lookahead if has_hook else 0)
         pending: collections.deque[Proposal] = collections.deque()
-        queued = h.waiting_configs() if has_hook else []  # the start, sent once: the ranks keep what they took
+        # what the claims will run as far as it doesn't depend on results (the start, the random draws): sent once
+        queued = self._preview(h, depth) if has_hook and self.executor.compiler is not None else []
         h.state()
         while True:
             while len(pending) < depth and (proposal := self.claim(h)) is not None:
@@ -275,6 +278,14 @@ class Coordinator:
                 for proposal in pending:
                     self.release(h, proposal)
                 raise GroupRestart(f"trial {current.number} of {h.name} crashed: {outcome.detail}")
+
+    def _preview(self, h: StudyHandle, depth: int) -> list[dict[str, Any]]:
+        state = h.state()
+        left = state.budget(h.job.settings) - state.trial_count - state.running
+        with phases.phase("preview") as note:
+            configs = h.searcher.preview(h.study, depth=depth, limit=max(0, min(left, MAX_AHEAD)))
+            note["configs"] = len(configs)
+        return configs
 
     def _execute(
         self, h: StudyHandle, current: Proposal, upcoming: list[dict[str, Any]], queued: list[dict[str, Any]]

@@ -37,10 +37,12 @@ def _phases(path: Path, phase: str) -> list[dict]:
     return [line for line in lines if line["phase"] == phase]
 
 
-def test_the_start_goes_ahead_with_the_first_trial_and_the_picks_do_not_move(families, tmp_path, monkeypatch, pool):
+def test_what_does_not_depend_on_results_goes_ahead_at_once_and_the_picks_do_not_move(
+    families, tmp_path, monkeypatch, pool
+):
     compiler, _ = pool
     problem = get_space("flash_decode").make_problem("8x32x8x32768x128", dtype="bf16", world_size=2)
-    job = Job.of("jt_sim_decode", problem, FAST.replace(trials=8, n_startup=4))  # TPE from the 5th trial
+    job = Job.of("jt_sim_decode", problem, FAST.replace(trials=9, n_startup=6))  # start 4, random 2, TPE 3
     log = tmp_path / "phases.jsonl"
     monkeypatch.setenv("JOINTTUNE_PHASES", str(log))
     with_pool = f"sqlite:///{tmp_path / 'pool.db'}"
@@ -50,15 +52,17 @@ def test_the_start_goes_ahead_with_the_first_trial_and_the_picks_do_not_move(fam
     tune(on_threads, job)
     # the same trials in the same order, so the same pick: compiling ahead changes what runs when, never what runs
     first, second = result_of(with_pool, job), result_of(on_threads, job)
-    assert ran(first) == ran(second) and first.counted == 8
+    assert ran(first) == ran(second) and first.counted == 9
     assert first.best_config == second.best_config
-    # the whole start (4 configs: the baseline and one per mode) was sent with the first trial, each config once
+    # the start (the baseline and one config per mode) and the sampler's two random draws after it went to the pool
+    # with the first trial; each config that ran went once
     start = [canonical_json(trial_config(t)) for t in first.state.counted if ATTR_ROLE in t.user_attrs]
     ahead = [(canonical_json(line["config"]), line["trial"]) for line in _phases(log, "ahead")]
-    assert len(start) == 4 and {config for config, at in ahead if at == 0} == set(start)
+    assert len(start) == 4 and ran(first)[:4] == start
+    assert {config for config, at in ahead if at == 0} == set(ran(first)[:6])
     assert sorted(config for config, _ in ahead) == sorted(set(ran(first)))
     # every trial's phases are in the log, in order
-    assert [line["trial"] for line in _phases(log, "measure")] == list(range(1, 9))
+    assert [line["trial"] for line in _phases(log, "measure")] == list(range(1, 10))
 
 
 def test_a_worker_builds_each_config_once_and_the_rank_loads_it_before_its_check(families, sqlite_url, pool):
