@@ -26,6 +26,7 @@ from typing import Any
 
 #: rank 0's trial phases, in the order a trial runs them, with what each is in words
 TRIAL_PHASES = {
+    "preview": "store: preview what the claims will run (once, in memory)",
     "claim": "store: claim the next trial (Optuna ask, under the study lock)",
     "compile": "compile: waited for a config's kernels (pool, or in process)",
     "check": "check: first run (load kernels, reference, agree)",
@@ -84,8 +85,8 @@ def summarise(
                          ("inputs", "world set-up: the family, the world, the inputs")):  # fmt: skip
         line = _first(lines, "rank0", phase)
         step(words, line["t1"] if line else None)
-    stop = _first(lines, "rank0", "stop")
-    trials_end = stop["t1"] if stop else None
+    done = _first(lines, "rank0", "done")
+    trials_end = done["t1"] if done else None
     if trials_end is not None:
         total = trials_end - at
         counted = 0.0
@@ -95,6 +96,8 @@ def summarise(
             counted += seconds
         rows.append(("trials: other (broadcasts, barriers, the loop)", max(0.0, total - counted)))
         at = trials_end
+    teardown = _first(lines, "rank0", "teardown")
+    step("exit: rank 0 closes its executor and process groups", teardown["t1"] if teardown else None)
     ranks = _first(lines, "cli", "ranks")
     step("exit: the ranks end, the CLI sees it", ranks["t1"] if ranks else None)
     summary = _first(lines, "cli", "summary")

@@ -72,7 +72,8 @@ class CompileFailed(KernelError):
 
 
 def default_workers(ranks_here: int) -> int:
-    """Compile processes per rank: the node's CPUs shared by its ranks, one each left to the rank, at most 4."""
+    """Compile processes per rank: the CPUs this process may use shared by the node's ranks, one each left to the
+    rank, at most 4 (16 CPUs and 2 ranks: 4 each; 8 ranks: 1 each)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(MAX_DEFAULT_WORKERS, cpus // max(1, ranks_here) - 1))
 

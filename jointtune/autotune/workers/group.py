@@ -90,20 +90,24 @@ def _jobs_source(spec: GroupSpec) -> Any:
 
 
 def _compile_pool(spec: GroupSpec) -> CompilePool | None:
-    """A rank on GPUs compiles ahead in worker processes, started now, so their imports overlap this rank's set-up."""
+    """A rank on GPUs compiles ahead in worker processes, started now, so their imports overlap this rank's set-up;
+    by default the node's CPUs are shared by as many ranks as it has GPUs (every group of a sweep runs at once)."""
+    import torch
+
     from jointtune.autotune.workers.compiler import CompilePool, default_workers
 
-    workers = default_workers(spec.nprocs) if spec.precompile_workers is None else spec.precompile_workers
-    if spec.world_kind != "cuda" or workers < 1:
+    if spec.world_kind != "cuda":
+        return None
+    workers = spec.precompile_workers
+    if workers is None:
+        workers = default_workers(max(spec.nprocs, torch.cuda.device_count()))
+    if workers < 1:
         return None
     return CompilePool(workers, imports=spec.imports, warm_driver=True)
 
 
 def run_rank(spec: GroupSpec, rank: int | None = None) -> int:
     """Run this process's rank of the group until no work is left; returns the exit code."""
-    from jointtune.autotune.workers.control import init_control
-    from jointtune.autotune.workers.executor import RankExecutor
-
     if rank is not None:
         os.environ["RANK"] = str(rank)
     os.environ.setdefault("WORLD_SIZE", str(spec.nprocs))
@@ -113,6 +117,17 @@ def run_rank(spec: GroupSpec, rank: int | None = None) -> int:
     with phases.phase("imports"):
         _prepare_process(spec)
     pool = _compile_pool(spec)
+    try:
+        return _run_group(spec, local_rank, pool)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _run_group(spec: GroupSpec, local_rank: int, pool: CompilePool | None) -> int:
+    from jointtune.autotune.workers.control import init_control
+    from jointtune.autotune.workers.executor import RankExecutor
+
     use_cuda = spec.world_kind == "cuda"
     with phases.phase("control"):
         control = init_control(use_cuda=use_cuda, device_index=spec.device_offset + local_rank)
@@ -133,6 +148,7 @@ def run_rank(spec: GroupSpec, rank: int | None = None) -> int:
             ).run()
         else:
             follow(control, executor)
+        done = time.time()
     except GroupRestart as exc:
         log.error("group %s restarts: %s", spec.group_id, exc)
         return EXIT_RESTART
@@ -143,10 +159,9 @@ def run_rank(spec: GroupSpec, rank: int | None = None) -> int:
         raise
     finally:
         executor.close()
-        if pool is not None:
-            pool.close()
     control.close()
-    phases.record("stop", time.time())
+    phases.record("done", done)  # no work left (a point)
+    phases.record("teardown", done)  # the executor and the process groups closed
     return 0
 
 
