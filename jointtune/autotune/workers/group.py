@@ -189,6 +189,11 @@ def follow(control: Control, executor: RankExecutor) -> None:
 def process_entry(spec: GroupSpec, rank: int, env: dict[str, str]) -> None:
     """Target of a spawned rank process: bind to the parent, apply the group's environment, run, exit with the code."""
     bind_to_parent()  # first, before it starts anything: it never outlives the CLI (see lifeline)
+    bound_entry(spec, rank, env)
+
+
+def bound_entry(spec: GroupSpec, rank: int, env: dict[str, str]) -> None:
+    """A rank process bound to its parent: apply the group's environment, run, exit with the code."""
     os.environ.update(env)
     logging.basicConfig(level=os.environ.get("JOINTTUNE_LOG_LEVEL", "WARNING"), stream=sys.stderr)
     try:

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -31,6 +32,9 @@ from jointtune.autotune.workers.group import GroupSpec
 from jointtune.autotune.workers.recovery import host_id
 from jointtune.autotune.workers.supervisor import Supervisor
 from jointtune.errors import TuningError
+
+if TYPE_CHECKING:
+    from jointtune.autotune.workers.warm import WarmRanks
 
 
 def prepare_interpreter() -> bool:
@@ -94,12 +98,18 @@ def plan_groups(
 
 
 def run_phases(
-    phases: Sequence[Phase], *, on_tick: Callable[[], object] | None = None, tick_s: float = 1.0, poll_s: float = 0.2
+    phases: Sequence[Phase],
+    *,
+    on_tick: Callable[[], object] | None = None,
+    tick_s: float = 1.0,
+    poll_s: float = 0.2,
+    warm: WarmRanks | None = None,
 ) -> None:
-    """Run each phase's groups to completion, one phase after another; `on_tick` every `tick_s`."""
+    """Run each phase's groups to completion, one phase after another; `on_tick` every `tick_s`. `warm`: processes
+    started earlier that take ranks first."""
     last = 0.0
     for phase in phases:
-        sups = [Supervisor(spec) for spec in phase.specs]
+        sups = [Supervisor(spec, warm=warm) for spec in phase.specs]
         try:
             for sup in sups:
                 sup.start()
@@ -125,12 +135,14 @@ def run_jobs(
     profile: str | None = None,
     title: str = "tuning",
     on_start: Callable[[Sequence[JobResult], int], object] | None = None,
+    warm: WarmRanks | None = None,
 ) -> list[JobResult]:
     """Tune `jobs` on this node with live progress; returns every job's final standing.
 
     `on_start(results, groups)` sees where the jobs stood before anything ran (a re-run finds some
     already tuned) and how many groups will share them, before any group starts. When every job
-    is done already, no group is started at all.
+    is done already, no group is started at all. `warm`: rank processes started earlier (`warm`), which take
+    the first ranks; the caller stops those left.
     """
     from jointtune.autotune.tuner.studies import open_storage
     from jointtune.autotune.workers.sweeps.progress import ProgressView
@@ -160,7 +172,7 @@ def run_jobs(
     phase_log.record("prepare", phase_log.entered())
     with ProgressView(console, read, title=title, parallel=parallel, already=already) as view:
         with phase_log.phase("ranks"):
-            run_phases(phases, on_tick=view.refresh)
+            run_phases(phases, on_tick=view.refresh, warm=warm)
         view.refresh()
     return list(read())
 
