@@ -75,6 +75,10 @@ def summarise(
         step("import: the CLI's interpreter and imports", cli_start["t1"])
     prepare = _first(lines, "cli", "prepare")
     step("set-up: the CLI's checks, store, hardware, header", prepare["t1"] if prepare else None)
+    laps = [line for line in lines if line["who"] == "cli" and line["phase"].startswith("lap:")]
+    if laps and rows:  # the set-up's steps, as the CLI marked them
+        steps = ", ".join(f"{line['phase'][4:]} {line['t1'] - line['t0']:.2f}" for line in laps)
+        rows[-1] = (f"{rows[-1][0]} ({steps} s)", rows[-1][1])
     rank_start = _first(lines, "rank0", "start")
     step("spawn: the CLI starts the rank processes", rank_start["t0"] if rank_start else None)
     step("import: a rank's interpreter and the tuner's modules", rank_start["t1"] if rank_start else None)

@@ -136,6 +136,7 @@ def _tune_and_summarise(
 
     console = _console()
     hardware_id = detect().hardware_id
+    phases.lap("hardware")
     jobs = _distinct(jobs, hardware_id)
     already: list[str] = []
 
@@ -344,6 +345,7 @@ def _tune(
 
     url = resolve_db_url(db)
     on_gpu = prepare_interpreter()
+    phases.lap("torch")
     if not on_gpu and timing == "graph":
         raise TuningError(
             "--timing: 'graph' needs CUDA graphs, and no GPU is visible here; allowed here: gpu, eager, interp "
@@ -373,7 +375,9 @@ def _tune(
     check_study(space, problem, settings)
     job = Job.of(family.name, problem, settings)
     report = prepare_report_dir(report)
+    phases.lap("job")
     open_store(url)  # reachable and migrated, before any work
+    phases.lap("store")
     _tune_and_summarise(
         [job], what=f"jointtune tune {job_label(job)}", url=url, imports=imports or [], groups=groups,
         options=options, report=report, report_hint=f"{this_command()} --report DIR", warm=warm,

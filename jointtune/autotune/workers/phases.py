@@ -29,6 +29,7 @@ PHASES_ENV = "JOINTTUNE_PHASES"
 
 _who = "main"
 _entered: float | None = None
+_lap: float | None = None
 
 
 def set_who(who: str) -> None:
@@ -76,6 +77,16 @@ def record_start() -> None:
     started = process_start()
     if started is not None and enabled():
         record("start", started, _entered)
+
+
+def lap(name: str) -> None:
+    """Record phase "lap:`name`": from the previous lap (or `record_start`) to now. One line per step of a
+    sequence (the CLI's set-up) without wrapping each."""
+    global _lap
+    now = time.time()
+    if enabled():
+        record(f"lap:{name}", _lap if _lap is not None else entered(), now)
+    _lap = now
 
 
 def entered() -> float:

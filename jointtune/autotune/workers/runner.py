@@ -155,6 +155,7 @@ def run_jobs(
         raise TuningError(f"database URL: {url!r} is not allowed; rank processes can't share an in-memory database")
     open_store(url)  # migrate the store before any group opens Optuna's tables beside it
     storage = open_storage(url)
+    phase_log.lap("storage")
     hardware_id = detect().hardware_id
     gpus = _gpu_count() if on_gpu else 0
     phases = plan_groups(
@@ -163,12 +164,14 @@ def run_jobs(
     console = console or Console()
     read = lambda: collect(storage, jobs, hardware_id=hardware_id)
     before = read()
+    phase_log.lap("studies")
     parallel = len(phases[0].specs) if phases else 1
     if on_start is not None:
         on_start(before, parallel)
     if all(r.done_reason is not None for r in before):
         return list(before)
     already = [r.study_name for r in before if r.done_reason is not None]
+    phase_log.lap("header")
     phase_log.record("prepare", phase_log.entered())
     with ProgressView(console, read, title=title, parallel=parallel, already=already) as view:
         with phase_log.phase("ranks"):
