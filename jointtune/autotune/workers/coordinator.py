@@ -53,7 +53,7 @@ from jointtune.autotune.tuner.studies import (
     retry_interrupted,
 )
 from jointtune.autotune.workers import phases
-from jointtune.autotune.workers.executor import MAX_AHEAD
+from jointtune.autotune.workers.ahead import MAX_AHEAD
 from jointtune.autotune.workers.recovery import Heartbeat, Owner, recover_study
 from jointtune.errors import TuningError
 
