@@ -12,6 +12,7 @@
 #                        compiles waited for, checks, measurements, the store; what compile workers did meanwhile)
 #   cold-ab [N]          the same cold tune from .device/before (a `git archive` of the tree before the change; carry
 #                        .device) and from this tree, alternating, N rounds (default 2): before/after in one call
+#                        (JOINTTUNE_COMPILE_WORKERS=0 before either: this tree without compile workers, threads as before)
 #   curves               replay tables (truth) -> best-so-far against trials, 3 seeds, per family and world size
 # Results land in $WORK and are packed into $OUT/tuner_checks.tgz after every step, so a call stopped at its limit
 # still returns what finished. truth and tune take one family per call to fit a 10-minute call; a study stopped by

@@ -91,7 +91,8 @@ def _jobs_source(spec: GroupSpec) -> Any:
 
 def _compile_pool(spec: GroupSpec) -> CompilePool | None:
     """A rank on GPUs compiles ahead in worker processes, started now, so their imports overlap this rank's set-up;
-    by default the node's CPUs are shared by as many ranks as it has GPUs (every group of a sweep runs at once)."""
+    by default the node's CPUs are shared by as many ranks as it has GPUs (every group of a sweep runs at once), and
+    $JOINTTUNE_COMPILE_WORKERS sets the count (0: no pool, the claimed configs compile on threads as before)."""
     import torch
 
     from jointtune.autotune.workers.compiler import CompilePool, default_workers
@@ -99,6 +100,9 @@ def _compile_pool(spec: GroupSpec) -> CompilePool | None:
     if spec.world_kind != "cuda":
         return None
     workers = spec.precompile_workers
+    text = os.environ.get("JOINTTUNE_COMPILE_WORKERS", "").strip()
+    if workers is None and text.isdigit():
+        workers = int(text)
     if workers is None:
         workers = default_workers(max(spec.nprocs, torch.cuda.device_count()))
     if workers < 1:
@@ -131,7 +135,7 @@ def _run_group(spec: GroupSpec, local_rank: int, pool: CompilePool | None) -> in
     use_cuda = spec.world_kind == "cuda"
     with phases.phase("control"):
         control = init_control(use_cuda=use_cuda, device_index=spec.device_offset + local_rank)
-    threads = 2 if spec.precompile_workers is None else spec.precompile_workers
+    threads = 2 if spec.precompile_workers is None else spec.precompile_workers  # where there is no pool
     executor = RankExecutor(control, world_kind=spec.world_kind, precompile_workers=threads, compiler=pool)
     try:
         if control.rank == 0:
