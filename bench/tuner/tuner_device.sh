@@ -7,7 +7,12 @@
 #   agree W              the picks of fresh-a, fresh-b, full and the exhaustive study re-timed side by side
 #                        (bench/tuner/tuner_agreement.py): fresh tunes within 2%, picks within 3% of the exhaustive best
 #   cold                 a cold 24-trial tune of one shape at W=2, whole space, empty Triton cache, fresh database:
-#                        seconds from process start to the stored record (target <= 30 s on an H200)
+#                        seconds from process start to the stored record (target <= 30 s on an H200), and where they
+#                        went (bench/tuner/cold_phases.py on the run's $JOINTTUNE_PHASES log: imports, world set-up,
+#                        compiles waited for, checks, measurements, the store; what compile workers did meanwhile)
+#   cold-ab [N]          the same cold tune from .device/before (a `git archive` of the tree before the change; carry
+#                        .device) and from this tree, alternating, N rounds (default 2): before/after in one call
+#                        (JOINTTUNE_COMPILE_WORKERS=0 before either: this tree without compile workers, threads as before)
 #   curves               replay tables (truth) -> best-so-far against trials, 3 seeds, per family and world size
 # Results land in $WORK and are packed into $OUT/tuner_checks.tgz after every step, so a call stopped at its limit
 # still returns what finished. truth and tune take one family per call to fit a 10-minute call; a study stopped by
@@ -15,6 +20,7 @@
 # Usage (each line one call; W = 2, then 4):
 #   bash bench/tuner/tuner_device.sh truth W FAMILY; bash bench/tuner/tuner_device.sh tune W FAMILY   (for each family)
 #   bash bench/tuner/tuner_device.sh agree W; then once: bash bench/tuner/tuner_device.sh cold; bash bench/tuner/tuner_device.sh curves
+#   bash bench/tuner/tuner_device.sh cold-ab 2     (before: mkdir -p .device/before && git archive OLD jointtune | tar -x -C .device/before)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/tuner_checks}
 mkdir -p "$WORK/tables"
@@ -43,6 +49,29 @@ tune() { # SECONDS W DB NAME KERNEL SHAPE [more args]: one `jointtune tune`, one
   echo "exit $? after: tune $5 $6 w$2 ($4)"; grep -E "how each shape went|—|done in" "$WORK/$4.log" | tail -4; pack
 }
 families() { if [ $# -gt 0 ]; then echo "$@"; else echo ag_gemm gemm_rs flash_decode; fi; }
+ROOT=$PWD
+cold_run() { # TREE NAME: the cold tune from TREE's jointtune: empty Triton cache, fresh database, the shell's clock around
+  local tree=$1 name=$2 cache rc start end
+  cache=$(mktemp -d)
+  rm -f "$WORK/$name.db" "$WORK/$name.phases.jsonl"
+  start=$(date +%s.%N)
+  (cd "$tree" && CUDA_VISIBLE_DEVICES=0,1 TRITON_CACHE_DIR=$cache JOINTTUNE_PHASES="$WORK/$name.phases.jsonl" \
+    PYTHONPATH="$tree${SITE:+:$SITE}" timeout 300 python3 -m jointtune.cli tune --kernel ag_gemm --shape 2048x5120x8192 \
+    --world-size 2 --timing graph --groups 1 --trials 24 --seed 0 --db "sqlite:///$WORK/$name.db") > "$WORK/$name.log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  (cd "$tree" && PYTHONPATH="$tree${SITE:+:$SITE}" python3 -m jointtune.cli db list --db "sqlite:///$WORK/$name.db") \
+    >> "$WORK/$name.log" 2>&1
+  echo "cold 24-trial tune, ag_gemm 2048x5120x8192 W=2, empty Triton cache ($name, exit $rc):" \
+    "$(python3 -c "print(f'{$end - $start:.1f}')") s from process start to stored record" | tee -a "$WORK/$name.log"
+  grep "│" "$WORK/$name.log" | grep ag_gemm | tail -2  # the tuned table's row and the stored record
+  if [ -s "$WORK/$name.phases.jsonl" ]; then
+    python3 "$ROOT/bench/tuner/cold_phases.py" "$WORK/$name.phases.jsonl" --start "$start" --end "$end" \
+      --out "$WORK/$name.phases.json" | tee -a "$WORK/$name.log"
+  fi
+  rm -rf "$cache"
+  pack
+}
 
 phase=$1; shift
 case $phase in
@@ -73,19 +102,17 @@ case $phase in
       --db "full=sqlite:///$WORK/full_w$w.db" --db "exhaustive=sqlite:///$WORK/truth_w$w.db" \
       --out "$WORK/tuner_agreement_w${w}.json" > "$WORK/agree_w$w.log" 2>&1
     echo "exit $? after: agree w$w"; grep -E "^\[" "$WORK/agree_w$w.log"; pack ;;
-  cold)
-    TRITON_CACHE_DIR=$(mktemp -d)
-    export TRITON_CACHE_DIR
-    rm -f "$WORK/cold.db"
-    start=$(date +%s.%N)
-    tune 300 2 cold.db cold_ag_gemm_w2 ag_gemm 2048x5120x8192 --trials 24 --seed 0
-    end=$(date +%s.%N)
-    python3 -m jointtune.cli db list --db "sqlite:///$WORK/cold.db" >> "$WORK/cold_ag_gemm_w2.log" 2>&1
-    echo "cold 24-trial tune, ag_gemm 2048x5120x8192 W=2, empty Triton cache: $(python3 -c "print(f'{$end - $start:.1f}')") s" \
-      "from process start to stored record" | tee -a "$WORK/cold_ag_gemm_w2.log"
-    pack ;;
+  cold) cold_run "$ROOT" cold_ag_gemm_w2 ;;
+  cold-ab)
+    [ -d .device/before/jointtune ] || { echo "cold-ab: .device/before holds no jointtune (carry .device)"; exit 2; }
+    python3 -c "import torch, triton, optuna, sqlalchemy" # the same warm file cache for both trees
+    for round in $(seq "${1:-2}"); do
+      cold_run "$ROOT/.device/before" "cold_before_$round"
+      cold_run "$ROOT" "cold_after_$round"
+    done
+    grep -h "^cold 24-trial" "$WORK"/cold_before_*.log "$WORK"/cold_after_*.log ;;
   curves)
     python3 bench/tuner/tuner_experiments.py curves "$WORK"/tables/ground_truth_*.json --out "$WORK/tuner_curves_4xH200.json"
     pack ;;
-  *) echo "unknown phase $phase (truth W, tune W, agree W, cold, curves)"; exit 2 ;;
+  *) echo "unknown phase $phase (truth W, tune W, agree W, cold, cold-ab [N], curves)"; exit 2 ;;
 esac

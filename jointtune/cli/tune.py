@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from jointtune.autotune.workers import phases
 from jointtune.errors import TuningError
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from jointtune.autotune.tuner.results import JobResult
     from jointtune.autotune.tuner.settings import Job, TuneSettings
     from jointtune.autotune.workers.coordinator import GroupOptions
+    from jointtune.autotune.workers.warm import WarmRanks
 
 _DB_HELP = "database URL of the store and the Optuna studies (default: $JOINTTUNE_DB_URL or the per-user SQLite file)"
 
@@ -90,6 +92,12 @@ def parse_restrictions(items: list[str]) -> dict[str, list[int | bool | str]]:
     return out
 
 
+def _entered() -> None:
+    """Note where this process's start ends (interpreter and imports) in the phases log ($JOINTTUNE_PHASES)."""
+    phases.set_who("cli")
+    phases.record_start()
+
+
 def _console() -> Console:
     # Logs (CI, `| tee`) get wide lines instead of rich's 80-column default.
     return Console() if sys.stdout.isatty() else Console(width=200)
@@ -118,15 +126,17 @@ def _tune_and_summarise(
     profile: str | None = None,
     sweep_name: str | None = None,
     epilogue: Callable[[Sequence[JobResult]], None] | None = None,
+    warm: WarmRanks | None = None,
 ) -> None:
     """Header, live progress, tuned table and closing summary around one `run_jobs` (then `epilogue(results)`, also
-    when the summary exits 1 for a shape that could not be tuned)."""
+    when the summary exits 1 for a shape that could not be tuned). `warm`: rank processes started already."""
     from jointtune.autotune.workers.runner import run_jobs
     from jointtune.cli._summary import print_header, print_interrupted, print_summary
     from jointtune.hardware import detect
 
     console = _console()
     hardware_id = detect().hardware_id
+    phases.lap("hardware")
     jobs = _distinct(jobs, hardware_id)
     already: list[str] = []
 
@@ -139,7 +149,7 @@ def _tune_and_summarise(
     try:
         results = run_jobs(
             jobs, url=url, imports=imports, groups=groups, console=console, options=options, sweep=sweep_name,
-            profile=profile if sweep_name else None, title=what, on_start=on_start,
+            profile=profile if sweep_name else None, title=what, on_start=on_start, warm=warm,
         )  # fmt: skip
     except KeyboardInterrupt:  # Ctrl-C: the groups are stopped; say what is kept and how to go on
         from jointtune.autotune.tuner.results import collect
@@ -149,10 +159,11 @@ def _tune_and_summarise(
         print_interrupted(console, done, url=url, elapsed_s=time.monotonic() - start, again=this_command())
         raise SystemExit(130) from None
     try:
-        print_summary(
-            console, results, url=url, elapsed_s=time.monotonic() - start, already=already, report=report,
-            report_hint=report_hint, hardware_id=hardware_id,
-        )  # fmt: skip
+        with phases.phase("summary"):
+            print_summary(
+                console, results, url=url, elapsed_s=time.monotonic() - start, already=already, report=report,
+                report_hint=report_hint, hardware_id=hardware_id,
+            )  # fmt: skip
     finally:
         if epilogue is not None:
             epilogue(results)
@@ -254,15 +265,9 @@ def tune(
     ] = None,
 ) -> None:
     """Tune one kernel for one shape on this node, or (--model) every fused-op shape of a model."""
-    from jointtune.autotune.tuner.handles import study_space
-    from jointtune.autotune.tuner.results import job_label
-    from jointtune.autotune.tuner.search import check_study
-    from jointtune.autotune.tuner.settings import Job, TuneSettings
-    from jointtune.autotune.workers.runner import prepare_interpreter
-    from jointtune.cli._checks import prepare_report_dir
-    from jointtune.cli.db import shape_text
-    from jointtune.db import open_store, resolve_db_url
-    from jointtune.kernels import get_family
+    args = dict(locals())
+    _entered()
+    from jointtune.autotune.tuner.settings import TuneSettings
 
     changes = {"warmup": warmup, "iters": iters}
     try:
@@ -283,8 +288,64 @@ def tune(
             text = "--" + field.removesuffix("_s").replace("_", "-") + text[len(field) :]
         raise TuningError(text) from None
     options = _options(None, None)
+    warm = None
+    if model is None and kernel is not None and shape is not None:
+        from jointtune.autotune.workers.warm import WarmRanks, expected_ranks
+
+        # the rank processes import while this one reads torch, checks the job, opens the store, reads the hardware
+        warm = WarmRanks(expected_ranks(world_size=world_size, groups=groups))
+    try:
+        _tune(**args, settings=settings, options=options, warm=warm)
+    finally:
+        if warm is not None:
+            warm.close()
+
+
+def _tune(
+    *,
+    kernel: str | None,
+    shape: str | None,
+    dtype: str,
+    world_size: int,
+    trials: int,
+    time_budget: float | None,
+    patience: int | None,
+    strategy: str,
+    timing: str,
+    seed: int,
+    warmup: int | None,
+    iters: int | None,
+    db: str | None,
+    groups: int | None,
+    report: str | None,
+    restrict: list[str] | None,
+    imports: list[str] | None,
+    allow_nondeterministic: bool,
+    model: str | None,
+    tp: int | None,
+    tokens: str | None,
+    kv_lens: str | None,
+    attention: str,
+    decode_max: int,
+    export: str | None,
+    settings: TuneSettings,
+    options: GroupOptions,
+    warm: WarmRanks | None,
+) -> None:
+    """`tune`'s work once its options are read (`warm`: rank processes started already, for `_tune_and_summarise`)."""
+    from jointtune.autotune.tuner.handles import study_space
+    from jointtune.autotune.tuner.results import job_label
+    from jointtune.autotune.tuner.search import check_study
+    from jointtune.autotune.tuner.settings import Job
+    from jointtune.autotune.workers.runner import prepare_interpreter
+    from jointtune.cli._checks import prepare_report_dir
+    from jointtune.cli.db import shape_text
+    from jointtune.db import open_store, resolve_db_url
+    from jointtune.kernels import get_family
+
     url = resolve_db_url(db)
     on_gpu = prepare_interpreter()
+    phases.lap("torch")
     if not on_gpu and timing == "graph":
         raise TuningError(
             "--timing: 'graph' needs CUDA graphs, and no GPU is visible here; allowed here: gpu, eager, interp "
@@ -314,10 +375,12 @@ def tune(
     check_study(space, problem, settings)
     job = Job.of(family.name, problem, settings)
     report = prepare_report_dir(report)
+    phases.lap("job")
     open_store(url)  # reachable and migrated, before any work
+    phases.lap("store")
     _tune_and_summarise(
         [job], what=f"jointtune tune {job_label(job)}", url=url, imports=imports or [], groups=groups,
-        options=options, report=report, report_hint=f"{this_command()} --report DIR",
+        options=options, report=report, report_hint=f"{this_command()} --report DIR", warm=warm,
     )  # fmt: skip
 
 
@@ -354,6 +417,7 @@ def sweep(
     register_only: Annotated[bool, typer.Option("--register-only", help="only register it for workers")] = False,
 ) -> None:
     """Tune every job of a sweep file's profile on this node (and register it for workers)."""
+    _entered()
     from jointtune._command import jointtune_command
     from jointtune.autotune.tuner.studies import open_storage
     from jointtune.autotune.workers.runner import prepare_interpreter

@@ -6,12 +6,14 @@ process registers the same spaces and families.
 - `jt_sleep`: latency is a sleep whose length depends on the config (best: tile=4, chunk=2, every
   config 20% apart) and scales with the shape's M; some tile/chunk pairs are invalid. Has a
   `precompile` hook. The tuner's clock measures exactly that length (`SimulatedClock`), so what a
-  test sees never depends on how busy the machine is.
+  test sees never depends on how busy the machine is. Its one stand-in launch (`NotedKernel`, what a
+  compile pool's worker process builds) notes each config a worker built in $JT_COMPILE_LOG, when set.
   With $JT_GRANDCHILDREN set (a file), each process's first `make_inputs` also starts a long-lived
   helper process, as a plug-in might, and appends its pid to that file.
 - `jt_faulty`: like jt_sleep with a `variant` knob; with tile=1 a variant fails in one way each:
-  raise (a compile error from the precompile hook), hang, kill (SIGKILL of its own process),
-  wrong (returns wrong numbers). Best: tile=4.
+  raise (a compile error from the precompile hook, and from a compile pool's worker), hang, kill (SIGKILL of
+  its own process), wrong (returns wrong numbers). Best: tile=4. Its stand-in launch is jt_sleep's, which
+  with $JT_COMPILE_CRASH kills the first worker process that builds a tile=2 config.
 - `jt_broken`: the jt_sleep space, but every config raises.
 - `jt_matmul`: a real torch matmul whose knobs (row splits, operand order) change its speed.
 - `jt_sim_decode`: flash_decode's real joint space (modes, conditions, the shape's constraints) over a simulated
@@ -20,6 +22,7 @@ process registers the same spaces and families.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -40,6 +43,43 @@ from jointtune.search_spaces import Constraint, Space, categorical, choice, pow2
 
 #: configs precompiled in this process, in order (tests read it)
 PRECOMPILED: list[dict[str, Any]] = []
+
+
+class NotedKernel:
+    """The one stand-in launch of a test family's config: a compile pool's worker "compiles" it by calling
+    `warmup`, which notes the config in $JT_COMPILE_LOG (a file, when set). With $JT_COMPILE_CRASH (a file that does
+    not exist yet), the first warmup of a tile=2 config makes that file and kills its process, as a compiler's
+    segfault would."""
+
+    def __init__(self, family: str, config: Mapping[str, Any], problem: Any) -> None:
+        self.family, self.config, self.problem = family, dict(config), problem
+
+    def launch(self) -> Any:
+        return (self, {}, {})
+
+    def warmup(self, *, grid: Any) -> NotedKernel:
+        path = os.environ.get("JT_COMPILE_LOG")
+        if path:
+            line = {"family": self.family, "shape": dict(self.problem.shape), "config": self.config, "pid": os.getpid()}
+            with open(path, "a") as handle:
+                handle.write(json.dumps(line) + "\n")
+        crash = os.environ.get("JT_COMPILE_CRASH")
+        if crash and self.config.get("tile") == 2:
+            try:
+                os.close(os.open(crash, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return self
+            os._exit(3)
+        return self
+
+
+def compile_log(path: str, family: str, m: int) -> list[dict[str, Any]]:
+    """The configs worker processes built for `family` at M=`m`, in order (`note_compile`)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        lines = [json.loads(text) for text in handle.read().splitlines() if text]
+    return [line["config"] for line in lines if line["family"] == family and line["shape"].get("M") == m]
 
 
 def _tile_chunk(cfg: Mapping[str, Any], ctx: Mapping[str, int]) -> str | None:
@@ -174,7 +214,7 @@ def _start_a_grandchild() -> None:
 
 
 class _Doubling(Family):
-    """Outputs 2*x on every rank; latency comes from a sleep."""
+    """Outputs 2*x on every rank; latency comes from a sleep; one stand-in launch (`NotedKernel`) per config."""
 
     dims = ("M",)
 
@@ -188,6 +228,9 @@ class _Doubling(Family):
 
     def max_error(self, outputs: Any, reference: Any) -> float:
         return max(float((o - r).norm() / r.norm()) for o, r in zip(outputs, reference))
+
+    def standin_launches(self, config: Mapping[str, Any], problem: Any, device: Any) -> list[Any]:
+        return [NotedKernel(self.name, config, problem).launch()]
 
 
 class SleepFamily(_Doubling):
@@ -225,6 +268,11 @@ class FaultyFamily(_Doubling):
     def precompile(self, config: Mapping[str, Any], problem: Any) -> None:
         if config.get("variant") == "raise":
             raise KernelError("out of resources: shared memory, required: 300000, hardware limit: 232448")
+
+    def standin_launches(self, config: Mapping[str, Any], problem: Any, device: Any) -> list[Any]:
+        if config.get("variant") == "raise":
+            raise KernelError("out of resources: shared memory, required: 300000, hardware limit: 232448")
+        return [NotedKernel(self.name, config, problem).launch()]
 
 
 class BrokenFamily(_Doubling):

@@ -16,6 +16,7 @@ from typing import Any
 from jointtune.autotune.tuner.results import JobResult, collect
 from jointtune.autotune.tuner.settings import Job
 from jointtune.autotune.tuner.studies import open_storage, trial_config
+from jointtune.autotune.workers.compiler import CompilePool
 from jointtune.autotune.workers.control import SoloControl
 from jointtune.autotune.workers.coordinator import Coordinator, GroupInfo, GroupOptions
 from jointtune.autotune.workers.executor import RankExecutor
@@ -23,9 +24,10 @@ from jointtune.hardware import detect
 from jointtune.search_spaces import canonical_json
 
 
-def tune(url: str, *jobs: Job, group: str = "g-test") -> None:
-    """Run `jobs` to their end in this process: one local group, rank 0 only."""
-    executor = RankExecutor(SoloControl(), world_kind="local")
+def tune(url: str, *jobs: Job, group: str = "g-test", compiler: CompilePool | None = None) -> None:
+    """Run `jobs` to their end in this process: one local group, rank 0 only (compiling ahead in `compiler`'s worker
+    processes where given, else on threads)."""
+    executor = RankExecutor(SoloControl(), world_kind="local", compiler=compiler)
     try:
         Coordinator(
             url=url,

@@ -17,6 +17,9 @@
   no such config is left the search says "exhausted" (the coordinator stops the study then only
   once no claimed trial is left to run). A config that a claimed trial is running right now is
   skipped (told FAIL, reason "duplicate"). A stop's reason in words goes to the study (`jt_stop_detail`).
+- What comes next (`Searcher.preview`): the configs the next claims will run as far as they don't depend on
+  results (the enqueued start, then the sampler's random draws), asked of an in-memory copy of the study,
+  so compile pools can build them ahead; the study itself is untouched.
 - Up front (`check_study`): a restriction that leaves nothing it asked for, and an exhaustive
   study bigger than its budget, are refused before any rank starts.
 - The start (`initial_configs`), enqueued in a fixed order before any sampling: the baseline (in each
@@ -362,6 +365,29 @@ class Searcher:
             if repeated >= self.settings.max_duplicate_streak:
                 detail = f"{repeated} proposals in a row repeated configs that have a result or are running"
                 return self._stop(study, "exhausted", detail)
+
+    def preview(self, study: optuna.Study, *, depth: int, limit: int) -> list[dict[str, Any]]:
+        """The configs the next claims will run, in order, as far as they don't depend on any result: the enqueued
+        start, then the sampler's random draws (TPE's until its history holds `startup_trials` trials; every draw of
+        `random`). Asked of an in-memory copy of the study under the coordinator's schedule (`depth` claims open at
+        once, the oldest told first, with a made-up value nothing reads yet); the study is untouched. Advice for
+        compiling ahead: a wrong guess costs a compile, never a trial."""
+        copy = optuna.create_study(storage=optuna.storages.InMemoryStorage(), direction="minimize")
+        copy.add_trials(study.get_trials(deepcopy=False))
+        out: list[dict[str, Any]] = []
+        while len(out) < limit:
+            running = copy.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            for trial in running[: max(0, len(running) - depth + 1)]:
+                copy.tell(trial.number, 0.0)
+            waiting = copy.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            n_history = len(copy.get_trials(deepcopy=False, states=_HISTORY_STATES))
+            if not waiting and (self.settings.strategy != "random" and n_history >= self.settings.startup_trials):
+                break  # from here TPE reads the results
+            proposal = self.propose(copy)
+            if isinstance(proposal, str):
+                break
+            out.append(proposal.config)
+        return out
 
     @staticmethod
     def _stop(study: optuna.Study, reason: str, detail: str) -> str:

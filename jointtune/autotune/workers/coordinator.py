@@ -6,11 +6,13 @@ the study lock), and runs trials until the study has no work left for it: claim 
 budget check, ask, validate, stamp owner, heartbeat) -> broadcast -> every rank executes ->
 tell -> publish a new best to the store. Claims run `lookahead` trials ahead so that ranks can
 precompile the next configs while the current one is timed, and every claimed trial runs unless the
-study's budget is spent first. A search that finds no new config while trials are running (a claim
-ahead in a small sub-space, or another group's trials) does not stop the study: one of them may
-still fail and be enqueued again, so the study waits for them and stops as "exhausted" only once
-none is left. When every study is done or held by running trials of other groups, it recovers dead
-owners' trials and waits.
+study's budget is spent first; the study's queued start (its enqueued configs, known before any
+trial runs) and the sampler's random draws after it (`Searcher.preview`) go to the ranks with the
+first trial, so a compile pool builds all of them at once.
+A search that finds no new config while trials are running (a claim ahead in a small sub-space,
+or another group's trials) does not stop the study: one of them may still fail and be enqueued
+again, so the study waits for them and stops as "exhausted" only once none is left. When every
+study is done or held by running trials of other groups, it recovers dead owners' trials and waits.
 
 Example:
     >>> Coordinator(url=url, jobs=lambda: [job], group=GroupInfo("g0", "local", 1),
@@ -50,6 +52,8 @@ from jointtune.autotune.tuner.studies import (
     open_storage,
     retry_interrupted,
 )
+from jointtune.autotune.workers import phases
+from jointtune.autotune.workers.ahead import MAX_AHEAD
 from jointtune.autotune.workers.recovery import Heartbeat, Owner, recover_study
 from jointtune.errors import TuningError
 
@@ -104,29 +108,33 @@ class Coordinator:
 
         self.url, self.jobs, self.group, self.options = url, jobs, group, options
         self.control, self.executor = control, executor
-        self.store = open_store(url)
-        self.storage = open_storage(url, heartbeat_interval=options.heartbeat_s, grace_period=options.grace_s)
-        self.fingerprint = detect()
-        self.limits = current_limits()
-        self.owner = Owner.current(group.group_id)
-        self.heartbeat = Heartbeat(self.storage, options.heartbeat_s)
-        self._handles: dict[Job, StudyHandle] = {}
-        # study name -> its running and waiting trials when a claim last found nothing new (see `drained`)
-        self._drained: dict[str, frozenset[int]] = {}
-        # set by our supervisor when it restarts this group: when the previous incarnation died
-        last_death = os.environ.get("JOINTTUNE_LAST_DEATH")
-        self.death_time = float(last_death) if last_death else None
-        self.store.upsert_hardware(
-            hardware_id=self.fingerprint.hardware_id, name=self.fingerprint.name, fingerprint=self.fingerprint.to_json()
-        )
+        with phases.phase("coordinator"):
+            self.store = open_store(url)
+            self.storage = open_storage(url, heartbeat_interval=options.heartbeat_s, grace_period=options.grace_s)
+            self.fingerprint = detect()
+            self.limits = current_limits()
+            self.owner = Owner.current(group.group_id)
+            self.heartbeat = Heartbeat(self.storage, options.heartbeat_s)
+            self._handles: dict[Job, StudyHandle] = {}
+            # study name -> its running and waiting trials when a claim last found nothing new (see `drained`)
+            self._drained: dict[str, frozenset[int]] = {}
+            # set by our supervisor when it restarts this group: when the previous incarnation died
+            last_death = os.environ.get("JOINTTUNE_LAST_DEATH")
+            self.death_time = float(last_death) if last_death else None
+            self.store.upsert_hardware(
+                hardware_id=self.fingerprint.hardware_id,
+                name=self.fingerprint.name,
+                fingerprint=self.fingerprint.to_json(),
+            )
 
     # ---- studies ------------------------------------------------------------------------------
     def handle(self, job: Job) -> StudyHandle:
         """Open (and on first use initialise) the study of `job` for this hardware."""
         if job not in self._handles:
-            h = StudyHandle.open(job, url=self.url, storage=self.storage, store=self.store, limits=self.limits,
-                                 hardware_id=self.fingerprint.hardware_id)  # fmt: skip
-            self._recover(h)
+            with phases.phase("study"):
+                h = StudyHandle.open(job, url=self.url, storage=self.storage, store=self.store, limits=self.limits,
+                                     hardware_id=self.fingerprint.hardware_id)  # fmt: skip
+                self._recover(h)
             self._handles[job] = h
         return self._handles[job]
 
@@ -176,7 +184,7 @@ class Coordinator:
     # ---- trials -------------------------------------------------------------------------------
     def claim(self, h: StudyHandle) -> Proposal | None:
         """A new trial of the study, stamped as this group's; None when it has none to give now."""
-        with study_lock(self.url, h.name):
+        with phases.phase("claim"), study_lock(self.url, h.name):
             if h.state().available(h.job.settings) <= 0 or self.drained(h):
                 return None
             asked: list[int] = []
@@ -249,6 +257,8 @@ class Coordinator:
         has_hook = getattr(h.family, "precompile", None) is not None
         depth = 1 + (h.job.settings.lookahead if has_hook else 0)
         pending: collections.deque[Proposal] = collections.deque()
+        # what the claims will run as far as it doesn't depend on results (the start, the random draws): sent once
+        queued = self._preview(h, depth) if has_hook and self.executor.compiler is not None else []
         h.state()
         while True:
             while len(pending) < depth and (proposal := self.claim(h)) is not None:
@@ -260,19 +270,33 @@ class Coordinator:
                 for proposal in (current, *pending):
                     self.release(h, proposal, retry=False)
                 return
-            outcome = self._execute(h, current, [p.config for p in pending])
-            self.finish(h, current, outcome)
+            outcome = self._execute(h, current, [p.config for p in pending], queued)
+            queued = []
+            with phases.phase("finish"):
+                self.finish(h, current, outcome)
             if outcome.fatal:
                 for proposal in pending:
                     self.release(h, proposal)
                 raise GroupRestart(f"trial {current.number} of {h.name} crashed: {outcome.detail}")
 
-    def _execute(self, h: StudyHandle, current: Proposal, upcoming: list[dict[str, Any]]) -> Outcome:
+    def _preview(self, h: StudyHandle, depth: int) -> list[dict[str, Any]]:
+        state = h.state()
+        left = state.budget(h.job.settings) - state.trial_count - state.running
+        with phases.phase("preview") as note:
+            configs = h.searcher.preview(h.study, depth=depth, limit=max(0, min(left, MAX_AHEAD)))
+            note["configs"] = len(configs)
+        return configs
+
+    def _execute(
+        self, h: StudyHandle, current: Proposal, upcoming: list[dict[str, Any]], queued: list[dict[str, Any]]
+    ) -> Outcome:
         deadline = self.deadline_s(h)
         current.trial.set_user_attr(ATTR_DEADLINE, time.time() + deadline)
         command = {"op": "trial", "config": current.config, "deadline_s": deadline, "upcoming": upcoming}
+        if queued:
+            command["queued"] = queued
         self.control.broadcast(command)
-        self.executor.prefetch([current.config, *upcoming])
+        self.executor.prefetch([current.config, *upcoming], queued)
 
         def on_timeout() -> None:
             self._tell_failure(h, current, "timeout", f"no result within the {deadline:.1f} s watchdog")

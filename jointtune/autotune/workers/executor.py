@@ -7,10 +7,9 @@ output of a config is checked against the reference the first time it runs; timi
 identical warm-up and iteration counts on every rank, and the group's latency is the MAX over
 ranks of each rank's percentiles.
 
-Compilation overlaps benchmarking: the coordinator sends the configs it will run next, and
-families with a `precompile(config, problem)` hook build them on a thread pool (Triton compiles
-off the GPU, and its on-disk cache makes the later launch cheap). Families without the hook are
-compiled at their first launch.
+Compilation overlaps benchmarking: the configs the coordinator sends ahead compile while the current trial runs, in
+a compile pool's worker processes on GPUs or on threads elsewhere (`ahead`); at a config's trial the ranks wait for
+it, agree, and (pool) load it before the check. Every phase goes to the phases log (`phases`).
 
 Example:
     >>> ex = RankExecutor(SoloControl(), world_kind="local")               # doctest: +SKIP
@@ -20,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import concurrent.futures
 import math
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from jointtune.autotune.tuner.settings import Job
 from jointtune.autotune.tuner.timing import measure, percentiles
+from jointtune.autotune.workers import phases
+from jointtune.autotune.workers.ahead import CompileAhead
+from jointtune.autotune.workers.compiler import CompileCounter, CompilePool, CompileTarget
 from jointtune.autotune.workers.watchdog import Watchdog
 from jointtune.errors import KernelError
 from jointtune.search_spaces import config_hash
@@ -115,18 +116,27 @@ class RankExecutor:
         world_kind: str = "local",
         watchdog: Watchdog | None = None,
         precompile_workers: int = 2,
+        compiler: CompilePool | None = None,
+        compile_target: CompileTarget | None = None,
         follower_grace_s: float = 3.0,
     ) -> None:
+        """`compiler`: compile ahead in its worker processes (the caller closes it), for `compile_target` (default:
+        this rank's GPU on a CUDA world, none elsewhere); without one, `precompile_workers` threads (0: none)."""
         self.control = control
         self.world_kind = world_kind
         self.watchdog = watchdog or Watchdog()
         self.follower_grace_s = follower_grace_s
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=precompile_workers,
-            thread_name_prefix="jointtune-precompile",
-            initializer=_same_device(world_kind),
+        self.compiler = compiler
+        self.ahead = CompileAhead(
+            control,
+            compiler=compiler,
+            compile_target=compile_target,
+            threads=precompile_workers,
+            thread_setup=_same_device(world_kind),
+            world_kind=world_kind,
         )
-        self._futures: dict[str, concurrent.futures.Future[None]] = {}
+        # which kernels compile in this process, by phase, for the phases log (compiled kernels only)
+        self._compiles = CompileCounter.install() if world_kind == "cuda" and phases.enabled() else None
         self._worlds: dict[int, World] = {}
         self._job: Job | None = None
         self._family: Family | None = None
@@ -149,34 +159,24 @@ class RankExecutor:
         """Build inputs for `job` on every rank; None, or the error text every rank agrees on."""
         from jointtune.kernels import get_family
 
-        self._cancel_precompiles()
         self._job, self._inputs, self._reference = job, None, None
         self._checked = set()
         error = ""
         try:
-            self._family = get_family(job.kernel)
-            world = self.world_for(job.world_size)
-            self._inputs = self._family.make_inputs(job.problem, world, seed=job.settings.seed + 1)
+            with phases.phase("inputs", kernel=job.kernel):
+                self._family = get_family(job.kernel)
+                world = self.world_for(job.world_size)
+                self._inputs = self._family.make_inputs(job.problem, world, seed=job.settings.seed + 1)
         except Exception as exc:
             error = f"rank {self.control.rank}: {_detail(exc)}"
+        self.ahead.start(self._family, job.problem)  # drops what was sent ahead for the last study
         errors = [e for e in self.control.all_gather(error) if e]
         return errors[0] if errors else None
 
-    def prefetch(self, configs: Sequence[Mapping[str, Any]]) -> None:
-        """Start compiling configs that will run soon (no-op for families without the hook)."""
-        hook = getattr(self._family, "precompile", None)
-        if hook is None or self._job is None:
-            return
-        problem = self._job.problem
-        for config in configs:
-            key = config_hash(config)
-            if key not in self._futures and key not in self._checked:
-                self._futures[key] = self._pool.submit(hook, dict(config), problem)
-
-    def _cancel_precompiles(self) -> None:
-        for future in self._futures.values():
-            future.cancel()
-        self._futures.clear()
+    def prefetch(self, configs: Sequence[Mapping[str, Any]], queued: Sequence[Mapping[str, Any]] = ()) -> None:
+        """Start compiling configs that will run soon: `configs` (claimed), then `queued` (what the claims will run
+        as far as it doesn't depend on results). Every rank must send the same configs in the same order."""
+        self.ahead.prefetch(configs, queued, skip=self._checked)
 
     # ---- per trial ----------------------------------------------------------------------------
     def execute(
@@ -207,26 +207,35 @@ class RankExecutor:
         assert job is not None and family is not None
         world = self.world_for(job.world_size)
         key = config_hash(config)
-        reason, detail = self._compile(key, config)
-        reason, detail = self._agree(reason, detail)
+        self.ahead.trials += 1
+        trial = self.ahead.trials
+        with phases.phase("compile", trial=trial) as note:
+            reason, detail = self._compile(key, config, note)
+            reason, detail = self._agree(reason, detail)
+            self._note_compiles(note)
+        load = self.ahead.loads(key)
         if reason:
             return Outcome(reason, detail)
         if key not in self._checked:
-            reason, detail = self._check(config, world)
-            reason, detail = self._agree(reason, detail)
+            with phases.phase("check", trial=trial) as note:
+                reason, detail = self._check(config, world, load=load)
+                reason, detail = self._agree(reason, detail)
+                self._note_compiles(note)
             if reason:
                 return Outcome(reason, detail)
             self._checked.add(key)
         self.control.barrier()
         stats = [0.0, 0.0, 0.0, 0.0]
         try:
-            samples = measure(
-                lambda: family.run(self._inputs, config, world),
-                world,
-                warmup=job.settings.warmup,
-                iters=job.settings.iters,
-                timing=job.settings.timing,
-            )
+            with phases.phase("measure", trial=trial) as note:
+                samples = measure(
+                    lambda: family.run(self._inputs, config, world),
+                    world,
+                    warmup=job.settings.warmup,
+                    iters=job.settings.iters,
+                    timing=job.settings.timing,
+                )
+                self._note_compiles(note)
             stats = [*percentiles(samples), samples.host_us]
             reason, detail = None, ""
         except Exception as exc:
@@ -238,23 +247,31 @@ class RankExecutor:
             return Outcome(reason, detail)
         return Outcome(None, "", merged[1], merged[2], merged[3], merged[4])
 
-    def _compile(self, key: str, config: dict[str, Any]) -> tuple[str | None, str]:
-        hook = getattr(self._family, "precompile", None)
-        if hook is None or key in self._checked:
+    def _note_compiles(self, note: dict[str, Any]) -> None:
+        if self._compiles is not None:
+            note.update(self._compiles.take())
+
+    def _compile(self, key: str, config: dict[str, Any], note: dict[str, Any]) -> tuple[str | None, str]:
+        """This rank's part of compiling `config` before its trial (`CompileAhead.wait`), as a failure reason."""
+        if key in self._checked:
+            note["how"] = "checked before"
             return None, ""
-        future = self._futures.pop(key, None)
         try:
-            if future is None:
-                hook(config, self._job.problem if self._job else None)
-            else:
-                future.result()
+            self.ahead.wait(key, config, note)
         except Exception as exc:
             return classify(exc, compiling=True), _detail(exc)
         return None, ""
 
-    def _check(self, config: dict[str, Any], world: World) -> tuple[str | None, str]:
+    def _check(self, config: dict[str, Any], world: World, *, load: bool = False) -> tuple[str | None, str]:
+        """Run `config` once against the reference; `load` first brings its kernels compiled elsewhere into this
+        process (a read of Triton's cache), where a failure is a compile failure."""
         job, family = self._job, self._family
         assert job is not None and family is not None
+        if load:
+            try:
+                family.precompile(config, job.problem)
+            except Exception as exc:
+                return classify(exc, compiling=True), _detail(exc)
         try:
             out = family.run(self._inputs, config, world)
             world.synchronize()
@@ -269,8 +286,7 @@ class RankExecutor:
         return None, ""
 
     def close(self) -> None:
-        self._cancel_precompiles()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.ahead.close()
         for world in self._worlds.values():
             world.close()
         self._worlds.clear()

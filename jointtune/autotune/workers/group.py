@@ -17,15 +17,18 @@ import importlib
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jointtune.autotune.tuner.settings import Job
+from jointtune.autotune.workers import phases
 from jointtune.autotune.workers.coordinator import GroupInfo, GroupOptions, GroupRestart
 from jointtune.autotune.workers.lifeline import bind_to_parent
 from jointtune.autotune.workers.watchdog import EXIT_RESTART
 
 if TYPE_CHECKING:
+    from jointtune.autotune.workers.compiler import CompilePool
     from jointtune.autotune.workers.control import Control
     from jointtune.autotune.workers.executor import RankExecutor
 
@@ -38,6 +41,8 @@ class GroupSpec:
 
     Jobs come either explicitly (`jobs`) or from a sweep registered in the storage (`sweep`,
     filtered to `profile`). `device_offset` is the first GPU of this group on its node.
+    `precompile_workers`: per rank, compile processes on GPUs (None: `compiler.default_workers`), threads on a
+    local world (None: 2); 0 compiles each config at its trial.
     """
 
     url: str
@@ -50,7 +55,7 @@ class GroupSpec:
     imports: tuple[str, ...] = ()
     options: GroupOptions = field(default_factory=GroupOptions)
     device_offset: int = 0
-    precompile_workers: int = 2
+    precompile_workers: int | None = None
 
 
 def device_profile() -> str:
@@ -84,19 +89,54 @@ def _jobs_source(spec: GroupSpec) -> Any:
     return lambda: load_sweep(storage, spec.sweep).jobs(profile)
 
 
+def _compile_pool(spec: GroupSpec) -> CompilePool | None:
+    """A rank on GPUs compiles ahead in worker processes, started now, so their imports overlap this rank's set-up;
+    by default the node's CPUs are shared by as many ranks as it has GPUs (every group of a sweep runs at once), and
+    $JOINTTUNE_COMPILE_WORKERS sets the count (0: no pool, the claimed configs compile on threads as before)."""
+    import torch
+
+    from jointtune.autotune.workers.compiler import CompilePool, default_workers
+
+    if spec.world_kind != "cuda":
+        return None
+    workers = spec.precompile_workers
+    text = os.environ.get("JOINTTUNE_COMPILE_WORKERS", "").strip()
+    if workers is None and text.isdigit():
+        workers = int(text)
+    if workers is None:
+        workers = default_workers(max(spec.nprocs, torch.cuda.device_count()))
+    if workers < 1:
+        return None
+    return CompilePool(workers, imports=spec.imports, warm_driver=True)
+
+
 def run_rank(spec: GroupSpec, rank: int | None = None) -> int:
     """Run this process's rank of the group until no work is left; returns the exit code."""
-    from jointtune.autotune.workers.control import init_control
-    from jointtune.autotune.workers.executor import RankExecutor
-
-    _prepare_process(spec)
     if rank is not None:
         os.environ["RANK"] = str(rank)
     os.environ.setdefault("WORLD_SIZE", str(spec.nprocs))
     local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+    phases.set_who(f"rank{os.environ['RANK']}" if "RANK" in os.environ else "rank")
+    phases.record_start()
+    with phases.phase("imports"):
+        _prepare_process(spec)
+    pool = _compile_pool(spec)
+    try:
+        return _run_group(spec, local_rank, pool)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _run_group(spec: GroupSpec, local_rank: int, pool: CompilePool | None) -> int:
+    from jointtune.autotune.workers.control import init_control
+    from jointtune.autotune.workers.executor import RankExecutor
+
     use_cuda = spec.world_kind == "cuda"
-    control = init_control(use_cuda=use_cuda, device_index=spec.device_offset + local_rank)
-    executor = RankExecutor(control, world_kind=spec.world_kind, precompile_workers=spec.precompile_workers)
+    with phases.phase("control"):
+        control = init_control(use_cuda=use_cuda, device_index=spec.device_offset + local_rank)
+    threads = 2 if spec.precompile_workers is None else spec.precompile_workers  # where there is no pool
+    executor = RankExecutor(control, world_kind=spec.world_kind, precompile_workers=threads, compiler=pool)
     try:
         if control.rank == 0:
             from jointtune.autotune.workers.coordinator import Coordinator
@@ -112,6 +152,7 @@ def run_rank(spec: GroupSpec, rank: int | None = None) -> int:
             ).run()
         else:
             follow(control, executor)
+        done = time.time()
     except GroupRestart as exc:
         log.error("group %s restarts: %s", spec.group_id, exc)
         return EXIT_RESTART
@@ -123,6 +164,8 @@ def run_rank(spec: GroupSpec, rank: int | None = None) -> int:
     finally:
         executor.close()
     control.close()
+    phases.record("done", done)  # no work left (a point)
+    phases.record("teardown", done)  # the executor and the process groups closed
     return 0
 
 
@@ -141,7 +184,7 @@ def follow(control: Control, executor: RankExecutor) -> None:
         if op == "study":
             executor.start_study(Job.from_json(command["job"]))
         elif op == "trial":
-            executor.prefetch([command["config"], *command["upcoming"]])
+            executor.prefetch([command["config"], *command["upcoming"]], command.get("queued", ()))
             outcome = executor.execute(command["config"], deadline_s=command["deadline_s"])
             if outcome.fatal:
                 raise GroupRestart(f"trial crashed: {outcome.detail}")
@@ -150,6 +193,11 @@ def follow(control: Control, executor: RankExecutor) -> None:
 def process_entry(spec: GroupSpec, rank: int, env: dict[str, str]) -> None:
     """Target of a spawned rank process: bind to the parent, apply the group's environment, run, exit with the code."""
     bind_to_parent()  # first, before it starts anything: it never outlives the CLI (see lifeline)
+    bound_entry(spec, rank, env)
+
+
+def bound_entry(spec: GroupSpec, rank: int, env: dict[str, str]) -> None:
+    """A rank process bound to its parent: apply the group's environment, run, exit with the code."""
     os.environ.update(env)
     logging.basicConfig(level=os.environ.get("JOINTTUNE_LOG_LEVEL", "WARNING"), stream=sys.stderr)
     try:

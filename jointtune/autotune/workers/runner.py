@@ -20,16 +20,21 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from jointtune.autotune.tuner.results import JobResult, collect
 from jointtune.autotune.tuner.settings import Job
+from jointtune.autotune.workers import phases as phase_log
 from jointtune.autotune.workers.coordinator import GroupOptions
 from jointtune.autotune.workers.group import GroupSpec
 from jointtune.autotune.workers.recovery import host_id
 from jointtune.autotune.workers.supervisor import Supervisor
 from jointtune.errors import TuningError
+
+if TYPE_CHECKING:
+    from jointtune.autotune.workers.warm import WarmRanks
 
 
 def prepare_interpreter() -> bool:
@@ -93,12 +98,18 @@ def plan_groups(
 
 
 def run_phases(
-    phases: Sequence[Phase], *, on_tick: Callable[[], object] | None = None, tick_s: float = 1.0, poll_s: float = 0.2
+    phases: Sequence[Phase],
+    *,
+    on_tick: Callable[[], object] | None = None,
+    tick_s: float = 1.0,
+    poll_s: float = 0.2,
+    warm: WarmRanks | None = None,
 ) -> None:
-    """Run each phase's groups to completion, one phase after another; `on_tick` every `tick_s`."""
+    """Run each phase's groups to completion, one phase after another; `on_tick` every `tick_s`. `warm`: processes
+    started earlier that take ranks first."""
     last = 0.0
     for phase in phases:
-        sups = [Supervisor(spec) for spec in phase.specs]
+        sups = [Supervisor(spec, warm=warm) for spec in phase.specs]
         try:
             for sup in sups:
                 sup.start()
@@ -124,12 +135,14 @@ def run_jobs(
     profile: str | None = None,
     title: str = "tuning",
     on_start: Callable[[Sequence[JobResult], int], object] | None = None,
+    warm: WarmRanks | None = None,
 ) -> list[JobResult]:
     """Tune `jobs` on this node with live progress; returns every job's final standing.
 
     `on_start(results, groups)` sees where the jobs stood before anything ran (a re-run finds some
     already tuned) and how many groups will share them, before any group starts. When every job
-    is done already, no group is started at all.
+    is done already, no group is started at all. `warm`: rank processes started earlier (`warm`), which take
+    the first ranks; the caller stops those left.
     """
     from jointtune.autotune.tuner.studies import open_storage
     from jointtune.autotune.workers.sweeps.progress import ProgressView
@@ -142,6 +155,7 @@ def run_jobs(
         raise TuningError(f"database URL: {url!r} is not allowed; rank processes can't share an in-memory database")
     open_store(url)  # migrate the store before any group opens Optuna's tables beside it
     storage = open_storage(url)
+    phase_log.lap("storage")
     hardware_id = detect().hardware_id
     gpus = _gpu_count() if on_gpu else 0
     phases = plan_groups(
@@ -150,14 +164,18 @@ def run_jobs(
     console = console or Console()
     read = lambda: collect(storage, jobs, hardware_id=hardware_id)
     before = read()
+    phase_log.lap("studies")
     parallel = len(phases[0].specs) if phases else 1
     if on_start is not None:
         on_start(before, parallel)
     if all(r.done_reason is not None for r in before):
         return list(before)
     already = [r.study_name for r in before if r.done_reason is not None]
+    phase_log.lap("header")
+    phase_log.record("prepare", phase_log.entered())
     with ProgressView(console, read, title=title, parallel=parallel, already=already) as view:
-        run_phases(phases, on_tick=view.refresh)
+        with phase_log.phase("ranks"):
+            run_phases(phases, on_tick=view.refresh, warm=warm)
         view.refresh()
     return list(read())
 

@@ -27,10 +27,13 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jointtune.autotune.workers.group import GroupSpec, process_entry
 from jointtune.errors import TuningError
+
+if TYPE_CHECKING:
+    from jointtune.autotune.workers.warm import WarmRanks
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +77,11 @@ class Supervisor:
         max_idle_restarts: int = 3,
         start_method: str = "spawn",
         env: dict[str, str] | None = None,
+        warm: WarmRanks | None = None,
     ) -> None:
+        """`warm`: processes started earlier that take this group's ranks first (`warm`), instead of spawning."""
         self.spec = spec
+        self.warm = warm
         self.progress = progress or functools.partial(finished_trials, spec.url)
         self.max_idle_restarts = max_idle_restarts
         self.env = dict(env or {})
@@ -109,8 +115,10 @@ class Supervisor:
             }
             if self._last_death is not None:
                 env["JOINTTUNE_LAST_DEATH"] = repr(self._last_death)
-            proc = self._ctx.Process(target=process_entry, args=(self.spec, rank, env), daemon=False)
-            proc.start()
+            proc = self.warm.take(self.spec, rank, env) if self.warm is not None else None
+            if proc is None:
+                proc = self._ctx.Process(target=process_entry, args=(self.spec, rank, env), daemon=False)
+                proc.start()
             self._procs.append(proc)
 
     @property

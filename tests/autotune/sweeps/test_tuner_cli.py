@@ -16,6 +16,8 @@ from jointtune.db import RecordKey, open_store
 
 JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "sweep.yaml"
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+from tuner import cold_phases  # noqa: E402
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -28,7 +30,8 @@ def test_tune_measures_a_real_family_and_writes_plots_and_a_record(families, tmp
     args = ["tune", "--kernel", "jt_matmul", "--shape", "64x48x32", "--dtype", "fp32", "--world-size", "2"]
     args += ["--trials", "6", "--warmup", "0", "--iters", "3", "--db", url, "--report", str(report)]
     args += ["--import", "jt_families"]
-    done = _run(args, subprocess_env)
+    phases = tmp_path / "phases.jsonl"
+    done = _run(args, {**subprocess_env, "JOINTTUNE_PHASES": str(phases)})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tuned configs" in done.stdout and "jt_matmul" in done.stdout
     pngs = sorted(p.name for p in report.glob("*.png"))
@@ -39,6 +42,15 @@ def test_tune_measures_a_real_family_and_writes_plots_and_a_record(families, tmp
     assert result["best_host_us"] > 0  # the host's launch time of one call, recorded beside the GPU time
     records = open_store(url).list_records(RecordKey.any(kernel="jt_matmul"))
     assert len(records) == 1 and records[0].config == result["best_config"]
+    # where its time went: the CLI's and the rank's phases, the rank a process started with the CLI (it imported
+    # meanwhile, then waited), the pieces of the critical path adding up to the run's wall time
+    lines = cold_phases.load(phases)
+    summary = cold_phases.summarise(lines)
+    rank0 = [line for line in lines if line["who"] == "rank0"]
+    assert {line["phase"] for line in rank0} >= {"preload", "wait", "start", "done"}
+    assert [line["trial"] for line in rank0 if line["phase"] == "measure"] == [1, 2, 3, 4, 5, 6]
+    assert sum(row["s"] for row in summary["critical_path"]) == pytest.approx(summary["wall_s"], abs=0.1)
+    assert 0 < summary["record_stored_s"] <= summary["wall_s"]
 
 
 def test_a_shape_that_fails_entirely_exits_nonzero(families, tmp_path, subprocess_env):

@@ -125,6 +125,21 @@ def test_a_bound_process_and_its_children_die_with_its_parent(tmp_path, subproce
         _kill_all(marker)
 
 
+def test_rank_processes_started_early_end_with_a_tune_that_fails_before_it_needs_them(tmp_path, subprocess_env):
+    """`tune` starts its ranks' processes as it starts (`workers/warm.py`); refused after that (graph timing needs a
+    GPU), it exits 2 and leaves none of them waiting."""
+    marker = uuid.uuid4().hex
+    command = [*JOINTTUNE, *TUNE, "--timing", "graph", "--db", f"sqlite:///{tmp_path / 'jt.db'}"]
+    try:
+        done = subprocess.run(command, env={**subprocess_env, MARKER: marker}, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert done.returncode == 2 and "--timing: 'graph' needs CUDA graphs" in done.stderr, done.stderr
+        left = _wait_until_gone(marker, timeout=10.0)
+        assert not left, f"a refused tune left {describe(left)}"
+    finally:
+        _kill_all(marker)
+
+
 def test_outside_a_multiprocessing_child_it_does_nothing():
     from jointtune.autotune.workers.lifeline import bind_to_parent
 
