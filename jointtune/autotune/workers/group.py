@@ -41,8 +41,8 @@ class GroupSpec:
 
     Jobs come either explicitly (`jobs`) or from a sweep registered in the storage (`sweep`,
     filtered to `profile`). `device_offset` is the first GPU of this group on its node.
-    `precompile_workers`: per rank, compile processes on GPUs (None: `compiler.default_workers`), threads on a
-    local world (None: 2); 0 compiles each config at its trial.
+    `precompile_workers`: per rank, compile processes on GPUs (None: $JOINTTUNE_COMPILE_WORKERS, else none: threads),
+    threads on a local world (None: 2); 0 compiles each config at its trial.
     """
 
     url: str
@@ -90,9 +90,12 @@ def _jobs_source(spec: GroupSpec) -> Any:
 
 
 def _compile_pool(spec: GroupSpec) -> CompilePool | None:
-    """A rank on GPUs compiles ahead in worker processes, started now, so their imports overlap this rank's set-up;
-    by default the node's CPUs are shared by as many ranks as it has GPUs (every group of a sweep runs at once), and
-    $JOINTTUNE_COMPILE_WORKERS sets the count (0: no pool, the claimed configs compile on threads as before)."""
+    """A rank on GPUs may compile ahead in worker processes, started now, so their imports overlap this rank's set-up:
+    $JOINTTUNE_COMPILE_WORKERS=N (or `precompile_workers`) starts N per rank ("auto": the node's CPUs shared by as many
+    ranks as it has GPUs). Off by default: on 4x H100 (Triton 3.6, bench/README.md, "The tuner's start") the ranks
+    still compiled every config the pool had built, its cache entries not found under the keys the ranks' launches
+    compute, and a cold tune took 7 s longer than with the threads; without a pool the claimed configs compile on
+    threads, as before."""
     import torch
 
     from jointtune.autotune.workers.compiler import CompilePool, default_workers
@@ -100,12 +103,12 @@ def _compile_pool(spec: GroupSpec) -> CompilePool | None:
     if spec.world_kind != "cuda":
         return None
     workers = spec.precompile_workers
-    text = os.environ.get("JOINTTUNE_COMPILE_WORKERS", "").strip()
+    text = os.environ.get("JOINTTUNE_COMPILE_WORKERS", "").strip().lower()
     if workers is None and text.isdigit():
         workers = int(text)
-    if workers is None:
+    if workers is None and text == "auto":
         workers = default_workers(max(spec.nprocs, torch.cuda.device_count()))
-    if workers < 1:
+    if workers is None or workers < 1:
         return None
     return CompilePool(workers, imports=spec.imports, warm_driver=True)
 
