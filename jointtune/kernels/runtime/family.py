@@ -119,8 +119,12 @@ _FAMILIES: dict[str, Family] = {}
 
 
 def register_family(family: Family) -> Family:
-    """Add a family to the registry (tests register fault-injecting families this way)."""
+    """Add a family to the registry (tests register fault-injecting families this way). Its kernel modules are loaded
+    by now: their Triton cache keys are settled, the same in every process (`cache_keys`)."""
+    from jointtune.kernels.runtime.cache_keys import settle_cache_keys
+
     _FAMILIES[family.name] = family
+    settle_cache_keys()
     return family
 
 
