@@ -92,10 +92,10 @@ def _jobs_source(spec: GroupSpec) -> Any:
 def _compile_pool(spec: GroupSpec) -> CompilePool | None:
     """A rank on GPUs may compile ahead in worker processes, started now, so their imports overlap this rank's set-up:
     $JOINTTUNE_COMPILE_WORKERS=N (or `precompile_workers`) starts N per rank ("auto": the node's CPUs shared by as many
-    ranks as it has GPUs). Off by default: on 4x H100 (Triton 3.6, bench/README.md, "The tuner's start") the ranks
-    still compiled every config the pool had built, its cache entries not found under the keys the ranks' launches
-    compute, and a cold tune took 7 s longer than with the threads; without a pool the claimed configs compile on
-    threads, as before."""
+    ranks as it has GPUs). Off by default: on 4x H100 (Triton 3.6, bench/README.md, "The cold tune on GPUs") the ranks
+    still compiled every config the pool had built and a cold tune took 7 s longer than with the threads. The cause
+    (Triton 3.6 keyed a kernel by which kernel its process hashed first) is fixed since (`kernels.runtime.cache_keys`)
+    but not yet timed on a GPU; without a pool the claimed configs compile on threads, as before."""
     import torch
 
     from jointtune.autotune.workers.compiler import CompilePool, default_workers
