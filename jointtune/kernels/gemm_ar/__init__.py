@@ -15,7 +15,7 @@ Row ownership, not a second phase after the exchange: a second phase would need 
 and one more grid-wide wait per call (a flag round trip, the dominant cost at decode sizes), while an item that owns
 its row reads every tile of it once and normalises in place; two-shot's owners already hold whole rows.
 
-The config's `mode` (see `search_spaces.gemm_ar` and `_plans`): `one_shot`, `two_shot` (each with the tile GEMM in
+The config's `mode` (see `search_spaces.gemm_ar` and `plans`): `one_shot`, `two_shot` (each with the tile GEMM in
 the same launch, or cuBLAS before it; push or pull) or `baseline` (cuBLAS + the all-reduce variant, then torch).
 Every call of one (world, shapes, dtype, epilogue, config) runs a plan built once, and nothing a later call needs
 comes from the host: the op is correct under CUDA-graph capture and replay (capture after one eager call).
@@ -27,12 +27,12 @@ Ways in:
     torch.ops.jointtune.gemm_ar / gemm_ar_rmsnorm                                  # torch.compile, graphs
     get_family("gemm_ar") / get_family("gemm_ar_rmsnorm")                          # tuner, decorator, benchmarks
 
-Both ops stand on the op skeleton (`runtime.op`) as every family does: `_launcher` holds only what is their own (the
-checks, plan key and build, and the (normed, new residual) pair); `_args` the launch arguments, `_plans` the plans,
-and `_kernel`, `_exchange` and `_reduce` the kernels.
+Both ops stand on the op skeleton (`runtime.op`) as every family does: `launcher` holds only what is their own (the
+checks, plan key and build, and the (normed, new residual) pair); `args` the launch arguments, `plans` the plans,
+and `kernel` (with its `exchange` and `reduce` sides) the kernels.
 """
 
-from jointtune.kernels.gemm_ar._launcher import (
+from jointtune.kernels.gemm_ar.launcher import (
     GemmArFamily,
     GemmArInputs,
     GemmArRmsNormFamily,

@@ -25,7 +25,7 @@ def _hand_out(val, offs, mask, dest_ptr, dest_deltas_ptr, half, rank, WORLD: tl.
 
 
 @triton.jit
-def _reduce_block(kr, kc, M, N, row_lo, row_hi, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, out_ptr, gat_ptr,
+def reduce_block(kr, kc, M, N, row_lo, row_hi, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, out_ptr, gat_ptr,
                   gat_deltas_ptr, ghalf, rank, WORLD: tl.constexpr, RED_M: tl.constexpr, RED_N: tl.constexpr,
                   RESIDUAL: tl.constexpr, TWO_SHOT: tl.constexpr, PUSH: tl.constexpr):  # fmt: skip
     # rows [kr * RED_M, +RED_M) within [row_lo, row_hi), columns [kc * RED_N, +RED_N): summed, stored, handed out
@@ -46,7 +46,7 @@ def _reduce_block(kr, kc, M, N, row_lo, row_hi, recv_ptr, recv_deltas_ptr, half,
 
 
 @triton.jit
-def _reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w_ptr, out_ptr, hout_ptr, gat_ptr,
+def reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w_ptr, out_ptr, hout_ptr, gat_ptr,
                 gat_deltas_ptr, ghalf, rms_ptr, rms_deltas_ptr, rhalf, flag_ptrs_ptr, flag_index, epoch, rank,
                 WORLD: tl.constexpr, RED_N: tl.constexpr, RESIDUAL: tl.constexpr, TWO_SHOT: tl.constexpr,
                 PUSH: tl.constexpr, FENCE: tl.constexpr):  # fmt: skip
@@ -89,7 +89,7 @@ def _reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, 
 
 
 @triton.jit
-def _gather_row(m, N, src_ptr, inv, w_ptr, out_ptr, hout_ptr, RED_N: tl.constexpr):
+def gather_row(m, N, src_ptr, inv, w_ptr, out_ptr, hout_ptr, RED_N: tl.constexpr):
     # a row another rank owns: its h (the new residual) copied, and normed from it with the owner's 1/rms
     row = m.to(tl.int64) * N
     for c0 in range(0, N, RED_N):
@@ -101,4 +101,4 @@ def _gather_row(m, N, src_ptr, inv, w_ptr, out_ptr, hout_ptr, RED_N: tl.constexp
         tl.store(out_ptr + row + cols, (h.to(tl.float32) * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-__all__ = ["_gather_row", "_reduce_block", "_reduce_row", "triton"]
+__all__ = ["gather_row", "reduce_block", "reduce_row", "triton"]

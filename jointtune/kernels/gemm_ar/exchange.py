@@ -13,7 +13,7 @@ from jointtune.kernels.runtime.tiles import grouped_tile
 
 
 @triton.jit
-def _chunk_owners(chunk, n_tiles, tiles_m, tiles_n, M, rows_per_owner, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
+def chunk_owners(chunk, n_tiles, tiles_m, tiles_n, M, rows_per_owner, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
                   TILES_PER_FLAG: tl.constexpr):  # fmt: skip
     # (first, last) rank owning rows of the chunk's tiles (two-shot)
     lo = M
@@ -26,7 +26,7 @@ def _chunk_owners(chunk, n_tiles, tiles_m, tiles_n, M, rows_per_owner, BLOCK_M: 
 
 
 @triton.jit
-def _wait_sources(flags_ptr, flag_stride, pm, pn_lo, pn_hi, tiles_m, tiles_n, epoch, WORLD: tl.constexpr,
+def wait_sources(flags_ptr, flag_stride, pm, pn_lo, pn_hi, tiles_m, tiles_n, epoch, WORLD: tl.constexpr,
                   WORLD_P2: tl.constexpr, WAIT_C: tl.constexpr, GROUP_M: tl.constexpr,
                   TILES_PER_FLAG: tl.constexpr):  # fmt: skip
     # Every rank's flags of the chunks holding tiles (pm, pn_lo..pn_hi): exactly those (in two-shot a chunk of other
@@ -54,7 +54,7 @@ def _wait_sources(flags_ptr, flag_stride, pm, pn_lo, pn_hi, tiles_m, tiles_n, ep
 
 
 @triton.jit
-def _send(val, offs_m, offs_n, mmask, nmask, send_ptr, send_deltas_ptr, half, N, rank, rows_per_owner, row_lo, row_hi,
+def send(val, offs_m, offs_n, mmask, nmask, send_ptr, send_deltas_ptr, half, N, rank, rows_per_owner, row_lo, row_hi,
           WORLD: tl.constexpr, TWO_SHOT: tl.constexpr, PUSH: tl.constexpr):  # fmt: skip
     # A finished tile [rows offs_m, columns offs_n] where its readers find it (module doc). Every slot is 16-element
     # aligned (`_symm.ALIGN`): deltas are rounded so the compiler may vectorise.
@@ -77,7 +77,7 @@ def _send(val, offs_m, offs_n, mmask, nmask, send_ptr, send_deltas_ptr, half, N,
 
 
 @triton.jit
-def _finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, tiles_m, tiles_n, M, rows_per_owner,
+def finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, tiles_m, tiles_n, M, rows_per_owner,
                  row_lo, row_hi, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
                  TILES_PER_FLAG: tl.constexpr, TWO_SHOT: tl.constexpr, FENCE: tl.constexpr):  # fmt: skip
     # Count tile t towards its chunk; the tile completing the chunk releases the chunk's flag to its readers (every
@@ -98,13 +98,13 @@ def _finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, 
         if done == expected - 1:
             tl.store(done_ptr + chunk, 0)  # back at zero for the next call
             if TWO_SHOT:
-                first, last = _chunk_owners(chunk, n_tiles, tiles_m, tiles_n, M, rows_per_owner, BLOCK_M, GROUP_M,
+                first, last = chunk_owners(chunk, n_tiles, tiles_m, tiles_n, M, rows_per_owner, BLOCK_M, GROUP_M,
                                             TILES_PER_FLAG)  # fmt: skip
             release_ranks(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1, FENCE)
 
 
 @triton.jit
-def _release_tiles(first_tile, step, n_tiles, flag_ptrs_ptr, epoch, rank, flag_stride, tiles_m, tiles_n, M,
+def release_tiles(first_tile, step, n_tiles, flag_ptrs_ptr, epoch, rank, flag_stride, tiles_m, tiles_n, M,
                    rows_per_owner, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
                    TWO_SHOT: tl.constexpr, FENCE: tl.constexpr):  # fmt: skip
     # The flags of every tile this program sent (tiles first_tile, + step, ...; a flag per tile), released at once
@@ -130,4 +130,4 @@ def _release_tiles(first_tile, step, n_tiles, flag_ptrs_ptr, epoch, rank, flag_s
                 tl.atomic_xchg(flags + rank * flag_stride + t, value, sem="release", scope="sys")
 
 
-__all__ = ["_chunk_owners", "_finish_tile", "_release_tiles", "_send", "_wait_sources", "triton"]
+__all__ = ["chunk_owners", "finish_tile", "release_tiles", "send", "triton", "wait_sources"]

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from jointtune.kernels.gemm_ar._args import ArShape, GemmArConfig, Work, kernel_args
-from jointtune.kernels.gemm_ar._kernel import gemm_ar_kernel
+from jointtune.kernels.gemm_ar.args import ArShape, GemmArConfig, Work, kernel_args
+from jointtune.kernels.gemm_ar.kernel import gemm_ar_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.launch import Launch
 from jointtune.kernels.runtime.symm import ALIGN, call_state, flags, peer_deltas, slot_elems

@@ -6,7 +6,7 @@ launch one after another runs them as three launches per rank (every rank's firs
 
 - produce (PRODUCE 1: the tile GEMM, split-K merged in the tiles' workspace; 2: tiles copied out of a partial cuBLAS
   wrote earlier on the stream). A finished tile, rounded once to the input dtype, goes where its readers find it
-  (`_send`): push puts it into every reader's inbox (one-shot: every rank, slot `rank`; two-shot: each row's owner),
+  (`send`): push puts it into every reader's inbox (one-shot: every rank, slot `rank`; two-shot: each row's owner),
   pull into this rank's own buffer. Consecutive tiles (TILES_PER_FLAG, in tile order) share a flag; the tile that
   completes the count releases it to every reader, at system scope, carrying the call's epoch. Copied tiles with a
   flag each are flagged together once their program has sent them all. Compiled, a release to W readers is one
@@ -37,8 +37,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels.gemm_ar._exchange import _finish_tile, _release_tiles, _send, _wait_sources
-from jointtune.kernels.gemm_ar._reduce import _gather_row, _reduce_block, _reduce_row
+from jointtune.kernels.gemm_ar.exchange import finish_tile, release_tiles, send, wait_sources
+from jointtune.kernels.gemm_ar.reduce import gather_row, reduce_block, reduce_row
 from jointtune.kernels.runtime.signals import call_epoch, open_call, publish_call, release_ranks, wait_flag
 from jointtune.kernels.runtime.tiles import grouped_tile, split_product
 
@@ -155,15 +155,15 @@ def gemm_ar_kernel(
                 if finished:
                     first_row = pm * BLOCK_M
                     last_row = tl.minimum(M, first_row + BLOCK_M) - 1
-                    _send(acc.to(send_ptr.dtype.element_ty), offs_m, offs_n, mmask, nmask, send_ptr,
+                    send(acc.to(send_ptr.dtype.element_ty), offs_m, offs_n, mmask, nmask, send_ptr,
                           send_deltas_ptr, half, N, rank, rows_per_owner, first_row, last_row, WORLD, TWO_SHOT,
                           PUSH)  # fmt: skip
                     if not BATCHED:
-                        _finish_tile(tile, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, tiles_m,
+                        finish_tile(tile, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, tiles_m,
                                      tiles_n, M, rows_per_owner, first_row, last_row, WORLD, BLOCK_M, GROUP_M,
                                      TILES_PER_FLAG, TWO_SHOT, FENCE)  # fmt: skip
             if BATCHED:
-                _release_tiles(pid, produce_programs, n_tiles, flag_ptrs_ptr, epoch, rank, flag_stride, tiles_m,
+                release_tiles(pid, produce_programs, n_tiles, flag_ptrs_ptr, epoch, rank, flag_stride, tiles_m,
                                tiles_n, M, rows_per_owner, WORLD, BLOCK_M, GROUP_M, TWO_SHOT, FENCE)  # fmt: skip
     if REDUCE:  # noqa: SIM102 (constexpr)
         # ---- reduce: this rank's rows, item by item, once every source's tiles under the item are in ----
@@ -172,9 +172,9 @@ def gemm_ar_kernel(
             if NORM:  # an item is one whole row
                 for i in range(cid, row_hi - row_lo, comm_programs):
                     m = row_lo + i
-                    _wait_sources(flags_ptr, flag_stride, m // BLOCK_M, 0, tiles_n - 1, tiles_m, tiles_n, epoch, WORLD,
+                    wait_sources(flags_ptr, flag_stride, m // BLOCK_M, 0, tiles_n - 1, tiles_m, tiles_n, epoch, WORLD,
                                   WORLD_P2, WAIT_C, GROUP_M, TILES_PER_FLAG)  # fmt: skip
-                    _reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w_ptr, out_ptr,
+                    reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w_ptr, out_ptr,
                                 hout_ptr, gat_ptr, gat_deltas_ptr, parity * ghalf_stride, rms_ptr, rms_deltas_ptr,
                                 parity * rhalf_stride, flag_ptrs_ptr, rank * flag_stride + n_chunks + i, epoch, rank,
                                 WORLD, RED_N, RESIDUAL, TWO_SHOT, PUSH, FENCE)  # fmt: skip
@@ -186,9 +186,9 @@ def gemm_ar_kernel(
                     kc = i % col_blocks
                     pn_lo = (kc * RED_N) // BLOCK_N
                     pn_hi = (tl.minimum(N, kc * RED_N + RED_N) - 1) // BLOCK_N
-                    _wait_sources(flags_ptr, flag_stride, (kr * RED_M) // BLOCK_M, pn_lo, pn_hi, tiles_m, tiles_n,
+                    wait_sources(flags_ptr, flag_stride, (kr * RED_M) // BLOCK_M, pn_lo, pn_hi, tiles_m, tiles_n,
                                   epoch, WORLD, WORLD_P2, WAIT_C, GROUP_M, TILES_PER_FLAG)  # fmt: skip
-                    _reduce_block(kr, kc, M, N, row_lo, row_hi, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr,
+                    reduce_block(kr, kc, M, N, row_lo, row_hi, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr,
                                   out_ptr, gat_ptr, gat_deltas_ptr, parity * ghalf_stride, rank, WORLD, RED_M, RED_N,
                                   RESIDUAL, TWO_SHOT, PUSH)  # fmt: skip
                     if TWO_SHOT:
@@ -218,7 +218,7 @@ def gemm_ar_kernel(
                         inv_at = rms_ptr + parity * rhalf_stride + m
                         if not PUSH:
                             inv_at += (tl.load(rms_deltas_ptr + o) // 16) * 16
-                        _gather_row(m, N, src, tl.load(inv_at), w_ptr, out_ptr, hout_ptr, RED_N)
+                        gather_row(m, N, src, tl.load(inv_at), w_ptr, out_ptr, hout_ptr, RED_N)
                     else:
                         kr = o_lo // RED_M + i // col_blocks
                         rws = kr * RED_M + tl.arange(0, RED_M)

@@ -1,5 +1,5 @@
 """GEMM+AR's launcher: its two ops (`gemm_ar`, the sum; `gemm_ar_rmsnorm`, the sum + residual, then RMSNorm) over its
-plans (`_plans`), and their two families: one space (`gemm_ar`), two record keys, since the epilogue changes the output
+plans (`plans`), and their two families: one space (`gemm_ar`), two record keys, since the epilogue changes the output
 and the work, so a config tuned for one is not served to the other. The package doc says how it works."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from jointtune.errors import ShapeError
-from jointtune.kernels.gemm_ar._args import ArShape, GemmArConfig, Work, kernel_args
-from jointtune.kernels.gemm_ar._plans import build_plan
+from jointtune.kernels.gemm_ar.args import ArShape, GemmArConfig, Work, kernel_args
+from jointtune.kernels.gemm_ar.plans import build_plan
 from jointtune.kernels.runtime.calls import DTYPES, as_list, config_json, usable
 from jointtune.kernels.runtime.family import StandinLaunch, register_family
 from jointtune.kernels.runtime.gemm import GemmFamily, GemmInputs, check_gemm_operands
@@ -200,7 +200,7 @@ def standin_launches(cfg: GemmArConfig, *, M: int, N: int, K: int, world_size: i
     integers (as the plan builds them)."""
     if cfg.mode == "baseline":
         return []
-    from jointtune.kernels.gemm_ar._kernel import gemm_ar_kernel
+    from jointtune.kernels.gemm_ar.kernel import gemm_ar_kernel
     from jointtune.kernels.runtime.device import num_sms
     from jointtune.kernels.runtime.launch import split_options
 
