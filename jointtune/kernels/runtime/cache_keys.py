@@ -56,14 +56,21 @@ def _callees(fn: Any, known: dict[int, Any]) -> list[Any]:
     return out
 
 
+#: functions already settled in this process (by id): never hashed again, so a family registered later (a plug-in, a
+#: test's) never resets a key a compile on another thread may be reading; their keys are complete, so a new caller's
+#: hash merges their globals in full
+_SETTLED: set[int] = set()
+
+
 def settle_cache_keys() -> int:
-    """Hash every loaded kernel function of ours again, callees first (see the module docstring); returns how many.
-    Call it after importing kernel modules and before compiling; compiles already done keep their kernels."""
-    fns = _jit_functions()
+    """Hash every loaded kernel function of ours not settled yet again, callees first (see the module docstring);
+    returns how many. Call it after importing kernel modules and before compiling; compiles already done keep their
+    kernels."""
+    fns = [f for f in _jit_functions() if id(f) not in _SETTLED]
     known = {id(f): f for f in fns}
     for f in fns:
         f.hash = None
-    done: set[int] = set()
+    done: set[int] = set(_SETTLED)
     active: set[int] = set()
 
     def visit(f: Any) -> None:
@@ -78,4 +85,5 @@ def settle_cache_keys() -> int:
 
     for f in fns:
         visit(f)
+    _SETTLED.update(known)
     return len(fns)
