@@ -68,7 +68,7 @@ import triton.language as tl
 
 from jointtune.errors import SpaceError
 from jointtune.kernels import create_world, get_family
-from jointtune.kernels.runtime.signals import FENCED, release_ranks, wait_flag
+from jointtune.kernels.runtime.signals import release_ranks, wait_flag
 from jointtune.search_spaces import get_space
 
 FAMILIES = ("ag_gemm", "gemm_rs")
@@ -104,7 +104,7 @@ def pingpong_kernel(flag_ptrs_ptr, flags_ptr, data_ptr, src_ptr, wrong_ptr, foll
                 for j in range(0, blocks):
                     offs = (pid * blocks + j).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # whole blocks: 16-byte stores
                     tl.store(data_ptr + offs, tl.load(src_ptr + offs) + tag)
-            release_ranks(flag_ptrs_ptr, pid, value, 1, n_followers, -1, FENCED)
+            release_ranks(flag_ptrs_ptr, pid, value, 1, n_followers, -1)
             for f in range(1, n_followers + 1):
                 wait_flag(flags_ptr + f * programs + pid, value)
         else:
@@ -113,7 +113,7 @@ def pingpong_kernel(flag_ptrs_ptr, flags_ptr, data_ptr, src_ptr, wrong_ptr, foll
                 for j in range(0, blocks):
                     offs = (pid * blocks + j).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
                     wrong += tl.sum((tl.load(data_ptr + offs) != tag).to(tl.int32))
-            release_ranks(flag_ptrs_ptr, follower * programs + pid, value, 0, 0, -1, FENCED)
+            release_ranks(flag_ptrs_ptr, follower * programs + pid, value, 0, 0, -1)
     tl.store(wrong_ptr + pid, wrong)
 
 

@@ -33,7 +33,6 @@ import triton
 import triton.language as tl
 
 from jointtune.kernels.runtime.signals import (
-    FENCED,
     call_epoch_and_half,
     open_call,
     publish_call,
@@ -260,7 +259,7 @@ def flash_decode_kernel(
                 _send_chunk(parts_ptr, dest_ptr, dest_deltas_ptr, chunk, n_items, n_splits, half, D, PW, HPP, HB,
                             IPF, SPLITS, SEND_TO)  # fmt: skip
                 if SIGNAL:  # every thread's rows reach every rank (this one too) before the flag
-                    release_ranks(flag_ptrs_ptr, rank * n_chunks + chunk, epoch, 0, WORLD - 1, -1, FENCED)
+                    release_ranks(flag_ptrs_ptr, rank * n_chunks + chunk, epoch, 0, WORLD - 1, -1)
     if COMBINE:  # noqa: SIM102 (constexpr: a decode-only launch has no combine code at all)
         if unit >= n_decode:
             # ---- combine: one chunk, once every source's rows are in ----

@@ -130,6 +130,5 @@ def kernel_args(cfg: GemmArConfig, s: ArShape, w: Work, *, a: Any, b: Any, part:
         TILES_PER_FLAG=cfg.tiles_per_flag, PRODUCE=kind, REDUCE=reduce, GATHER=gather,
         TWO_SHOT=cfg.mode == "two_shot", PUSH=cfg.transport == "push", RESIDUAL=s.residual, NORM=s.norm,
         RED_M=w.red_m, RED_N=w.red_n, WAIT_C=w.wait_c, UPCAST=interpreted(), EPOCH=epoch,
-        FENCE=not interpreted(), num_warps=warps,
-        num_stages=stages,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels.runtime.signals import release_ranks, sys_fence
+from jointtune.kernels.runtime.signals import FENCED, release_ranks, sys_fence
 from jointtune.kernels.runtime.tiles import grouped_tile
 
 # ---- tiles and flags --------------------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def send(val, offs_m, offs_n, mmask, nmask, send_ptr, send_deltas_ptr, half, N, 
 @triton.jit
 def finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, tiles_m, tiles_n, M, rows_per_owner,
                  row_lo, row_hi, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
-                 TILES_PER_FLAG: tl.constexpr, TWO_SHOT: tl.constexpr, FENCE: tl.constexpr):  # fmt: skip
+                 TILES_PER_FLAG: tl.constexpr, TWO_SHOT: tl.constexpr):  # fmt: skip
     # Count tile t towards its chunk; the tile completing the chunk releases the chunk's flag to its readers (every
     # rank, or in two-shot the owners of its rows). The count is acq_rel after a barrier: it carries every thread's
     # stores of every counted tile (`_signals` doc).
@@ -90,7 +90,7 @@ def finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, t
         if TWO_SHOT:
             first = row_lo // rows_per_owner
             last = row_hi // rows_per_owner
-        release_ranks(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1, FENCE)
+        release_ranks(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1)
     else:
         expected = tl.minimum(TILES_PER_FLAG, n_tiles - chunk * TILES_PER_FLAG)
         tl.debug_barrier()
@@ -100,18 +100,18 @@ def finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, t
             if TWO_SHOT:
                 first, last = chunk_owners(chunk, n_tiles, tiles_m, tiles_n, M, rows_per_owner, BLOCK_M, GROUP_M,
                                             TILES_PER_FLAG)  # fmt: skip
-            release_ranks(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1, FENCE)
+            release_ranks(flag_ptrs_ptr, rank * flag_stride + chunk, epoch, first, last, -1)
 
 
 @triton.jit
 def release_tiles(first_tile, step, n_tiles, flag_ptrs_ptr, epoch, rank, flag_stride, tiles_m, tiles_n, M,
                    rows_per_owner, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
-                   TWO_SHOT: tl.constexpr, FENCE: tl.constexpr):  # fmt: skip
+                   TWO_SHOT: tl.constexpr):  # fmt: skip
     # The flags of every tile this program sent (tiles first_tile, + step, ...; a flag per tile), released at once
     # after all were sent: one barrier and one fence for the program's tiles, not one per tile, each waiting for its
     # tile's writes to peers before the next tile's start. For copied tiles (no GEMM to overlap with the waits).
     tl.debug_barrier()
-    if FENCE:
+    if FENCED:
         value = sys_fence(epoch.to(tl.int64))
     else:
         value = epoch.to(tl.int64)
@@ -124,7 +124,7 @@ def release_tiles(first_tile, step, n_tiles, flag_ptrs_ptr, epoch, rank, flag_st
             last = (tl.minimum(M, pm * BLOCK_M + BLOCK_M) - 1) // rows_per_owner
         for p in range(first, last + 1):
             flags = tl.load(flag_ptrs_ptr + p).to(tl.pointer_type(tl.int64))
-            if FENCE:
+            if FENCED:
                 tl.atomic_xchg(flags + rank * flag_stride + t, value, sem="relaxed", scope="sys")
             else:
                 tl.atomic_xchg(flags + rank * flag_stride + t, value, sem="release", scope="sys")

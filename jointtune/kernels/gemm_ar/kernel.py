@@ -110,7 +110,6 @@ def gemm_ar_kernel(
     WAIT_C: tl.constexpr,
     UPCAST: tl.constexpr,
     EPOCH: tl.constexpr,
-    FENCE: tl.constexpr,
 ):
     pid = tl.program_id(0) + pid_base
     epoch = call_epoch(state_ptr, EPOCH)
@@ -161,10 +160,10 @@ def gemm_ar_kernel(
                     if not BATCHED:
                         finish_tile(tile, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, tiles_m,
                                      tiles_n, M, rows_per_owner, first_row, last_row, WORLD, BLOCK_M, GROUP_M,
-                                     TILES_PER_FLAG, TWO_SHOT, FENCE)  # fmt: skip
+                                     TILES_PER_FLAG, TWO_SHOT)  # fmt: skip
             if BATCHED:
                 release_tiles(pid, produce_programs, n_tiles, flag_ptrs_ptr, epoch, rank, flag_stride, tiles_m,
-                               tiles_n, M, rows_per_owner, WORLD, BLOCK_M, GROUP_M, TWO_SHOT, FENCE)  # fmt: skip
+                               tiles_n, M, rows_per_owner, WORLD, BLOCK_M, GROUP_M, TWO_SHOT)  # fmt: skip
     if REDUCE:  # noqa: SIM102 (constexpr)
         # ---- reduce: this rank's rows, item by item, once every source's tiles under the item are in ----
         if pid >= comm_lo:
@@ -177,7 +176,7 @@ def gemm_ar_kernel(
                     reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w_ptr, out_ptr,
                                 hout_ptr, gat_ptr, gat_deltas_ptr, parity * ghalf_stride, rms_ptr, rms_deltas_ptr,
                                 parity * rhalf_stride, flag_ptrs_ptr, rank * flag_stride + n_chunks + i, epoch, rank,
-                                WORLD, RED_N, RESIDUAL, TWO_SHOT, PUSH, FENCE)  # fmt: skip
+                                WORLD, RED_N, RESIDUAL, TWO_SHOT, PUSH)  # fmt: skip
             else:  # an item is [RED_M, RED_N] inside one row tile
                 kr_lo = row_lo // RED_M
                 row_blocks = tl.where(row_hi > row_lo, (row_hi - 1) // RED_M - kr_lo + 1, 0)
@@ -193,7 +192,7 @@ def gemm_ar_kernel(
                                   RESIDUAL, TWO_SHOT, PUSH)  # fmt: skip
                     if TWO_SHOT:
                         item_flag = rank * flag_stride + n_chunks + i
-                        release_ranks(flag_ptrs_ptr, item_flag, epoch, 0, WORLD - 1, rank, FENCE)
+                        release_ranks(flag_ptrs_ptr, item_flag, epoch, 0, WORLD - 1, rank)
     if GATHER:  # noqa: SIM102 (constexpr)
         # ---- gather (two-shot): every item another rank owns, once the owner released it ----
         if pid >= comm_lo:

@@ -49,7 +49,7 @@ def reduce_block(kr, kc, M, N, row_lo, row_hi, recv_ptr, recv_deltas_ptr, half, 
 def reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w_ptr, out_ptr, hout_ptr, gat_ptr,
                 gat_deltas_ptr, ghalf, rms_ptr, rms_deltas_ptr, rhalf, flag_ptrs_ptr, flag_index, epoch, rank,
                 WORLD: tl.constexpr, RED_N: tl.constexpr, RESIDUAL: tl.constexpr, TWO_SHOT: tl.constexpr,
-                PUSH: tl.constexpr, FENCE: tl.constexpr):  # fmt: skip
+                PUSH: tl.constexpr):  # fmt: skip
     # One whole row with the RMSNorm epilogue: pass 1 sums every source (+ residual) into h, stored rounded (the new
     # residual, and the value normalised: what the next layer reads), and accumulates h^2; pass 2 scales by 1/rms and
     # the weight. Two-shot: h and 1/rms go to the other ranks, and the item's flag, before pass 2.
@@ -78,7 +78,7 @@ def reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w
                 tl.store(rms_ptr + rhalf + delta + m, inv)
         else:
             tl.store(rms_ptr + rhalf + m, inv)
-        release_ranks(flag_ptrs_ptr, flag_index, epoch, 0, WORLD - 1, rank, FENCE)
+        release_ranks(flag_ptrs_ptr, flag_index, epoch, 0, WORLD - 1, rank)
     tl.debug_barrier()  # pass 2 reads the h every thread stored
     for c0 in range(0, N, RED_N):  # normed = h * 1/rms * weight, rounded once
         cols = c0 + tl.arange(0, RED_N)

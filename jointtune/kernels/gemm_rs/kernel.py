@@ -56,7 +56,6 @@ import triton
 import triton.language as tl
 
 from jointtune.kernels.runtime.signals import (
-    FENCED,
     call_epoch_and_half,
     open_call,
     publish_call,
@@ -105,7 +104,7 @@ def _send_tile_rows(acc, dest_ptr, dest_deltas_ptr, flag_ptrs_ptr, epoch, half, 
     d_ptrs = dest_ptr + half + (delta + rows_at)[:, None] + offs_n[None, :]
     others = mmask & (owner != rank)
     tl.store(d_ptrs, acc.to(dest_ptr.dtype.element_ty), mask=others[:, None] & nmask[None, :])
-    release_ranks(flag_ptrs_ptr, rank * n_tiles + tile, epoch, first_owner, last_owner, rank, FENCED)
+    release_ranks(flag_ptrs_ptr, rank * n_tiles + tile, epoch, first_owner, last_owner, rank)
 
 
 # Integers that may be 1 stay runtime values: Triton would otherwise compile anew for 1 vs not-1.

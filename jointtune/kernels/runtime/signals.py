@@ -94,12 +94,12 @@ def sys_fence(value):
 
 
 @triton.jit
-def release_ranks(flag_ptrs_ptr, index, epoch, first, last, skip, FENCE: tl.constexpr):
+def release_ranks(flag_ptrs_ptr, index, epoch, first, last, skip):
     """Flag `index` := `epoch` at ranks `first`..`last` but `skip` (-1: none), publishing this program's earlier
-    writes, all threads' (system scope): a barrier, then FENCE (compiled code; `FENCED`) one fence and a relaxed write
-    per rank, else a release exchange per rank. `flag_ptrs_ptr`: every rank's flag buffer address, by rank."""
+    writes, all threads' (system scope): a barrier, then in compiled code (`FENCED`) one fence and a relaxed write per
+    rank, in the interpreter a release exchange per rank. `flag_ptrs_ptr`: every rank's flag buffer address, by rank."""
     tl.debug_barrier()
-    if FENCE:
+    if FENCED:
         value = sys_fence(epoch.to(tl.int64))
         for p in range(first, last + 1):
             if p != skip:
@@ -117,7 +117,7 @@ def release_flag(flag_ptrs_ptr, rank, index, epoch, WORLD: tl.constexpr):
     """Flag `index` (this rank's) at every peer := `epoch`, publishing this program's earlier writes (all threads'):
     `release_ranks` to every rank but this one. The writer's half of every handoff between ranks (module doc);
     bench/ops/handoff_litmus.py checks it on GPUs."""
-    release_ranks(flag_ptrs_ptr, index, epoch, 0, WORLD - 1, rank, FENCED)
+    release_ranks(flag_ptrs_ptr, index, epoch, 0, WORLD - 1, rank)
 
 
 @triton.jit
