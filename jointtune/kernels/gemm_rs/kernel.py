@@ -68,14 +68,6 @@ from jointtune.kernels.runtime.tiles import grouped_tile, split_product
 
 
 @triton.jit
-def release_flag_to(flag_ptrs_ptr, owner, index, epoch):
-    # flag `index` at rank `owner` := epoch, publishing this program's earlier writes, all threads' (system scope)
-    tl.debug_barrier()
-    flags = tl.load(flag_ptrs_ptr + owner).to(tl.pointer_type(tl.int64))
-    tl.atomic_xchg(flags + index, epoch, sem="release", scope="sys")
-
-
-@triton.jit
 def _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, epoch, half, own_rows, own_mask, offs_n, nmask, N,
                   rank, n_flags, flag, stride_om, WORLD: tl.constexpr):  # fmt: skip
     # A tile's rows of this rank (`own_rows`: rows of its R, where `own_mask`), once every peer's flag `flag` is in:
@@ -263,7 +255,7 @@ def gemm_rs_kernel(
                         done = tl.atomic_add(done_ptr + seg * n_chunks + chunk, 1, sem="acq_rel", scope="sys")
                         if done == expected - 1:
                             tl.store(done_ptr + seg * n_chunks + chunk, 0)
-                            release_flag_to(flag_ptrs_ptr, seg, rank * n_chunks + chunk, epoch)
+                            release_ranks(flag_ptrs_ptr, rank * n_chunks + chunk, epoch, seg, seg, -1)
     if READY:  # noqa: SIM102 (constexpr)
         # pull_cublas: the partial a library GEMM wrote (earlier on the stream) is ready for every peer
         if pid == gemm_programs:
@@ -324,7 +316,7 @@ def gemm_rs_kernel(
 @triton.jit(do_not_specialize=["owner", "index"])
 def release_flag_kernel(flag_ptrs_ptr, state_ptr, owner, index):
     # Queued behind copy-engine copies into `owner`: stream order puts them first, the release publishes them.
-    release_flag_to(flag_ptrs_ptr, owner, index, tl.load(state_ptr))
+    release_ranks(flag_ptrs_ptr, index, tl.load(state_ptr), owner, owner, -1)
 
 
-__all__ = ["gemm_rs_kernel", "release_flag_kernel", "release_flag_to", "triton"]
+__all__ = ["gemm_rs_kernel", "release_flag_kernel", "triton"]
