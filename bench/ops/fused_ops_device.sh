@@ -13,6 +13,12 @@ fo() { # SECONDS NPROC FAMILY SHAPES OUT [more args]
     > "$WORK/$5.log" 2>&1
   echo "exit $? after: fused_ops $3 w$2 $4"; grep -E "graph best|^stress|^driver" "$WORK/$5.log"; pack
 }
+tn() { # SECONDS NAME KERNEL SHAPE W TRIALS DB [more args]: one `jointtune tune` (graph policy) into $WORK/DB, its log
+  # $WORK/NAME.log; prints its exit and how the shape went, then packs
+  timeout "$1" python3 -m jointtune.cli tune --kernel "$3" --shape "$4" --world-size "$5" --timing graph --trials "$6" \
+    --db "sqlite:///$WORK/$7" "${@:8}" > "$WORK/$2.log" 2>&1
+  echo "exit $? after: tune $3 w$5 $4 ($6 trials)"; grep -E "—|done in" "$WORK/$2.log" | tail -3; pack
+}
 DECODE=64x8192x8192,128x8192x8192,256x8192x8192,128x6144x4096,128x4096x14336
 FLASH=1x64x8x32768x128,8x64x8x32768x128,32x64x8x8192x128,1x40x8x32768x128,8x56x8x8192x128
 LARGE=1024x8192x8192,8192x4096x12288
@@ -55,11 +61,7 @@ for phase in "$@"; do
       fo 150 4 ag_gemm "$LARGE" ag_gemm_large_w4.json --per-mode 2 --stress 0 --item-timeout 40
       fo 150 4 gemm_rs "$LARGE" gemm_rs_large_w4.json --per-mode 2 --stress 0 --item-timeout 40 ;;
     tune)  # the tuner on this machine, graph policy, at W=2 and W=4: the baseline in each variant first
-      for w in 2 4; do
-        timeout 200 python3 -m jointtune.cli tune --kernel gemm_rs --shape 128x8192x8192 --world-size $w --timing graph \
-          --trials 12 --db "sqlite:///$WORK/tune.db" --report "$WORK/tune_w$w" > "$WORK/tune_w$w.log" 2>&1
-        echo "exit $? after: tune gemm_rs w$w"; tail -n 25 "$WORK/tune_w$w.log"; pack
-      done ;;
+      for w in 2 4; do tn 200 tune_w$w gemm_rs 128x8192x8192 $w 12 tune.db --report "$WORK/tune_w$w"; done ;;
     smoke)  # the user's paths (decorator, cache, graph, drop-in) at W=4 and W=2, and a process that exits cleanly after
       # the symmetric-window baseline (exit 0 expected)
       for w in 4 2; do
@@ -99,29 +101,19 @@ for phase in "$@"; do
     artune)  # the tuner on gemm_ar, graph policy, W=4 then W=2: 8 and 64 rows of Llama-3-70B's o_proj
       for w in 4 2; do
         for m in 8 64; do
-          timeout 140 python3 -m jointtune.cli tune --kernel gemm_ar --shape ${m}x8192x$((2048 * w)) --world-size $w \
-            --timing graph --trials 12 --db "sqlite:///$WORK/artune.db" --report "$WORK/artune_w${w}_m$m" \
-            > "$WORK/artune_w${w}_m$m.log" 2>&1
-          echo "exit $? after: tune gemm_ar w$w m$m"; tail -n 8 "$WORK/artune_w${w}_m$m.log"; pack
+          tn 140 artune_w${w}_m$m gemm_ar ${m}x8192x$((2048 * w)) $w 12 artune.db --report "$WORK/artune_w${w}_m$m"
         done
       done ;;
     arlong4)  # the tuner on gemm_ar with a longer budget (40 trials, graph policy, W=4) where the short tunes found least:
       # 64 rows of Llama-3-70B's o_proj (0.90x in the anatomy) and 8 rows of its down (1.07x after 8 trials)
-      for shape in 64x8192x8192 8x8192x28672; do
-        timeout 200 python3 -m jointtune.cli tune --kernel gemm_ar --shape $shape --world-size 4 --timing graph \
-          --trials 40 --db "sqlite:///$WORK/arlong.db" > "$WORK/arlong_w4_$shape.log" 2>&1
-        echo "exit $? after: tune gemm_ar w4 $shape (40 trials)"; grep -E "—|done in" "$WORK/arlong_w4_$shape.log" | tail -3; pack
-      done
+      for shape in 64x8192x8192 8x8192x28672; do tn 200 arlong_w4_$shape gemm_ar $shape 4 40 arlong.db; done
       python3 -m jointtune.cli db list --db "sqlite:///$WORK/arlong.db" > "$WORK/arlong_records.txt" 2>&1; pack ;;
     dtune2)  # issue 36 at W=2: the tuner (40 trials, graph policy) on AG+GEMM (GPUs 0,1) and GEMM+RS (GPUs 2,3) at once,
       # 64 and 128 rows of 8192x8192, where the seeds alone came within 1-10% of 1.15x (the decode anatomy)
       for fam in ag_gemm gemm_rs; do
         gpus=0,1; [ $fam = gemm_rs ] && gpus=2,3
         ( for m in 64 128; do
-            CUDA_VISIBLE_DEVICES=$gpus timeout 200 python3 -m jointtune.cli tune --kernel $fam --shape ${m}x8192x8192 \
-              --world-size 2 --timing graph --trials 40 --db "sqlite:///$WORK/dtune2_$fam.db" \
-              > "$WORK/dtune2_${fam}_m$m.log" 2>&1
-            echo "exit $? after: tune $fam w2 ${m}x8192x8192 (40 trials)"; grep -E "—|done in" "$WORK/dtune2_${fam}_m$m.log" | tail -2
+            CUDA_VISIBLE_DEVICES=$gpus tn 200 dtune2_${fam}_m$m $fam ${m}x8192x8192 2 40 dtune2_$fam.db
           done
           python3 -m jointtune.cli db list --db "sqlite:///$WORK/dtune2_$fam.db" > "$WORK/dtune2_${fam}_records.txt" 2>&1 ) &
       done
