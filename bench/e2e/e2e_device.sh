@@ -16,6 +16,7 @@
 #                      shape) at TP=4, then the decode cells at 4K KV with the per-op breakdown, from that store
 #   mini2              the same at TP=2: Llama-3-70B on GPUs 0,1 and Qwen2.5-32B on GPUs 2,3, at once
 # MODEL (default llama-3-70b), BUNDLE (default: the tune phase's, else bench/results/tuned_$MODEL_tp<W>_<gpu>.json).
+# STORE (a database URL): the bench phases read that store instead of a bundle (the mini phases set it).
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 MODEL=${MODEL:-llama-3-70b}
 WORK=${WORK:-/tmp/e2e}
@@ -36,27 +37,28 @@ tune() { # W: every fused-op shape of one layer at TP=W (both layouts), 1-32 dec
   cp -f "$WORK/tuned_${MODEL}_tp$1_$GPU.json" "$OUT/" 2>/dev/null
   pack
 }
-e2e() { # SECONDS W NAME PORT ARGS...: one run of decoder_layers.py (4 layers, CUDA graphs) with the bundle of TP=W
-  local b out="$WORK/e2e_${MODEL}_tp$2_$3_$GPU.json"
-  b=$(bundle "$2")
-  if [ ! -f "$b" ]; then echo "no bundle $b: run tune$2 first (or set BUNDLE)"; return; fi
+e2e() { # SECONDS W NAME PORT ARGS...: one run of decoder_layers.py (4 layers, CUDA graphs) with the bundle of TP=W, or
+  # the store $STORE (a database URL) where it is set
+  local from out="$WORK/e2e_${MODEL}_tp$2_$3_$GPU.json"
+  if [ -n "$STORE" ]; then
+    from=(--db "$STORE")
+  else
+    from=(--bundle "$(bundle "$2")")
+    if [ ! -f "${from[1]}" ]; then echo "no bundle ${from[1]}: run tune$2 first (or set BUNDLE)"; return; fi
+  fi
   timeout "$1" torchrun --nproc-per-node="$2" --master-port="$4" bench/e2e/decoder_layers.py --model "$MODEL" \
-    --bundle "$b" --iters 10 --warmup 3 --out "$out" "${@:5}" > "$WORK/e2e_${MODEL}_tp$2_$3.log" 2>&1
-  echo "exit $? after: e2e $MODEL tp$2 $3 (bundle $b)"
+    "${from[@]}" --iters 10 --warmup 3 --out "$out" "${@:5}" > "$WORK/e2e_${MODEL}_tp$2_$3.log" 2>&1
+  echo "exit $? after: e2e $MODEL tp$2 $3 (${from[*]})"
   grep -E '^\{"cell"|cells,|FAILED' "$WORK/e2e_${MODEL}_tp$2_$3.log" | cut -c1-400
   pack
 }
 mini() { # MODEL W GPUS PORT: sweep bench/e2e/decode_mini/MODEL_tpW.yaml into its own store, then its decode cells from it
-  local db="$WORK/mini_$1_tp$2.db" log="$WORK/mini_$1_tp$2.log" out="$WORK/e2e_$1_tp$2_decode_mini_$GPU.json"
+  local db="$WORK/mini_$1_tp$2.db" log="$WORK/mini_$1_tp$2.log"
   CUDA_VISIBLE_DEVICES=$3 timeout 200 python3 -m jointtune.cli sweep "bench/e2e/decode_mini/$1_tp$2.yaml" --profile gpu \
     --db "sqlite:///$db" > "$log" 2>&1
   echo "exit $? after: sweep decode_mini $1_tp$2"; tail -n 16 "$log"; pack
-  CUDA_VISIBLE_DEVICES=$3 timeout 330 torchrun --nproc-per-node="$2" --master-port="$4" bench/e2e/decoder_layers.py \
-    --model "$1" --db "sqlite:///$db" --iters 10 --warmup 3 --prefill 0 --batches 1,8,32 --kv-lens 4096 \
-    --no-compile-check --out "$out" > "$WORK/e2e_$1_tp$2_decode_mini.log" 2>&1
-  echo "exit $? after: e2e $1 tp$2 decode (store $db)"
-  grep -E '^\{"cell"|cells,|FAILED|holds' "$WORK/e2e_$1_tp$2_decode_mini.log" | cut -c1-600
-  pack
+  CUDA_VISIBLE_DEVICES=$3 MODEL=$1 STORE="sqlite:///$db" e2e 330 "$2" decode_mini "$4" --prefill 0 --batches 1,8,32 \
+    --kv-lens 4096 --no-compile-check
 }
 for phase in "$@"; do
   case $phase in
