@@ -84,14 +84,30 @@ def graph_ms(graph, world, replays: int, calls: int = CALLS) -> float:
     return start.elapsed_time(end) / (replays * calls)
 
 
-def _watchdog(name: str, seconds: float = 90.0) -> threading.Timer:
-    def fire() -> None:
-        print(f"rank {dist.get_rank()}: {name} did not finish in {seconds:.0f} s; giving up", flush=True)
+class Watchdog:
+    """Ends the process (exit 3) if the block, or the span from `start` to `cancel`, takes longer than `seconds`: a
+    collective with a stuck peer never returns. What was saved stays on disk."""
+
+    def __init__(self, name: str, seconds: float = 90.0) -> None:
+        self.name, self.seconds = name, seconds
+        self.timer = threading.Timer(seconds, self._fire)
+
+    def _fire(self) -> None:
+        print(f"rank {dist.get_rank()}: {self.name} did not finish in {self.seconds:.0f} s; giving up", flush=True)
         os._exit(3)
 
-    dog = threading.Timer(seconds, fire)
-    dog.start()
-    return dog
+    def start(self) -> Watchdog:
+        self.timer.start()
+        return self
+
+    def cancel(self) -> None:
+        self.timer.cancel()
+
+    def __enter__(self) -> Watchdog:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
 
 
 def guarded_measure(rig, bench: Bench, *, eager_calls: int, replays: int, watchdog_s: float = 90.0):
@@ -100,7 +116,7 @@ def guarded_measure(rig, bench: Bench, *, eager_calls: int, replays: int, watchd
     a stuck peer never returns)."""
 
     def run(name: str, fn, bucket: dict, **kw) -> dict:
-        dog = _watchdog(name, watchdog_s)
+        dog = Watchdog(name, watchdog_s).start()
         try:
             bucket[name] = measure(rig, fn, bench, eager_calls=eager_calls, replays=replays, **kw)
         except Exception as exc:
@@ -193,7 +209,7 @@ def stress(world, iterations: int, cases: list, make_rig) -> dict:
     gen = torch.Generator().manual_seed(7)
     order = torch.randint(len(rigs), (iterations,), generator=gen).tolist()
     errors, eager_errors = [], []
-    dog = _watchdog("stress", 240)
+    dog = Watchdog("stress", 240).start()
     t0 = time.time()
     for step, k in enumerate(order):
         rigs[k].refill()

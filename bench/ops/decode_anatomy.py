@@ -46,10 +46,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -369,26 +367,6 @@ def render(result: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------- on the GPUs
 
 
-class Watchdog:
-    """Ends the process if the block takes longer than `seconds` (a collective with a stuck peer never returns); what
-    was saved stays on disk."""
-
-    def __init__(self, name: str, seconds: float) -> None:
-        self.name, self.seconds = name, seconds
-        self.timer = threading.Timer(seconds, self._fire)
-
-    def _fire(self) -> None:
-        print(f"rank {dist.get_rank()}: {self.name} did not finish in {self.seconds:.0f} s; giving up", flush=True)
-        os._exit(3)
-
-    def __enter__(self) -> Watchdog:
-        self.timer.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.timer.cancel()
-
-
 def graph_us(world: Any, fn: Callable[[], Any]) -> float:
     """GPU time per call under graph replay, best of ROUNDS, max over ranks (µs)."""
     from common.measure import capture, graph_ms, max_over_ranks
@@ -504,6 +482,8 @@ def precompile(family: Any, jobs: list[tuple[dict[str, Any], Any]]) -> list[str]
 
 def run_item(label: str, fn: Callable[[], Any], seconds: float, save: Callable[[], None]) -> Any:
     """`fn()` under a watchdog; an exception is its result ({"failed": ...}); the result file is saved after."""
+    from common.measure import Watchdog
+
     with Watchdog(label, seconds):
         try:
             return fn()
@@ -567,7 +547,7 @@ def tile_gemm_alone(world: Any, solo: Any, name: str, M: int, limits: Any) -> di
 
 def flag_costs(world: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Every ping-pong case: checked once (the reader compares every element of every round), then timed."""
-    from common.measure import max_over_ranks
+    from common.measure import Watchdog, max_over_ranks
 
     W = world.world_size
     flags = world.symmetric("decode_anatomy.flags", (W * MAX_PROGRAMS,), torch.int64, zero=True)
