@@ -13,6 +13,11 @@
 #   cold-ab [N]          the same cold tune from .device/before (a `git archive` of the tree before the change; carry
 #                        .device) and from this tree, alternating, N rounds (default 2): before/after in one call
 #                        (JOINTTUNE_COMPILE_WORKERS=0 before either: this tree without compile workers, threads as before)
+#   check W ITEM...      per ITEM (family:shape of SHAPES) in one lane: its exhaustive study, two fresh 24-trial tunes
+#                        of the same sub-space (seed 0), the picks re-timed side by side, the table; databases and
+#                        logs per item, so two W=2 lanes run at once (GPUS=0,1 and GPUS=2,3, LANE=a and LANE=b)
+#   cold-pool [N]        the cold tune from this tree with the compile pool (JOINTTUNE_COMPILE_WORKERS=auto) and
+#                        without it (=0), alternating, N rounds (default 2): the pool's before/after in one call
 #   curves               replay tables (truth) -> best-so-far against trials, 3 seeds, per family and world size
 # Results land in $WORK and are packed into $OUT/tuner_checks.tgz after every step, so a call stopped at its limit
 # still returns what finished. truth and tune take one family per call to fit a 10-minute call; a study stopped by
@@ -24,7 +29,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/tuner_checks}
 mkdir -p "$WORK/tables"
-pack() { tar czf "$OUT/tuner_checks.tgz" -C "$WORK" .; }
+pack() { tar czf "$OUT/tuner_checks${LANE:+_$LANE}.tgz" -C "$WORK" .; }
 
 declare -A SHAPES=(
   [ag_gemm]="2048x5120x8192 256x14336x4096"
@@ -41,7 +46,7 @@ declare -A RESTRICT=(
   [flash_decode:16x32x4x16384x128]="kv_split=256,512,1024 BLOCK_N=64,128 heads_per_program=8 num_warps=4 num_stages=3 items_per_flag=4,16 push_programs=8 collective=nccl,nccl_symm"
 )
 
-gpus() { [ "$1" = 2 ] && echo 0,1 || echo 0,1,2,3; }
+gpus() { if [ -n "${GPUS:-}" ]; then echo "$GPUS"; elif [ "$1" = 2 ]; then echo 0,1; else echo 0,1,2,3; fi; }
 restrict_args() { for r in ${RESTRICT[$1]}; do printf -- "--restrict %s " "$r"; done; }
 tune() { # SECONDS W DB NAME KERNEL SHAPE [more args]: one `jointtune tune`, one group of W ranks, graph timing
   CUDA_VISIBLE_DEVICES=$(gpus "$2") timeout "$1" python3 -m jointtune.cli tune --kernel "$5" --shape "$6" \
@@ -55,7 +60,7 @@ cold_run() { # TREE NAME: the cold tune from TREE's jointtune: empty Triton cach
   cache=$(mktemp -d)
   rm -f "$WORK/$name.db" "$WORK/$name.phases.jsonl"
   start=$(date +%s.%N)
-  (cd "$tree" && CUDA_VISIBLE_DEVICES=0,1 TRITON_CACHE_DIR=$cache JOINTTUNE_PHASES="$WORK/$name.phases.jsonl" \
+  (cd "$tree" && CUDA_VISIBLE_DEVICES=$(gpus 2) TRITON_CACHE_DIR=$cache JOINTTUNE_PHASES="$WORK/$name.phases.jsonl" \
     PYTHONPATH="$tree${SITE:+:$SITE}" timeout 300 python3 -m jointtune.cli tune --kernel ag_gemm --shape 2048x5120x8192 \
     --world-size 2 --timing graph --groups 1 --trials 24 --seed 0 --db "sqlite:///$WORK/$name.db") > "$WORK/$name.log" 2>&1
   rc=$?
@@ -102,7 +107,35 @@ case $phase in
       --db "full=sqlite:///$WORK/full_w$w.db" --db "exhaustive=sqlite:///$WORK/truth_w$w.db" \
       --out "$WORK/tuner_agreement_w${w}.json" > "$WORK/agree_w$w.log" 2>&1
     echo "exit $? after: agree w$w"; grep -E "^\[" "$WORK/agree_w$w.log"; pack ;;
+  check)
+    w=$1; shift
+    for item in "$@"; do
+      k=${item%%:*}; s=${item#*:}; tag="${k}_${s}_w$w"
+      [ -n "${RESTRICT[$k:$s]:-}" ] || { echo "check: unknown item $item (family:shape of SHAPES)"; exit 2; }
+      # shellcheck disable=SC2046
+      tune 280 "$w" "truth_$tag.db" "truth_$tag" "$k" "$s" --strategy exhaustive --trials 100 $(restrict_args "$k:$s")
+      for run in fresh-a fresh-b; do
+        # shellcheck disable=SC2046
+        tune 200 "$w" "${run}_$tag.db" "${run}_$tag" "$k" "$s" --trials 24 --seed 0 $(restrict_args "$k:$s")
+      done
+      CUDA_VISIBLE_DEVICES=$(gpus "$w") timeout 300 torchrun --standalone --nproc-per-node="$w" \
+        bench/tuner/tuner_agreement.py --jobs "$k:$s" --db "fresh-a=sqlite:///$WORK/fresh-a_$tag.db" \
+        --db "fresh-b=sqlite:///$WORK/fresh-b_$tag.db" --db "exhaustive=sqlite:///$WORK/truth_$tag.db" \
+        --out "$WORK/tuner_agreement_$tag.json" > "$WORK/agree_$tag.log" 2>&1
+      echo "exit $? after: agree $tag"; grep -E "^\[" "$WORK/agree_$tag.log"
+      python3 bench/tuner/tuner_experiments.py tables "$WORK/truth_$tag.db" --out "$WORK/tables" --tag "w${w}" \
+        --device "$(nvidia-smi -L | head -1 | sed 's/ (UUID.*//'), world size $w, graph timing" \
+        --command "bash bench/tuner/tuner_device.sh check $w $item"
+      pack
+    done ;;
   cold) cold_run "$ROOT" cold_ag_gemm_w2 ;;
+  cold-pool)
+    python3 -c "import torch, triton, optuna, sqlalchemy" # a warm file cache for every run
+    for round in $(seq "${1:-2}"); do
+      JOINTTUNE_COMPILE_WORKERS=auto cold_run "$ROOT" "cold_pool_$round"
+      JOINTTUNE_COMPILE_WORKERS=0 cold_run "$ROOT" "cold_nopool_$round"
+    done
+    grep -h "^cold 24-trial" "$WORK"/cold_pool_*.log "$WORK"/cold_nopool_*.log ;;
   cold-ab)
     [ -d .device/before/jointtune ] || { echo "cold-ab: .device/before holds no jointtune (carry .device)"; exit 2; }
     python3 -c "import torch, triton, optuna, sqlalchemy" # the same warm file cache for both trees
@@ -114,5 +147,5 @@ case $phase in
   curves)
     python3 bench/tuner/tuner_experiments.py curves "$WORK"/tables/ground_truth_*.json --out "$WORK/tuner_curves_4xH200.json"
     pack ;;
-  *) echo "unknown phase $phase (truth W, tune W, agree W, cold, cold-ab [N], curves)"; exit 2 ;;
+  *) echo "unknown phase $phase (truth W, tune W, agree W, check W ITEM..., cold, cold-ab [N], cold-pool [N], curves)"; exit 2 ;;
 esac

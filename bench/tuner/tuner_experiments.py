@@ -16,7 +16,9 @@ tables over many seeds (same budget each) and reports how many measured trials e
 within 3% of the exhaustive best, and the gap left after the budget: sample efficiency (experiment
 2) and joint vs two-stage tuning (experiment 1) on the same GPU-measured latencies. `curves` (issue 34) replays
 the tuner itself (its start, then TPE) for 3 seeds per table and writes best-so-far against trials, one panel per
-family and world size: the JSON always, the PNG where matplotlib is installed.
+family and world size: the JSON always, the PNG where matplotlib is installed. `agreement` (issue 34) replays pairs
+of fresh tunes with one seed, each under timing noise of its own, with the tuner's final round and without, and
+counts the pairs whose picks are more than 2% apart and the picks more than 3% off the table's best.
 """
 
 from __future__ import annotations
@@ -203,6 +205,64 @@ def run_curves(args: argparse.Namespace) -> None:
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
+def run_agreement(args: argparse.Namespace) -> None:
+    """Pairs of fresh tunes with one seed replayed under timing noise (each tune its own noise), with the final
+    round and without: how often the two picks are more than `args.agree` apart, and how often a pick is more than
+    `args.tolerance` off the table's best, both in the table's (true) latencies."""
+    import random
+
+    from jointtune.autotune.tuner.replay import noisy, replay_pick
+
+    rows = []
+    totals: dict[str, dict[str, int]] = {}
+    for path in args.tables:
+        table = ReplayTable.load(path)
+        best = table.best_us
+        for sigma in args.noise:
+            for rounds in (0, args.final_rounds):
+                arm = f"noise {sigma:.0%}, final round {'off' if rounds == 0 else f'{rounds} rounds'}"
+                apart = off = 0
+                picks = []
+                for pair in range(args.pairs):
+                    pair_us = []
+                    for run in range(2):
+                        rng = random.Random(f"{path}:{sigma}:{pair}:{run}")
+                        key = replay_pick(table, trials=args.trials, seed=0, latency=noisy(table, sigma, rng),
+                                          final_rounds=rounds)  # fmt: skip
+                        us = table.latencies.get(key) if key is not None else None
+                        pair_us.append(us if us is not None else float("inf"))
+                    picks.append(pair_us)
+                    apart += abs(pair_us[0] / pair_us[1] - 1) > args.agree
+                    off += sum(us / best - 1 > args.tolerance for us in pair_us)
+                rows.append({"table": str(path), "shape": _shape_text(table), "space": table.space.name,
+                             "world_size": table.problem.world_size, "arm": arm, "noise": sigma, "final_rounds": rounds,
+                             "pairs": args.pairs, "pairs_apart": apart, "picks_off": off, "best_us": best,
+                             "picks_us": picks})  # fmt: skip
+                total = totals.setdefault(arm, {"pairs": 0, "pairs_apart": 0, "picks": 0, "picks_off": 0})
+                total["pairs"] += args.pairs
+                total["pairs_apart"] += apart
+                total["picks"] += 2 * args.pairs
+                total["picks_off"] += off
+                print(f"{table.space.name} W={table.problem.world_size} {_shape_text(table)} [{arm}]: "
+                      f"{apart}/{args.pairs} pairs > {args.agree:.0%} apart, {off}/{2 * args.pairs} picks > "
+                      f"{args.tolerance:.0%} off the best")  # fmt: skip
+    for arm, t in totals.items():
+        print(f"all tables [{arm}]: {t['pairs_apart']}/{t['pairs']} pairs apart, {t['picks_off']}/{t['picks']} off")
+    report = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": "replayed on the CPU; latencies measured on "
+        + ", ".join(sorted({json.loads(Path(p).read_text()).get("device", "unknown") for p in args.tables})),
+        "command": " ".join(["python", *sys.argv]),
+        "trials": args.trials,
+        "agree": args.agree,
+        "tolerance": args.tolerance,
+        "totals": totals,
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
 def _curves_by_panel_png(report: dict, path: Path) -> None:
     """One panel per family and world size: each table's seeds as gap to its exhaustive best (%) per trial."""
     import matplotlib
@@ -257,8 +317,17 @@ def main() -> None:
     v.add_argument("--seeds", type=int, default=3)
     v.add_argument("--trials", type=int, default=24)
     v.add_argument("--tolerance", type=float, default=0.03)
+    g = sub.add_parser("agreement", help="pairs of fresh tunes under timing noise, with the final round and without")
+    g.add_argument("tables", nargs="+")
+    g.add_argument("--out", required=True, help="JSON path")
+    g.add_argument("--noise", type=float, nargs="+", default=[0.01, 0.02], help="relative timing noise (sigma)")
+    g.add_argument("--pairs", type=int, default=6)
+    g.add_argument("--trials", type=int, default=24)
+    g.add_argument("--final-rounds", type=int, default=5)
+    g.add_argument("--agree", type=float, default=0.02)
+    g.add_argument("--tolerance", type=float, default=0.03)
     args = ap.parse_args()
-    {"tables": tables, "compare": run_compare, "curves": run_curves}[args.what](args)
+    {"tables": tables, "compare": run_compare, "curves": run_curves, "agreement": run_agreement}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -214,6 +214,14 @@ def tune(
     seed: Annotated[int, typer.Option(help="sampler seed", min=0, max=2**32 - 1)] = 0,
     warmup: Annotated[int | None, typer.Option(help="untimed runs per trial")] = None,
     iters: Annotated[int | None, typer.Option(help="timed runs per trial")] = None,
+    final_rounds: Annotated[
+        int | None,
+        typer.Option(
+            "--final-rounds",
+            help="once the trials are done, time the configs within 3%% of the fastest again side by side this "
+            "many rounds and keep the lowest median (default 5; 0: keep the fastest trial)",
+        ),
+    ] = None,
     db: Annotated[str | None, typer.Option("--db", help=_DB_HELP)] = None,
     groups: GroupsOption = None,
     report: ReportOption = None,
@@ -269,7 +277,7 @@ def tune(
     _entered()
     from jointtune.autotune.tuner.settings import TuneSettings
 
-    changes = {"warmup": warmup, "iters": iters}
+    changes = {"warmup": warmup, "iters": iters, "final_rounds": final_rounds}
     try:
         settings = TuneSettings(
             trials=trials,
@@ -315,6 +323,7 @@ def _tune(
     seed: int,
     warmup: int | None,
     iters: int | None,
+    final_rounds: int | None,
     db: str | None,
     groups: int | None,
     report: str | None,

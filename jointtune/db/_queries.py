@@ -90,22 +90,27 @@ def record_values(record: NewRecord, stamp: datetime) -> dict[str, Any]:
     return {**values, **stored, "dims_signature": dims_signature(record.shape)}
 
 
-def upsert_records(dialect: str, rows: list[dict[str, Any]]) -> Any:
+def upsert_records(dialect: str, rows: list[dict[str, Any]], *, supersede: bool = False) -> Any:
     """Insert, or replace a stored record only if the new p50 is strictly lower; RETURNING id yields
     a row exactly for each record that was stored (ties keep the existing one). One statement for
-    many rows (an import): their keys must differ, as PostgreSQL updates a row once per statement."""
+    many rows (an import): their keys must differ, as PostgreSQL updates a row once per statement.
+    `supersede`: a record that its own study stored is replaced whatever the p50s (the study judged
+    its pick again, side by side: `tuner.finalists`)."""
     stmt = _insert(dialect, RecordRow).values(rows)
+    faster = stmt.excluded.latency_p50_us < stmt.table.c.latency_p50_us
+    if supersede:
+        faster = faster | (stmt.table.c.study_name == stmt.excluded.study_name)
     stmt = stmt.on_conflict_do_update(
         index_elements=list(RECORD_KEY),
         set_={name: stmt.excluded[name] for name in _REPLACED},
-        where=stmt.excluded.latency_p50_us < stmt.table.c.latency_p50_us,
+        where=faster,
     )
     return stmt.returning(stmt.table.c.id)
 
 
-def upsert_record(dialect: str, record: NewRecord) -> Any:
+def upsert_record(dialect: str, record: NewRecord, *, supersede: bool = False) -> Any:
     """`upsert_records` for one record."""
-    return upsert_records(dialect, [record_values(record, now())])
+    return upsert_records(dialect, [record_values(record, now())], supersede=supersede)
 
 
 def ensure_kernels(dialect: str, pairs: list[tuple[str, str]]) -> Any:

@@ -137,8 +137,9 @@ class Store(contextlib.AbstractContextManager):
 
     # -- records --------------------------------------------------------------------------------
 
-    def upsert_record(self, record: NewRecord) -> tuple[Record, bool]:
-        """Store `record` unless the stored one for its key is as fast or faster.
+    def upsert_record(self, record: NewRecord, *, supersede: bool = False) -> tuple[Record, bool]:
+        """Store `record` unless the stored one for its key is as fast or faster (with `supersede`, also when the
+        stored one came from the same study: the study's final round re-judged its pick).
 
         Returns the record now stored for the key and whether it is the new one.
         """
@@ -148,7 +149,7 @@ class Store(contextlib.AbstractContextManager):
         def run(session: Session) -> tuple[Record, bool]:
             session.execute(q.ensure_kernel(dialect, record.kernel, record.kernel_version))
             session.execute(q.ensure_hardware(dialect, record.hardware_id))
-            stored_id = session.execute(q.upsert_record(dialect, record)).scalar_one_or_none()
+            stored_id = session.execute(q.upsert_record(dialect, record, supersede=supersede)).scalar_one_or_none()
             params = q.key_params(RecordKey.of(record))
             return q.to_record(session.execute(q.EXACT, params).one()), stored_id is not None
 

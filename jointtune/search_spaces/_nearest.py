@@ -48,7 +48,8 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _ordered(p: Param) -> bool:
+def is_ordered(p: Param) -> bool:
+    """Whether a param's choices are numbers with an order (a step between them means something)."""
     return p.kind != "categorical" and all(_is_int(c) for c in p.choices)
 
 
@@ -72,7 +73,7 @@ class _Scorer:
             if p.name not in wanted:
                 continue
             value = p.canonical(wanted[p.name])
-            if value is None and _ordered(p) and _is_int(wanted[p.name]):
+            if value is None and is_ordered(p) and _is_int(wanted[p.name]):
                 value = int(wanted[p.name])  # not a choice (a narrowed space's): stay near it all the same
             if value is None:  # nothing to stay near
                 continue
@@ -81,7 +82,7 @@ class _Scorer:
             elif p.name in space.structural:
                 weight, ordered = STRUCTURAL_COST, False
             else:
-                weight, ordered = 1, _ordered(p)
+                weight, ordered = 1, is_ordered(p)
             self.costs[p.name] = {(type(c), c): weight * _steps(p.choices, c, value, ordered) for c in p.choices}
 
     def cost(self, partial: Mapping[str, Value]) -> int:

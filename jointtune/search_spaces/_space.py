@@ -25,7 +25,7 @@ from jointtune.errors import SpaceError
 from jointtune.search_spaces._collectives import collective_mask
 from jointtune.search_spaces._config import canonical_json, config_hash
 from jointtune.search_spaces._enumerate import config_at, count_configs, iter_configs, valid_branches
-from jointtune.search_spaces._nearest import nearest
+from jointtune.search_spaces._nearest import is_ordered, nearest
 from jointtune.search_spaces._params import (
     Condition,
     Constraint,
@@ -434,6 +434,35 @@ class Space:
         `seed`, so the same call always answers the same."""
         found = valid_branches(self, self.context(problem, limits), self._where(pinned))
         return nearest(self, found, dict(config), random.Random(seed))
+
+    def neighbours(
+        self, config: Mapping[str, Any], problem: Problem, limits: DeviceLimits
+    ) -> Iterator[dict[str, Value]]:
+        """Valid configs one step from `config`, in a fixed order: each of its params set to each of that param's
+        other choices (for ordered numbers the nearest first), the other params moved only as far as the rules need
+        (`nearest_valid` with the new value pinned; another `mode` takes that mode's nearest config). Where a local
+        search looks once a sampler keeps proposing what it has measured; each config is yielded once."""
+        seen = {canonical_json(config)}
+        for p in self.params:
+            current = p.canonical(config.get(p.name))
+            if current is None:
+                continue
+            others = [c for c in p.choices if c != current or type(c) is not type(current)]
+            if is_ordered(p):
+                at = p.choices.index(current)
+                others.sort(key=lambda c: abs(p.choices.index(c) - at))
+            for value in others:
+                wanted = {**config, p.name: value}
+                near = None if p.name in self.structural or self.violations(wanted, problem, limits) else wanted
+                if near is None:  # the rules (or the knobs of another mode) move other params too
+                    near = self.nearest_valid(wanted, problem, limits, pinned={p.name: value})
+                if near is None:
+                    continue
+                near = self.validate(near, problem, limits)
+                key = canonical_json(near)
+                if key not in seen:
+                    seen.add(key)
+                    yield near
 
     def mode_starts(self, problem: Problem, limits: DeviceLimits) -> list[dict[str, Value]]:
         """One valid config for every mode this problem allows, in the order of `modes`: the first of the seeds,

@@ -18,6 +18,9 @@ process registers the same spaces and families.
 - `jt_matmul`: a real torch matmul whose knobs (row splits, operand order) change its speed.
 - `jt_sim_decode`: flash_decode's real joint space (modes, conditions, the shape's constraints) over a simulated
   latency (`sim_decode_ms`, on the SimulatedClock): a tuner's whole search, timing-free.
+- `jt_drift`: two configs 2% apart (mode x, the default, 1.02 ms; mode y 1.00 ms) on a machine that slows by 4% for
+  good once y has run, as when a neighbour's job starts mid-study: timed once each, x (which runs first) looks
+  faster; timed again side by side (the final round), y is. On the SimulatedClock, so no noise decides it.
 """
 
 from __future__ import annotations
@@ -141,6 +144,21 @@ MATMUL_SPACE = register_space(
     ),
     replace=True,
 )
+
+
+DRIFT_SPACE = register_space(
+    Space(
+        "jt_drift",
+        dims=("M",),
+        params=[categorical("mode", ("baseline", "x", "y"))],
+        revision=1,
+        default=lambda ctx: {"mode": "x"},
+    ),
+    replace=True,
+)
+#: jt_drift's latency (ms) per mode before the machine slows, and how much slower it runs after
+DRIFT_MS = {"baseline": 2.0, "x": 1.02, "y": 1.0}
+DRIFT_SLOWDOWN = 1.04
 
 
 def _closeness(tile: int, chunk: int) -> tuple[float, int, int, int]:
@@ -363,7 +381,23 @@ class SimDecodeFamily(_Doubling):
         return [x * 2 for x in inputs["xs"]]
 
 
-for _family in (SleepFamily(), FaultyFamily(), BrokenFamily(), MatmulFamily(), SimDecodeFamily()):
+class DriftFamily(_Doubling):
+    """Mode x and y 2% apart on a machine that slows for good once y has run (the module docstring)."""
+
+    name = "jt_drift"
+    space = "jt_drift"
+
+    def make_inputs(self, problem: Any, world: Any, *, seed: int) -> Any:
+        self.slowed = False  # each study starts on a quiet machine
+        return super().make_inputs(problem, world, seed=seed)
+
+    def run(self, inputs: Any, config: Mapping[str, Any], world: Any) -> Any:
+        self.slowed = self.slowed or config["mode"] == "y"
+        CLOCK.simulate(DRIFT_MS[config["mode"]] * (DRIFT_SLOWDOWN if self.slowed else 1.0) / 1e3)
+        return [x * 2 for x in inputs["xs"]]
+
+
+for _family in (SleepFamily(), FaultyFamily(), BrokenFamily(), MatmulFamily(), SimDecodeFamily(), DriftFamily()):
     register_family(_family)
 
 

@@ -91,6 +91,20 @@ class TestStoreContract:
         assert better.created_at == first.created_at and better.updated_at >= first.updated_at
         assert store.count_records() == 1
 
+    def test_a_final_round_supersedes_only_its_own_study_s_record(self, store: Store, make_record: MakeRecord) -> None:
+        """A study's final round (`tuner.finalists`) re-judges its pick side by side: its record replaces the one the
+        same study stored whatever the p50s, and never another study's faster one."""
+        first, _ = store.upsert_record(make_record(latency_p50_us=600.0, config={"BLOCK_M": 64}, study_name="a"))
+        judged, stored = store.upsert_record(
+            make_record(latency_p50_us=610.0, config={"BLOCK_M": 128}, study_name="a"), supersede=True
+        )
+        assert stored and judged.id == first.id and (judged.latency_p50_us, judged.config) == (610.0, {"BLOCK_M": 128})
+        kept, stored = store.upsert_record(
+            make_record(latency_p50_us=620.0, config={"BLOCK_M": 32}, study_name="b"), supersede=True
+        )
+        assert not stored and kept == judged
+        assert store.count_records() == 1
+
     def test_upsert_is_idempotent(self, store: Store, make_record: MakeRecord) -> None:
         record = make_record()
         first, stored = store.upsert_record(record)

@@ -21,6 +21,35 @@ def _problem(name: str, world_size: int):
     return space, space.make_problem(SHAPES[name], dtype="bf16", world_size=world_size)
 
 
+@pytest.mark.parametrize("name", sorted(SHAPES))
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_neighbours_are_valid_distinct_and_one_knob_away(name: str, world_size: int) -> None:
+    """`Space.neighbours`: where the tuner looks once TPE repeats itself. Every one is valid and new; each differs
+    in the knob it moved, plus only what the rules (or another mode's own knobs) make move; the order is fixed."""
+    space, problem = _problem(name, world_size)
+    for config in (space.default(problem, HOPPER), *space.mode_starts(problem, HOPPER)):
+        found = list(space.neighbours(config, problem, HOPPER))
+        assert found == list(space.neighbours(config, problem, HOPPER))
+        keys = [space.canonical_json(c) for c in found]
+        assert len(keys) == len(set(keys)) and space.canonical_json(config) not in keys
+        for near in found:
+            assert not space.violations(near, problem, HOPPER)
+            moved = {k for k in {*near, *config} if near.get(k) != config.get(k)}
+            assert moved
+            if near["mode"] == config["mode"] and not moved & set(space.structural):
+                # one knob moved, and the rest only as the rules tie them (a tile and its stages, say); a sub-mode
+                # (`ce_consumer`, ...) brings its own knobs
+                assert len(moved) <= 3, (config, near)
+    # an ordered knob's other values come nearest first: kv_split of Flash-Decode's default
+    space, problem = _problem("flash_decode", world_size)
+    config = space.default(problem, HOPPER)
+    splits = [n["kv_split"] for n in space.neighbours(config, problem, HOPPER)
+              if {k for k in n if n[k] != config.get(k)} == {"kv_split"}]  # fmt: skip
+    at = space.param("kv_split").choices.index(config["kv_split"])
+    distance = [abs(space.param("kv_split").choices.index(v) - at) for v in splits]
+    assert splits and distance == sorted(distance)
+
+
 def test_the_nearest_valid_config_keeps_the_mode_and_moves_the_fewest_steps() -> None:
     space, problem = _problem("flash_decode", 2)  # G = 5: heads_per_program must be 1 or 5
     wanted = {**space.default(problem, HOPPER), "mode": "wait", "heads_per_program": 4, "push_programs": 8}

@@ -28,8 +28,6 @@ from jointtune.autotune.tuner.priors import find_priors
 from jointtune.autotune.tuner.search import Searcher, baseline_config, enqueue, initial_configs
 from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import (
-    ATTR_P10,
-    ATTR_P90,
     STUDY_BASELINE,
     STUDY_INIT,
     STUDY_JOB,
@@ -158,24 +156,26 @@ class StudyHandle:
         return state
 
     def publish(self, state: StudyState, *, store: Store, limits: DeviceLimits) -> None:
-        """Write the study's best trial to the store (which keeps the faster of old and new)."""
+        """Write the study's best to the store, which keeps the faster of old and new; after a final round
+        (`finalists`), its pick replaces what this study stored before, whatever the two p50s."""
         from jointtune.db import NewRecord
 
         best = state.best
-        assert best is not None and best.value is not None
+        p10, p50, p90 = state.best_percentiles()
+        assert best is not None and p50 is not None
         record = NewRecord.for_key(
             self.key,
             space_version=self.space.version,
             triton_version=triton_version(),
             config=self.space.validate(trial_config(best), self.problem, limits),
-            latency_p10_us=best.user_attrs.get(ATTR_P10),
-            latency_p50_us=float(best.value),
-            latency_p90_us=best.user_attrs.get(ATTR_P90),
+            latency_p10_us=p10,
+            latency_p50_us=float(p50),
+            latency_p90_us=p90,
             baseline_us=state.baseline_us,
             trials=state.trial_count,
             study_name=self.name,
         )
-        store.upsert_record(record)
+        store.upsert_record(record, supersede=state.final is not None)
 
     def note_trials(self, state: StudyState, *, store: Store) -> None:
         """Raise the trial count of the record this study made for its key to the study's count."""

@@ -13,7 +13,9 @@ suggestions, repeats, warm start), so strategies can be compared over many seeds
   knobs with the best tiles fixed for the rest; the same total budget as the others.
 
 `compare` runs N seeds of each and reports how many measured trials each needed to come within
-`tolerance` (3%) of the table's best.
+`tolerance` (3%) of the table's best. `replay_pick` is what a whole tune keeps (its search, then its
+final round) when every latency is read through `noisy`: two fresh tunes of one seed, each with noise
+of its own, replayed (issue 34's agreement, `bench/tuner/tuner_experiments.py agreement`).
 
 Example:
     >>> table = ReplayTable.load("bench/results/ag_gemm_8192x4096x12288.json")   # doctest: +SKIP
@@ -24,8 +26,9 @@ Example:
 from __future__ import annotations
 
 import json
+import random
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from jointtune.autotune.tuner.finalists import ROUNDS as FINAL_ROUNDS
+from jointtune.autotune.tuner.finalists import FinalRound
 from jointtune.autotune.tuner.search import Proposal, Searcher, baseline_config, enqueue, initial_configs
 from jointtune.autotune.tuner.settings import TuneSettings
 from jointtune.autotune.tuner.studies import ATTR_REASON, quiet_optuna, trial_config, trial_kind
@@ -131,8 +136,12 @@ def _as_today(space: Space, config: dict[str, Any], problem: Problem, limits: De
         return config
 
 
-def _measure(study: optuna.Study, proposal: Proposal, table: ReplayTable, curve: list[float | None]) -> None:
-    value = table.latency(proposal.config)
+#: what a replay reads a config's latency from: the table's own (`ReplayTable.latency`) or a noisy reading of it
+Latency = Callable[[Mapping[str, Any]], "float | None"]
+
+
+def _measure(study: optuna.Study, proposal: Proposal, latency: Latency, curve: list[float | None]) -> None:
+    value = latency(proposal.config)
     proposal.trial.set_user_attr("jt_config", canonical_json(proposal.config))
     if value is None:
         proposal.trial.set_user_attr(ATTR_REASON, "error")
@@ -142,12 +151,12 @@ def _measure(study: optuna.Study, proposal: Proposal, table: ReplayTable, curve:
     curve.append(value)
 
 
-def _run(study: optuna.Study, searcher: Searcher, table: ReplayTable, budget: int, curve: list[float | None]) -> None:
+def _run(study: optuna.Study, searcher: Searcher, latency: Latency, budget: int, curve: list[float | None]) -> None:
     while len(curve) < budget:
         proposal = searcher.propose(study)
         if not isinstance(proposal, Proposal):
             return
-        _measure(study, proposal, table, curve)
+        _measure(study, proposal, latency, curve)
 
 
 def default_comm(table: ReplayTable, compute: frozenset[str] = COMPUTE_PARAMS) -> dict[str, Any]:
@@ -172,6 +181,50 @@ def replay(
     compute: frozenset[str] = COMPUTE_PARAMS,
 ) -> list[float | None]:
     """Latency (None = failed) of every config a strategy measures, in order, up to `trials`."""
+    return _replay(table, strategy, trials=trials, seed=seed, warm=warm, compute=compute, latency=table.latency)[1]
+
+
+def noisy(table: ReplayTable, sigma: float, rng: random.Random) -> Latency:
+    """The table's latencies as a GPU reads them: each reading off by a normal relative error of `sigma`."""
+
+    def latency(config: Mapping[str, Any]) -> float | None:
+        value = table.latency(config)
+        return None if value is None else value * (1.0 + rng.gauss(0.0, sigma))
+
+    return latency
+
+
+def replay_pick(
+    table: ReplayTable, *, trials: int, seed: int, latency: Latency, final_rounds: int = FINAL_ROUNDS
+) -> str | None:
+    """The config (canonical JSON) a tune keeps when `latency` times it: the tuner's start and search ("tpe-warm"),
+    then its final round (`finalists`; none with `final_rounds` 0) timed with the same `latency`. None when no
+    config ran. What two fresh tunes of one seed pick under noise: the agreement check, replayed."""
+    study, _ = _replay(table, "tpe-warm", trials=trials, seed=seed, warm=(), compute=COMPUTE_PARAMS, latency=latency)
+    counted = [t for t in study.get_trials(deepcopy=False) if trial_kind(t) in ("ok", "failed")]
+    if final_rounds:
+        final = FinalRound.run(counted, lambda c: _three(latency(c)), rounds=final_rounds)
+        if final is not None and final.pick is not None:
+            return final.pick
+    ok = [t for t in counted if trial_kind(t) == "ok" and t.value is not None]
+    best = min(ok, key=lambda t: (t.value, t.number), default=None)  # type: ignore[arg-type, return-value]
+    return None if best is None else canonical_json(trial_config(best))
+
+
+def _three(value: float | None) -> tuple[float, float, float] | None:
+    return None if value is None else (value, value, value)
+
+
+def _replay(
+    table: ReplayTable,
+    strategy: str,
+    *,
+    trials: int,
+    seed: int,
+    warm: Sequence[Mapping[str, Any]],
+    compute: frozenset[str],
+    latency: Latency,
+) -> tuple[optuna.Study, list[float | None]]:
     if strategy not in STRATEGIES:
         raise TuningError(f"strategy: {strategy!r} is not allowed for replay; allowed: {', '.join(STRATEGIES)}")
     settings = TuneSettings(trials=trials, seed=seed, strategy="random" if strategy == "random" else "tpe")
@@ -184,12 +237,12 @@ def replay(
     else:
         enqueue(study, [("baseline", baseline_config(space, problem, limits))])
     if strategy != "two-stage":
-        _run(study, Searcher(space, problem, limits, settings), table, trials, curve)
-        return curve
+        _run(study, Searcher(space, problem, limits, settings), latency, trials, curve)
+        return study, curve
     comm = default_comm(table, compute)
-    _run(study, Searcher(space, problem, limits, settings), table, 1, curve)  # the baseline
+    _run(study, Searcher(space, problem, limits, settings), latency, 1, curve)  # the baseline
     stage1 = Searcher(space, problem, limits, settings, fixed=comm)
-    _run(study, stage1, table, 1 + (trials - 1) // 2, curve)
+    _run(study, stage1, latency, 1 + (trials - 1) // 2, curve)
     best = min(
         (t for t in study.get_trials(deepcopy=False) if trial_kind(t) == "ok" and t.value is not None),
         key=lambda t: t.value,  # type: ignore[arg-type, return-value]
@@ -197,8 +250,8 @@ def replay(
     )
     tiles = {k: v for k, v in trial_config(best).items() if k in compute} if best is not None else {}
     stage2 = Searcher(space, problem, limits, settings, fixed=tiles)
-    _run(study, stage2, table, trials, curve)
-    return curve
+    _run(study, stage2, latency, trials, curve)
+    return study, curve
 
 
 def trials_to_target(curve: Sequence[float | None], target_us: float) -> int | None:

@@ -20,8 +20,6 @@ from jointtune.autotune.tuner.keys import TuningKey
 from jointtune.autotune.tuner.settings import Job
 from jointtune.autotune.tuner.studies import (
     ATTR_HOST,
-    ATTR_P10,
-    ATTR_P90,
     ATTR_RETRY_OF,
     ATTR_ROLE,
     StudyState,
@@ -161,12 +159,15 @@ class JobResult:
             priors[source.get("kind", "?")] = priors.get(source.get("kind", "?"), 0) + 1
         warm = ", ".join(f"{kind} {n}" for kind, n in priors.items())
         parts = [self.stop_text or "running", self.state.proposals_text()]
+        if self.state.final is not None:
+            parts.append(self.state.final.summary())
         parts.append(f"warm starts: {len(self.state.priors)} ({warm})" if priors else "warm starts: none in the store")
         return f"{job_label(self.job)} — " + "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
         best = self.state.best
         state = self.state
+        p10, _, p90 = state.best_percentiles()
         return {
             "job": self.job.to_json(),
             "study": self.study_name,
@@ -176,8 +177,8 @@ class JobResult:
             "status": self.done_reason or "running",
             "failures": dict(self.state.failures),
             "best_us": self.best_us,
-            "best_p10_us": best.user_attrs.get(ATTR_P10) if best else None,
-            "best_p90_us": best.user_attrs.get(ATTR_P90) if best else None,
+            "best_p10_us": p10,
+            "best_p90_us": p90,
             "best_host_us": best.user_attrs.get(ATTR_HOST) if best else None,
             "baseline_us": self.baseline_us,
             "speedup": self.speedup,
@@ -185,6 +186,7 @@ class JobResult:
             "stop": self.stop_text,
             "start": self.start_roles(),
             "warm_starts": state.priors,
+            "final_round": state.final.to_json() if state.final is not None else None,
             "proposals": {
                 "refused": state.refused_count,
                 "refused_why": dict(state.refused),

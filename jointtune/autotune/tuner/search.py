@@ -12,8 +12,10 @@
   valid) never reaches a rank: it is told PRUNED with reason "invalid" (`jt_refused` names the rules it
   broke) and doesn't count; a streak of them stops the study.
 - A config that already has a result is answered from it (`jt_cached`) instead of run again, and
-  the next trial is a valid config without a result drawn at random (TPE tends to propose its
-  incumbent again and again; `Space.config_at` picks it without walking the enumeration); when
+  the next trial is the first config without a result one step from the study's fastest few
+  (`Searcher.neighbour_config`: TPE tends to propose its incumbent again and again, so a repeat turns
+  into a local search that two tunes walk alike), else a valid config without a result drawn at
+  random (`Space.config_at` picks it without walking the enumeration); when
   no such config is left the search says "exhausted" (the coordinator stops the study then only
   once no claimed trial is left to run). A config that a claimed trial is running right now is
   skipped (told FAIL, reason "duplicate"). A stop's reason in words goes to the study (`jt_stop_detail`).
@@ -57,6 +59,7 @@ from jointtune.autotune.tuner.studies import (
     ATTR_ROLE,
     STUDY_STOP_DETAIL,
     quiet_optuna,
+    trial_config,
     trial_kind,
 )
 from jointtune.search_spaces import canonical_json, rule_field
@@ -70,6 +73,8 @@ if TYPE_CHECKING:
 #: the sampler nothing valid to move to
 _INVALID_NUDGE = 20
 _HISTORY_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+#: how many of a study's fastest configs a repeated proposal explores around (`Searcher.neighbour_config`)
+_NEIGHBOURHOOD = 8
 
 
 def sampler_seed(seed: int, n_history: int) -> int:
@@ -299,11 +304,19 @@ class Searcher:
         self.space, self.problem, self.limits, self.settings = space, problem, limits, settings
         self.fixed = dict(fixed or {})
 
-    def propose(self, study: optuna.Study, *, on_ask: Callable[[optuna.Trial], None] | None = None) -> Proposal | str:
+    def propose(
+        self,
+        study: optuna.Study,
+        *,
+        on_ask: Callable[[optuna.Trial], None] | None = None,
+        results_free: bool = False,
+    ) -> Proposal | str:
         """A Proposal, or the stop reason "invalid-streak" / "exhausted".
 
         `on_ask` sees every trial right after Optuna creates it (the coordinator stamps its owner
         there, so a process that dies mid-proposal leaves no trial nobody can account for).
+        `results_free` (for `preview`): answer "depends-on-results" instead of a config that the
+        results would choose (a repeat's neighbour).
         """
         known, running = _known_results(study)
         invalid = repeated = 0
@@ -321,7 +334,11 @@ class Searcher:
             if explore and not waiting:
                 total = self.space.count(self.problem, self.limits, where=self.fixed or None)
                 taken = set(known) | running
-                fresh = self.unseen_config(taken, total=total, seed=self.settings.seed * 7_919 + n_history)
+                if results_free and repeated:
+                    return "depends-on-results"
+                fresh = self.neighbour_config(known, taken) if repeated else None
+                if fresh is None:
+                    fresh = self.unseen_config(taken, total=total, seed=self.settings.seed * 7_919 + n_history)
                 if fresh is None:
                     return self._stop(study, "exhausted", f"every one of the {total:,} valid configs has a result")
                 study.enqueue_trial(fresh)
@@ -383,7 +400,7 @@ class Searcher:
             n_history = len(copy.get_trials(deepcopy=False, states=_HISTORY_STATES))
             if not waiting and (self.settings.strategy != "random" and n_history >= self.settings.startup_trials):
                 break  # from here TPE reads the results
-            proposal = self.propose(copy)
+            proposal = self.propose(copy, results_free=True)
             if isinstance(proposal, str):
                 break
             out.append(proposal.config)
@@ -394,6 +411,27 @@ class Searcher:
         """`reason`, with why in words noted on the study (read back only once the study is stopped)."""
         study.set_user_attr(STUDY_STOP_DETAIL, detail)
         return reason
+
+    def neighbour_config(
+        self, known: Mapping[str, optuna.trial.FrozenTrial], taken: Collection[str]
+    ) -> dict[str, Any] | None:
+        """The first valid config without a result one step from the study's fastest configs (`Space.neighbours`
+        of each of the `_NEIGHBOURHOOD` fastest, fastest first), honouring `fixed`; None when they have none left.
+
+        Why: TPE keeps proposing its incumbent in a small space, and the random config that answered such a repeat
+        left the incumbents' neighbours to chance, so two tunes whose timings differed by noise explored different
+        regions and kept different picks (on 4x H100 a fresh Flash-Decode tune never ran the fastest config, one
+        knob from configs it had measured, which the other tune found). Walking the neighbours of the fastest few in
+        a fixed order is what both tunes do alike."""
+        measured = [t for t in known.values() if t.state == TrialState.COMPLETE and t.value is not None]
+        measured.sort(key=lambda t: (t.value, t.number))
+        for trial in measured[:_NEIGHBOURHOOD]:
+            for config in self.space.neighbours(trial_config(trial), self.problem, self.limits):
+                if any(config.get(k) != v for k, v in self.fixed.items()):
+                    continue
+                if canonical_json(config) not in taken:
+                    return config
+        return None
 
     def unseen_config(self, known: Collection[str], *, total: int, seed: int) -> dict[str, Any] | None:
         """A valid config without a result, uniformly at random (None when every one has one).

@@ -50,6 +50,9 @@ class TuneSettings:
     warm_start: int = 3
     n_startup: int | None = None
     lookahead: int = 1
+    #: rounds of the final round: once a study has no trial left, its configs within 3% of the fastest are timed
+    #: again side by side this many times and the lowest median is the pick (`finalists`; 0: the fastest trial)
+    final_rounds: int = 5
     watchdog_compile_s: float = 120.0
     watchdog_factor: float = 20.0
     watchdog_slack_s: float = 10.0
@@ -80,7 +83,7 @@ class TuneSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_COUNT:
                 raise TuningError(f"{name}: {value!r} is not allowed; it must be an integer in 1..{MAX_COUNT}")
-        for name in ("warmup", "warm_start", "lookahead"):
+        for name in ("warmup", "warm_start", "lookahead", "final_rounds"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
                 raise TuningError(f"{name}: {value!r} is not allowed; it must be an integer in 0..{MAX_COUNT}")

@@ -39,29 +39,83 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from jointtune.autotune.tuner.attrs import (
+    ATTR_CACHED as ATTR_CACHED,
+)
+from jointtune.autotune.tuner.attrs import (
+    ATTR_CONFIG as ATTR_CONFIG,
+)
+from jointtune.autotune.tuner.attrs import (
+    ATTR_DEADLINE as ATTR_DEADLINE,
+)
+from jointtune.autotune.tuner.attrs import (
+    ATTR_DETAIL as ATTR_DETAIL,
+)
+from jointtune.autotune.tuner.attrs import (
+    ATTR_HOST as ATTR_HOST,
+)
+from jointtune.autotune.tuner.attrs import (
+    ATTR_MOVED as ATTR_MOVED,
+)
+from jointtune.autotune.tuner.attrs import (
+    ATTR_OWNER as ATTR_OWNER,
+)
+from jointtune.autotune.tuner.attrs import (
+    ATTR_P10 as ATTR_P10,
+)
+from jointtune.autotune.tuner.attrs import (
+    ATTR_P50 as ATTR_P50,
+)
+from jointtune.autotune.tuner.attrs import (
+    ATTR_P90 as ATTR_P90,
+)
+from jointtune.autotune.tuner.attrs import (
+    ATTR_PRIOR as ATTR_PRIOR,
+)
+from jointtune.autotune.tuner.attrs import (  # re-exported: the names every room imports from here
+    ATTR_REASON as ATTR_REASON,
+)
+from jointtune.autotune.tuner.attrs import (
+    ATTR_REFUSED as ATTR_REFUSED,
+)
+from jointtune.autotune.tuner.attrs import (
+    ATTR_RETRY_OF as ATTR_RETRY_OF,
+)
+from jointtune.autotune.tuner.attrs import (
+    ATTR_ROLE as ATTR_ROLE,
+)
+from jointtune.autotune.tuner.attrs import (
+    STUDY_BASELINE as STUDY_BASELINE,
+)
+from jointtune.autotune.tuner.attrs import (
+    STUDY_FINAL as STUDY_FINAL,
+)
+from jointtune.autotune.tuner.attrs import (
+    STUDY_INIT as STUDY_INIT,
+)
+from jointtune.autotune.tuner.attrs import (
+    STUDY_JOB as STUDY_JOB,
+)
+from jointtune.autotune.tuner.attrs import (
+    STUDY_KEY as STUDY_KEY,
+)
+from jointtune.autotune.tuner.attrs import (
+    STUDY_PRIORS as STUDY_PRIORS,
+)
+from jointtune.autotune.tuner.attrs import (
+    STUDY_SPACE as STUDY_SPACE,
+)
+from jointtune.autotune.tuner.attrs import (
+    STUDY_STOP_DETAIL as STUDY_STOP_DETAIL,
+)
+from jointtune.autotune.tuner.attrs import (
+    STUDY_STOPPED as STUDY_STOPPED,
+)
+from jointtune.autotune.tuner.finalists import FinalRound
+
 if TYPE_CHECKING:
     from jointtune.autotune.tuner.settings import TuneSettings
 
-ATTR_REASON = "fail_reason"
-ATTR_DETAIL = "fail_detail"
-ATTR_CONFIG = "jt_config"
-ATTR_OWNER = "jt_owner"
-ATTR_DEADLINE = "jt_deadline"
-ATTR_ROLE = "jt_role"
-ATTR_CACHED = "jt_cached"
-ATTR_RETRY_OF = "jt_retry_of"
-ATTR_PRIOR = "jt_prior"
-ATTR_MOVED = "jt_moved"
-ATTR_REFUSED = "jt_refused"
-ATTR_P10, ATTR_P50, ATTR_P90 = "p10_us", "p50_us", "p90_us"
-#: host time (µs) to launch one call: what an eager caller pays per call even when the GPU is idle
-ATTR_HOST = "host_us"
-#: study user attrs
-STUDY_JOB, STUDY_KEY, STUDY_SPACE, STUDY_BASELINE = "jt_job", "jt_key", "jt_space", "jt_baseline"
-STUDY_INIT, STUDY_STOPPED = "jt_init", "jt_stopped"
-#: study user attrs: why the search stopped, in words (beside the reason code in STUDY_STOPPED); the priors the
-#: start holds (their sources, as the trials note them)
-STUDY_STOP_DETAIL, STUDY_PRIORS = "jt_stop_detail", "jt_priors"
 #: reasons that count as a trial (the config ran and failed); "invalid" never ran
 COUNTED_FAILURES = frozenset({"compile", "incorrect", "timeout", "crash", "error"})
 
@@ -184,6 +238,8 @@ class StudyState:
     #: the sources of the priors (warm starts) the start holds, in trial order
     priors: list[dict[str, Any]] = field(default_factory=list)
     stop_detail: str | None = None
+    #: the final round (`finalists`) that judged this study's trials, while their count is the one it judged
+    final: FinalRound | None = None
 
     @classmethod
     def of(
@@ -215,7 +271,25 @@ class StudyState:
                 state.best, state.since_best = trial, 0
             else:
                 state.since_best += 1
+        state._judge(attrs.get(STUDY_FINAL), baseline)
         return state
+
+    def _judge(self, noted: Any, baseline: str | None) -> None:
+        """Take the final round's pick as the best (and its timings over the trials' where it timed a baseline),
+        if the round judged exactly these trials."""
+        final = FinalRound.from_json(noted) if isinstance(noted, Mapping) else None
+        if final is None or final.counted != len(self.counted):
+            return
+        pick = next((t for t in self.counted if t.user_attrs.get(ATTR_CONFIG) == final.pick), None)
+        if pick is None:
+            return
+        self.final, self.best = final, pick
+        if baseline is None:
+            return
+        for key in final.p50:
+            if _unfused(key, baseline):
+                ours = final.median(key)
+                self.baseline_us = ours if self.baseline_us is None else min(self.baseline_us, ours)
 
     def _note_proposal(self, trial: FrozenTrial, kind: str) -> None:
         """Count what the space did to the trial's proposal (refused, or moved into the valid space), and its
@@ -256,7 +330,19 @@ class StudyState:
 
     @property
     def best_value(self) -> float | None:
+        """The best's p50 in µs: the final round's median where one judged the study, else its trial's."""
+        if self.final is not None and self.final.pick is not None:
+            return self.final.median(self.final.pick)
         return float(self.best.value) if self.best is not None and self.best.value is not None else None
+
+    def best_percentiles(self) -> tuple[float | None, float | None, float | None]:
+        """(p10, p50, p90) of the best in µs, as `best_value` takes them."""
+        if self.final is not None and self.final.pick is not None:
+            pick = self.final.pick
+            return self.final.median(pick, "p10"), self.final.median(pick), self.final.median(pick, "p90")
+        if self.best is None:
+            return None, None, None
+        return self.best.user_attrs.get(ATTR_P10), self.best_value, self.best.user_attrs.get(ATTR_P90)
 
     def budget(self, settings: TuneSettings) -> int:
         if self.exhaustive:

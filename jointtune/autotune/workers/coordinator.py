@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
+from jointtune.autotune.tuner.finalists import FinalRound
 from jointtune.autotune.tuner.handles import StudyHandle
 from jointtune.autotune.tuner.locks import study_lock
 from jointtune.autotune.tuner.search import Proposal
@@ -47,6 +48,7 @@ from jointtune.autotune.tuner.studies import (
     ATTR_P90,
     ATTR_REASON,
     COUNTED_FAILURES,
+    STUDY_FINAL,
     STUDY_STOPPED,
     StudyState,
     open_storage,
@@ -264,12 +266,12 @@ class Coordinator:
             while len(pending) < depth and (proposal := self.claim(h)) is not None:
                 pending.append(proposal)
             if not pending:
-                return
+                break
             current = pending.popleft()
             if self._budget_spent(h):  # a claimed-ahead trial the study no longer needs
                 for proposal in (current, *pending):
                     self.release(h, proposal, retry=False)
-                return
+                break
             outcome = self._execute(h, current, [p.config for p in pending], queued)
             queued = []
             with phases.phase("finish"):
@@ -278,6 +280,39 @@ class Coordinator:
                 for proposal in pending:
                     self.release(h, proposal)
                 raise GroupRestart(f"trial {current.number} of {h.name} crashed: {outcome.detail}")
+        self.final_round(h)
+
+    def final_round(self, h: StudyHandle) -> None:
+        """Once the study has no trial left to run, time its finalists again side by side (`finalists`), note the
+        round on the study and publish its pick. Skipped while any trial runs or waits (another group's), when a
+        round already judged these trials, and with `final_rounds` 0."""
+        rounds = h.job.settings.final_rounds
+        state = h.state()
+        if not rounds or state.done(h.job.settings) is None or state.running or state.waiting:
+            return
+        if state.final is not None:
+            return
+        deadline = self.deadline_s(h)
+
+        def measure(config: dict[str, Any]) -> tuple[float, float, float] | None:
+            self.control.broadcast({"op": "trial", "config": config, "deadline_s": deadline, "upcoming": []})
+            outcome = self.executor.execute(config, deadline_s=deadline)
+            if outcome.fatal:
+                raise GroupRestart(f"the final round of {h.name} crashed: {outcome.detail}")
+            if not outcome.ok:
+                log.warning("%s: the final round left out a config that failed: %s", h.name, outcome.reason)
+                return None
+            return outcome.p10, outcome.p50, outcome.p90  # type: ignore[return-value]
+
+        with phases.phase("final"):
+            final = FinalRound.run(state.counted, measure, rounds=rounds)
+            if final is None or final.pick is None:
+                return
+            h.study.set_user_attr(STUDY_FINAL, final.to_json())
+            judged = h.state()
+            if judged.final is not None:
+                log.info("%s: %s", h.name, final.summary())
+                h.publish(judged, store=self.store, limits=self.limits)
 
     def _preview(self, h: StudyHandle, depth: int) -> list[dict[str, Any]]:
         state = h.state()

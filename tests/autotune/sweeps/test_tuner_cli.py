@@ -83,6 +83,8 @@ def test_sweep_files_are_validated_with_messages_that_name_the_field(families, c
     assert "profiles.cpu.jobs[0]: kernel: 'nope' is not a known kernel family" in err
     err = _bad(capsys, tmp_path, head + "      - {kernel: jt_sleep, shapes: ['64x3'], dtypes: [fp32]}\n")
     assert "profiles.cpu.jobs[0].shapes[0] (64x3, fp32, world_size 2): shape" in err
+    err = _bad(capsys, tmp_path, head + "      - {kernel: jt_sleep, shapes: ['64'], final_rounds: -1}\n")
+    assert "profiles.cpu.jobs[0].final_rounds: Input should be greater than or equal to 0 (got -1)" in err
     err = _bad(capsys, tmp_path, head + "      - {kernel: jt_sleep, shapes: ['64'], stratgy: tpe}\n")
     assert "profiles.cpu.jobs[0].stratgy: Extra inputs are not permitted" in err
     err = _bad(capsys, tmp_path, "name: " + "[" * 5000 + "]" * 5000 + "\n")

@@ -47,6 +47,9 @@ def test_settings_reject_bad_values_by_name():
     with pytest.raises(TuningError, match=r"seed: 4294967296 is not allowed; it must be an integer in 0\.\.4294967295"):
         TuneSettings(seed=2**32)
     assert TuneSettings(seed=2**32 - 1).seed == 2**32 - 1
+    with pytest.raises(TuningError, match=r"final_rounds: -1 is not allowed; it must be an integer in 0\.\."):
+        TuneSettings(final_rounds=-1)
+    assert TuneSettings(final_rounds=0).final_rounds == 0 and TuneSettings().final_rounds == 5
     # a watchdog "turned off" with a huge or infinite value would crash every trial arming its timer
     for name in ("watchdog_factor", "first_trial_timeout_s", "watchdog_compile_s", "time_budget_s"):
         for value in (float("inf"), float("nan"), 1e300):
@@ -213,6 +216,29 @@ def test_repeats_are_answered_from_history_and_exploration_finds_new_configs():
     assert len(seen) == len(set(seen)) == space.count(PROBLEM, LIMITS) == 13
     cached = [t for t in study.trials if ATTR_CACHED in t.user_attrs]
     assert all(t.value in (1.0, 2.0) for t in cached if t.state == TrialState.COMPLETE)
+
+
+def test_a_repeat_turns_into_the_fastest_configs_nearest_unmeasured_neighbour():
+    """TPE repeating its incumbent makes the next trial a neighbour of the fastest configs (`Space.neighbours`), in a
+    fixed order that doesn't depend on the sampler's seed; the repeat itself is free (answered from history)."""
+    space = _picky_space()
+    picks = []
+    for seed in (0, 1):
+        study = optuna.create_study()
+        searcher = Searcher(space, PROBLEM, LIMITS, TuneSettings(trials=10, seed=seed, strategy="tpe"))
+        for config, value in (({"mode": "fast", "x": 7}, 1.0), ({"mode": "baseline", "x": 5}, 2.0)):
+            study.enqueue_trial(config)
+            proposal = searcher.propose(study)
+            assert isinstance(proposal, Proposal) and proposal.config == config
+            study.tell(proposal.trial, value)
+        study.enqueue_trial({"mode": "fast", "x": 7})  # as TPE does: its incumbent again
+        proposal = searcher.propose(study)
+        assert isinstance(proposal, Proposal)
+        cached = [t for t in study.trials if ATTR_CACHED in t.user_attrs]
+        assert len(cached) == 1 and cached[0].value == 1.0
+        picks.append(proposal.config)
+    # the fastest (fast, x=7): its first neighbour moves the first knob, mode, and keeps x (fast takes only x=7)
+    assert picks[0] == picks[1] == {"mode": "baseline", "x": 7}
 
 
 def test_the_start_puts_the_baseline_first_adapts_refused_priors_and_repeats_nothing(families):

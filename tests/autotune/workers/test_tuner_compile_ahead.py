@@ -15,7 +15,8 @@ from jointtune.autotune.tuner.studies import ATTR_DETAIL, ATTR_REASON, ATTR_ROLE
 from jointtune.autotune.workers.compiler import CompilePool
 from jointtune.search_spaces import Problem, canonical_json, get_space
 
-FAST = TuneSettings(warmup=0, iters=2, seed=3)
+# no final round (`finalists`): these tests count what each trial compiled and ran, and a final round runs configs again
+FAST = TuneSettings(warmup=0, iters=2, seed=3, final_rounds=0)
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,7 @@ def test_what_does_not_depend_on_results_goes_ahead_at_once_and_the_picks_do_not
 def test_a_worker_builds_each_config_once_and_the_rank_loads_it_before_its_check(families, sqlite_url, pool):
     compiler, where = pool
     families.PRECOMPILED.clear()
+    (where / "crashed").touch()  # no worker dies in this test: the next one kills one on purpose
     job = Job.of("jt_sleep", Problem.of({"M": 48}, dtype="float32", world_size=2), FAST.replace(trials=6))
     tune(sqlite_url, job, compiler=compiler)
     result = result_of(sqlite_url, job)
@@ -82,6 +84,7 @@ def test_a_config_that_fails_to_compile_in_a_worker_fails_alone_and_a_dead_worke
     families, sqlite_url, pool
 ):
     compiler, where = pool
+    (where / "crashed").unlink(missing_ok=True)  # the first worker to build a tile=2 config dies
     restrict = {"mode": ["fast"], "tile": [1, 2], "variant": ["ok", "raise"]}
     settings = FAST.replace(strategy="exhaustive", trials=10, restrict=restrict)
     job = Job.of("jt_faulty", Problem.of({"M": 40}, dtype="float32", world_size=2), settings)

@@ -25,8 +25,8 @@ profiles:
         trials: 32
 ```
 Tuning fields: trials, time_budget, patience, strategy (tpe | random | exhaustive), seed, warmup,
-iters, warm_start, n_startup, lookahead, max_invalid_streak, max_duplicate_streak,
-restrict ({param: [values]}: search only that sub-space), timing (gpu | eager | graph, or a list:
+iters, warm_start, n_startup, lookahead, final_rounds (0: keep the fastest trial), max_invalid_streak,
+max_duplicate_streak, restrict ({param: [values]}: search only that sub-space), timing (gpu | eager | graph, or a list:
 each policy is tuned as a job of its own; graph needs the gpu profile), allow_nondeterministic (true |
 false, default false: offer modes whose results may differ in the last bits between identical calls,
 e.g. gemm_rs's atomic; a study of its own), watchdog: {compile_s, factor, slack_s, first_trial_s}.
@@ -101,6 +101,7 @@ class TuningModel(_Strict):
     warm_start: Count0 | None = None
     n_startup: Count | None = None
     lookahead: Count0 | None = None
+    final_rounds: Count0 | None = None
     max_invalid_streak: Count | None = None
     max_duplicate_streak: Count | None = None
     restrict: dict[str, list[int | str | bool] | int | str | bool] | None = None
