@@ -218,7 +218,7 @@ def tune(
         int | None,
         typer.Option(
             "--final-rounds",
-            help="once the trials are done, time the configs within 3%% of the fastest again side by side this "
+            help="once the trials are done, time the configs within 3% of the fastest again side by side this "
             "many rounds and keep the lowest median (default 5; 0: keep the fastest trial)",
         ),
     ] = None,
