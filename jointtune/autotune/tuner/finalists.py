@@ -7,11 +7,12 @@ between two fresh tunes by noise alone (clocks, the neighbours on the node, a dr
 finalists (the configs within `MARGIN` of its fastest, at most `COUNT`) are timed again in `ROUNDS` rounds, each
 round every finalist once in a rotated order, so a drift hits every one alike; the pick is the lowest median. The
 round is noted on the study (`STUDY_FINAL`) and holds as long as the study's trial count does, so a resumed study
-with a larger budget judges again.
+with a larger budget judges again (`studies.StudyState`, which reads the round back).
 
 Example:
-    >>> final = FinalRound.run(state, measure)                                  # doctest: +SKIP
-    >>> study.set_user_attr(STUDY_FINAL, final.to_json())                        # doctest: +SKIP
+    >>> chosen = state.finalists(margin=MARGIN, count=COUNT)                      # doctest: +SKIP
+    >>> final = FinalRound.run(chosen, measure, counted=state.trial_count)        # doctest: +SKIP
+    >>> study.set_user_attr(STUDY_FINAL, final.to_json())                         # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -22,11 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from optuna.trial import FrozenTrial, TrialState
+__all__ = ["COUNT", "MARGIN", "ROUNDS", "FinalRound"]
 
-from jointtune.autotune.tuner.attrs import ATTR_CONFIG, STUDY_FINAL
-
-__all__ = ["COUNT", "MARGIN", "ROUNDS", "STUDY_FINAL", "FinalRound", "finalists"]
 #: a config joins the final round within this fraction of the study's fastest (3%: the tuner's target tolerance)
 MARGIN = 0.03
 #: at most this many finalists, fastest first
@@ -36,20 +34,6 @@ ROUNDS = 5
 
 #: what the final round times one config with: (p10, p50, p90) in µs, or None when the config failed this time
 Measure = Callable[[dict[str, Any]], "tuple[float, float, float] | None"]
-
-
-def finalists(counted: Sequence[FrozenTrial], *, margin: float = MARGIN, count: int = COUNT) -> list[FrozenTrial]:
-    """The first measured trial of each config within `margin` of the fastest, fastest first (ties: earlier
-    trial), at most `count`; fewer than two means there is nothing to judge."""
-    first: dict[str, FrozenTrial] = {}
-    for trial in sorted(counted, key=lambda t: t.number):
-        if trial.state == TrialState.COMPLETE and trial.value is not None and ATTR_CONFIG in trial.user_attrs:
-            first.setdefault(trial.user_attrs[ATTR_CONFIG], trial)
-    ranked = sorted(first.values(), key=lambda t: (float(t.value), t.number))  # type: ignore[arg-type]
-    if not ranked:
-        return []
-    limit = float(ranked[0].value) * (1 + margin)  # type: ignore[arg-type]
-    return [t for t in ranked if float(t.value) <= limit][:count]  # type: ignore[arg-type]
 
 
 @dataclass
@@ -65,13 +49,14 @@ class FinalRound:
     pick: str | None = None
 
     @classmethod
-    def run(cls, counted: Sequence[FrozenTrial], measure: Measure, *, rounds: int = ROUNDS) -> FinalRound | None:
-        """Time the finalists of `counted` (a study's counted trials) in rotated rounds; None with fewer than two.
-        A finalist that fails in the round (it ran in its trial) leaves the round, and its failure is noted."""
-        chosen = [t.user_attrs[ATTR_CONFIG] for t in finalists(counted)]
+    def run(cls, chosen: Sequence[str], measure: Measure, *, counted: int, rounds: int = ROUNDS) -> FinalRound | None:
+        """Time the finalists `chosen` (canonical config JSON, fastest trial first: `StudyState.finalists`) of a study
+        with `counted` trials in rotated rounds; None with fewer than two. A finalist that fails in the round (it ran
+        in its trial) leaves the round, and its failure is noted."""
+        chosen = list(chosen)
         if len(chosen) < 2:
             return None
-        final = cls(counted=len(counted), configs=chosen)
+        final = cls(counted=counted, configs=chosen)
         for r in range(rounds):
             for i in range(len(chosen)):
                 key = chosen[(i + r) % len(chosen)]

@@ -36,11 +36,13 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from jointtune.autotune.tuner.finalists import COUNT as FINAL_COUNT
+from jointtune.autotune.tuner.finalists import MARGIN as FINAL_MARGIN
 from jointtune.autotune.tuner.finalists import ROUNDS as FINAL_ROUNDS
 from jointtune.autotune.tuner.finalists import FinalRound
 from jointtune.autotune.tuner.search import Proposal, Searcher, baseline_config, enqueue, initial_configs
 from jointtune.autotune.tuner.settings import TuneSettings
-from jointtune.autotune.tuner.studies import ATTR_REASON, quiet_optuna, trial_config, trial_kind
+from jointtune.autotune.tuner.studies import ATTR_REASON, StudyState, quiet_optuna, trial_config, trial_kind
 from jointtune.errors import JointtuneError, TuningError
 from jointtune.search_spaces import DeviceLimits, Problem, Space, canonical_json, get_space
 
@@ -201,14 +203,13 @@ def replay_pick(
     then its final round (`finalists`; none with `final_rounds` 0) timed with the same `latency`. None when no
     config ran. What two fresh tunes of one seed pick under noise: the agreement check, replayed."""
     study, _ = _replay(table, "tpe-warm", trials=trials, seed=seed, warm=(), compute=COMPUTE_PARAMS, latency=latency)
-    counted = [t for t in study.get_trials(deepcopy=False) if trial_kind(t) in ("ok", "failed")]
+    state = StudyState.of(study.get_trials(deepcopy=False))
     if final_rounds:
-        final = FinalRound.run(counted, lambda c: _three(latency(c)), rounds=final_rounds)
+        chosen = state.finalists(margin=FINAL_MARGIN, count=FINAL_COUNT)
+        final = FinalRound.run(chosen, lambda c: _three(latency(c)), counted=state.trial_count, rounds=final_rounds)
         if final is not None and final.pick is not None:
             return final.pick
-    ok = [t for t in counted if trial_kind(t) == "ok" and t.value is not None]
-    best = min(ok, key=lambda t: (t.value, t.number), default=None)  # type: ignore[arg-type, return-value]
-    return None if best is None else canonical_json(trial_config(best))
+    return None if state.best is None else canonical_json(trial_config(state.best))
 
 
 def _three(value: float | None) -> tuple[float, float, float] | None:

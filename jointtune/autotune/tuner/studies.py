@@ -39,83 +39,33 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from jointtune.autotune.tuner.attrs import (
-    ATTR_CACHED as ATTR_CACHED,
-)
-from jointtune.autotune.tuner.attrs import (
-    ATTR_CONFIG as ATTR_CONFIG,
-)
-from jointtune.autotune.tuner.attrs import (
-    ATTR_DEADLINE as ATTR_DEADLINE,
-)
-from jointtune.autotune.tuner.attrs import (
-    ATTR_DETAIL as ATTR_DETAIL,
-)
-from jointtune.autotune.tuner.attrs import (
-    ATTR_HOST as ATTR_HOST,
-)
-from jointtune.autotune.tuner.attrs import (
-    ATTR_MOVED as ATTR_MOVED,
-)
-from jointtune.autotune.tuner.attrs import (
-    ATTR_OWNER as ATTR_OWNER,
-)
-from jointtune.autotune.tuner.attrs import (
-    ATTR_P10 as ATTR_P10,
-)
-from jointtune.autotune.tuner.attrs import (
-    ATTR_P50 as ATTR_P50,
-)
-from jointtune.autotune.tuner.attrs import (
-    ATTR_P90 as ATTR_P90,
-)
-from jointtune.autotune.tuner.attrs import (
-    ATTR_PRIOR as ATTR_PRIOR,
-)
-from jointtune.autotune.tuner.attrs import (  # re-exported: the names every room imports from here
-    ATTR_REASON as ATTR_REASON,
-)
-from jointtune.autotune.tuner.attrs import (
-    ATTR_REFUSED as ATTR_REFUSED,
-)
-from jointtune.autotune.tuner.attrs import (
-    ATTR_RETRY_OF as ATTR_RETRY_OF,
-)
-from jointtune.autotune.tuner.attrs import (
-    ATTR_ROLE as ATTR_ROLE,
-)
-from jointtune.autotune.tuner.attrs import (
-    STUDY_BASELINE as STUDY_BASELINE,
-)
-from jointtune.autotune.tuner.attrs import (
-    STUDY_FINAL as STUDY_FINAL,
-)
-from jointtune.autotune.tuner.attrs import (
-    STUDY_INIT as STUDY_INIT,
-)
-from jointtune.autotune.tuner.attrs import (
-    STUDY_JOB as STUDY_JOB,
-)
-from jointtune.autotune.tuner.attrs import (
-    STUDY_KEY as STUDY_KEY,
-)
-from jointtune.autotune.tuner.attrs import (
-    STUDY_PRIORS as STUDY_PRIORS,
-)
-from jointtune.autotune.tuner.attrs import (
-    STUDY_SPACE as STUDY_SPACE,
-)
-from jointtune.autotune.tuner.attrs import (
-    STUDY_STOP_DETAIL as STUDY_STOP_DETAIL,
-)
-from jointtune.autotune.tuner.attrs import (
-    STUDY_STOPPED as STUDY_STOPPED,
-)
 from jointtune.autotune.tuner.finalists import FinalRound
 
 if TYPE_CHECKING:
     from jointtune.autotune.tuner.settings import TuneSettings
 
+ATTR_REASON = "fail_reason"
+ATTR_DETAIL = "fail_detail"
+ATTR_CONFIG = "jt_config"
+ATTR_OWNER = "jt_owner"
+ATTR_DEADLINE = "jt_deadline"
+ATTR_ROLE = "jt_role"
+ATTR_CACHED = "jt_cached"
+ATTR_RETRY_OF = "jt_retry_of"
+ATTR_PRIOR = "jt_prior"
+ATTR_MOVED = "jt_moved"
+ATTR_REFUSED = "jt_refused"
+ATTR_P10, ATTR_P50, ATTR_P90 = "p10_us", "p50_us", "p90_us"
+#: host time (µs) to launch one call: what an eager caller pays per call even when the GPU is idle
+ATTR_HOST = "host_us"
+#: study user attrs
+STUDY_JOB, STUDY_KEY, STUDY_SPACE, STUDY_BASELINE = "jt_job", "jt_key", "jt_space", "jt_baseline"
+STUDY_INIT, STUDY_STOPPED = "jt_init", "jt_stopped"
+#: study user attrs: why the search stopped, in words (beside the reason code in STUDY_STOPPED); the priors the
+#: start holds (their sources, as the trials note them)
+STUDY_STOP_DETAIL, STUDY_PRIORS = "jt_stop_detail", "jt_priors"
+#: study user attr: the final round, the finalists timed again side by side (`finalists.FinalRound`)
+STUDY_FINAL = "jt_final"
 #: reasons that count as a trial (the config ran and failed); "invalid" never ran
 COUNTED_FAILURES = frozenset({"compile", "incorrect", "timeout", "crash", "error"})
 
@@ -334,6 +284,19 @@ class StudyState:
         if self.final is not None and self.final.pick is not None:
             return self.final.median(self.final.pick)
         return float(self.best.value) if self.best is not None and self.best.value is not None else None
+
+    def finalists(self, *, margin: float, count: int) -> list[str]:
+        """The configs (canonical JSON) a final round times again: each measured config within `margin` of the
+        fastest trial, fastest first (ties: the earlier trial), at most `count`."""
+        first: dict[str, FrozenTrial] = {}
+        for trial in self.counted:
+            if trial.state == TrialState.COMPLETE and trial.value is not None and ATTR_CONFIG in trial.user_attrs:
+                first.setdefault(trial.user_attrs[ATTR_CONFIG], trial)
+        ranked = sorted(first.values(), key=lambda t: (float(t.value), t.number))  # type: ignore[arg-type]
+        if not ranked:
+            return []
+        limit = float(ranked[0].value) * (1 + margin)  # type: ignore[arg-type]
+        return [t.user_attrs[ATTR_CONFIG] for t in ranked if float(t.value) <= limit][:count]  # type: ignore[arg-type]
 
     def best_percentiles(self) -> tuple[float | None, float | None, float | None]:
         """(p10, p50, p90) of the best in µs, as `best_value` takes them."""

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
-from jointtune.autotune.tuner.finalists import FinalRound
+from jointtune.autotune.tuner.finalists import COUNT, MARGIN, FinalRound
 from jointtune.autotune.tuner.handles import StudyHandle
 from jointtune.autotune.tuner.locks import study_lock
 from jointtune.autotune.tuner.search import Proposal
@@ -305,7 +305,8 @@ class Coordinator:
             return outcome.p10, outcome.p50, outcome.p90  # type: ignore[return-value]
 
         with phases.phase("final"):
-            final = FinalRound.run(state.counted, measure, rounds=rounds)
+            chosen = state.finalists(margin=MARGIN, count=COUNT)
+            final = FinalRound.run(chosen, measure, counted=state.trial_count, rounds=rounds)
             if final is None or final.pick is None:
                 return
             h.study.set_user_attr(STUDY_FINAL, final.to_json())

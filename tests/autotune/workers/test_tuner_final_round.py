@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from jt_tuning import result_of, tune
 
-from jointtune.autotune.tuner.finalists import FinalRound, finalists
+from jointtune.autotune.tuner.finalists import COUNT, MARGIN, FinalRound
 from jointtune.autotune.tuner.settings import Job, TuneSettings
 from jointtune.autotune.tuner.studies import STUDY_FINAL, StudyState, open_storage
 from jointtune.db import RecordKey, open_store
@@ -73,7 +73,8 @@ def test_a_round_holds_only_for_the_trials_it_judged():
     for config, value in [('{"mode":"x"}', 1.02), ('{"mode":"y"}', 1.04), ('{"mode":"z"}', 1.5)]:
         study.add_trial(optuna.trial.create_trial(value=value, user_attrs={"jt_config": config}))
     trials = study.get_trials()
-    assert [t.user_attrs["jt_config"] for t in finalists(trials)] == ['{"mode":"x"}', '{"mode":"y"}']
+    chosen = StudyState.of(trials).finalists(margin=MARGIN, count=COUNT)
+    assert chosen == ['{"mode":"x"}', '{"mode":"y"}']  # z is 47% off the fastest
     timings = {'{"mode":"x"}': [1.1, 1.09, 1.1], '{"mode":"y"}': [1.05, 1.06, 1.04]}
     calls = []
 
@@ -83,7 +84,7 @@ def test_a_round_holds_only_for_the_trials_it_judged():
         value = timings[key][sum(1 for c in calls if c == key) - 1]
         return value, value, value
 
-    final = FinalRound.run(trials, measure, rounds=3)
+    final = FinalRound.run(chosen, measure, counted=3, rounds=3)
     # rotated rounds: x y, y x, x y
     assert calls == ['{"mode":"x"}', '{"mode":"y"}', '{"mode":"y"}', '{"mode":"x"}', '{"mode":"x"}', '{"mode":"y"}']
     assert final.pick == '{"mode":"y"}' and final.median(final.pick) == 1.05
@@ -103,7 +104,8 @@ def test_a_finalist_that_fails_in_the_round_leaves_it():
     study = optuna.create_study()
     for config, value in [('{"mode":"x"}', 1.0), ('{"mode":"y"}', 1.01)]:
         study.add_trial(optuna.trial.create_trial(value=value, user_attrs={"jt_config": config}))
-    final = FinalRound.run(study.get_trials(), lambda c: None if c["mode"] == "x" else (2.0, 2.0, 2.0), rounds=2)
+    chosen = StudyState.of(study.get_trials()).finalists(margin=MARGIN, count=COUNT)
+    final = FinalRound.run(chosen, lambda c: None if c["mode"] == "x" else (2.0, 2.0, 2.0), counted=2, rounds=2)
     assert final.failed == ['{"mode":"x"}'] and final.pick == '{"mode":"y"}'
     assert final.p50 == {'{"mode":"y"}': [2.0, 2.0]}
 
