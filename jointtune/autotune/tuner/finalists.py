@@ -100,7 +100,8 @@ class FinalRound:
         return final if final.pick in final.p50 else None
 
     def summary(self) -> str:
-        """ "re-timed 3 finalists side by side in 5 rounds: pick 45.3 µs (next 47.4 µs)"."""
+        """The round in one clause for a tune's summary line, e.g. `re-timed 3 finalists side by side in 5 rounds:
+        pick 45.3 µs (next 47.4 µs)`."""
         assert self.pick is not None
         others = sorted(self.median(k) for k in self.p50 if k != self.pick)
         n = len(self.configs)
