@@ -53,6 +53,27 @@ tune() { # SECONDS W DB NAME KERNEL SHAPE [more args]: one `jointtune tune`, one
     --world-size "$2" --timing graph --groups 1 --db "sqlite:///$WORK/$3" "${@:7}" > "$WORK/$4.log" 2>&1
   echo "exit $? after: tune $5 $6 w$2 ($4)"; grep -E "how each shape went|—|done in" "$WORK/$4.log" | tail -4; pack
 }
+exhaustive() { # W DB NAME KERNEL SHAPE: the exhaustive study of the shape's sub-space (RESTRICT)
+  # shellcheck disable=SC2046
+  tune 280 "$1" "$2" "$3" "$4" "$5" --strategy exhaustive --trials 100 $(restrict_args "$4:$5")
+}
+fresh() { # W DB NAME KERNEL SHAPE: a fresh 24-trial tune of the shape's sub-space, seed 0
+  # shellcheck disable=SC2046
+  tune 200 "$1" "$2" "$3" "$4" "$5" --trials 24 --seed 0 $(restrict_args "$4:$5")
+}
+agreement() { # SECONDS W JOBS NAME LABEL=DB...: the picks of the databases re-timed side by side (tuner_agreement.py)
+  local seconds=$1 w=$2 jobs=$3 name=$4 dbs=() label
+  shift 4
+  for label in "$@"; do dbs+=(--db "${label%%=*}=sqlite:///$WORK/${label#*=}"); done
+  CUDA_VISIBLE_DEVICES=$(gpus "$w") timeout "$seconds" torchrun --standalone --nproc-per-node="$w" \
+    bench/tuner/tuner_agreement.py --jobs "$jobs" "${dbs[@]}" --out "$WORK/tuner_agreement_$name.json" \
+    > "$WORK/agree_$name.log" 2>&1
+  echo "exit $? after: agree $name"; grep -E "^\[" "$WORK/agree_$name.log"
+}
+tables() { # W DB TAG COMMAND: the exhaustive studies of DB as replay tables in $WORK/tables
+  python3 bench/tuner/tuner_experiments.py tables "$WORK/$2" --out "$WORK/tables" --tag "$3" \
+    --device "$(nvidia-smi -L | head -1 | sed 's/ (UUID.*//'), world size $1, graph timing" --command "$4"
+}
 families() { if [ $# -gt 0 ]; then echo "$@"; else echo ag_gemm gemm_rs flash_decode; fi; }
 ROOT=$PWD
 cold_run() { # TREE NAME: the cold tune from TREE's jointtune: empty Triton cache, fresh database, the shell's clock around
@@ -83,49 +104,31 @@ case $phase in
   truth)
     w=$1; shift
     for k in $(families "$@"); do for s in ${SHAPES[$k]}; do
-      # shellcheck disable=SC2046
-      tune 280 "$w" "truth_w$w.db" "truth_${k}_${s}_w$w" "$k" "$s" --strategy exhaustive --trials 100 $(restrict_args "$k:$s")
+      exhaustive "$w" "truth_w$w.db" "truth_${k}_${s}_w$w" "$k" "$s"
     done; done
-    python3 bench/tuner/tuner_experiments.py tables "$WORK/truth_w$w.db" --out "$WORK/tables" --tag "w${w}_4xH200" \
-      --device "$(nvidia-smi -L | head -1 | sed 's/ (UUID.*//'), world size $w, graph timing" \
-      --command "bash bench/tuner/tuner_device.sh truth $w"
+    tables "$w" "truth_w$w.db" "w${w}_4xH200" "bash bench/tuner/tuner_device.sh truth $w"
     pack ;;
   tune)
     w=$1; shift
     for k in $(families "$@"); do for s in ${SHAPES[$k]}; do
-      for run in fresh-a fresh-b; do
-        # shellcheck disable=SC2046
-        tune 200 "$w" "${run}_w$w.db" "${run}_${k}_${s}_w$w" "$k" "$s" --trials 24 --seed 0 $(restrict_args "$k:$s")
-      done
+      for run in fresh-a fresh-b; do fresh "$w" "${run}_w$w.db" "${run}_${k}_${s}_w$w" "$k" "$s"; done
       tune 200 "$w" "full_w$w.db" "full_${k}_${s}_w$w" "$k" "$s" --trials 24 --seed 0
     done; done ;;
   agree)
     w=$1; jobs=""
     for k in ag_gemm gemm_rs flash_decode; do for s in ${SHAPES[$k]}; do jobs="$jobs${jobs:+,}$k:$s"; done; done
-    CUDA_VISIBLE_DEVICES=$(gpus "$w") timeout 560 torchrun --nproc-per-node="$w" bench/tuner/tuner_agreement.py \
-      --jobs "$jobs" --db "fresh-a=sqlite:///$WORK/fresh-a_w$w.db" --db "fresh-b=sqlite:///$WORK/fresh-b_w$w.db" \
-      --db "full=sqlite:///$WORK/full_w$w.db" --db "exhaustive=sqlite:///$WORK/truth_w$w.db" \
-      --out "$WORK/tuner_agreement_w${w}.json" > "$WORK/agree_w$w.log" 2>&1
-    echo "exit $? after: agree w$w"; grep -E "^\[" "$WORK/agree_w$w.log"; pack ;;
+    agreement 560 "$w" "$jobs" "w$w" "fresh-a=fresh-a_w$w.db" "fresh-b=fresh-b_w$w.db" "full=full_w$w.db" \
+      "exhaustive=truth_w$w.db"
+    pack ;;
   check)
     w=$1; shift
     for item in "$@"; do
       k=${item%%:*}; s=${item#*:}; tag="${k}_${s}_w$w"
       [ -n "${RESTRICT[$k:$s]:-}" ] || { echo "check: unknown item $item (family:shape of SHAPES)"; exit 2; }
-      # shellcheck disable=SC2046
-      tune 280 "$w" "truth_$tag.db" "truth_$tag" "$k" "$s" --strategy exhaustive --trials 100 $(restrict_args "$k:$s")
-      for run in fresh-a fresh-b; do
-        # shellcheck disable=SC2046
-        tune 200 "$w" "${run}_$tag.db" "${run}_$tag" "$k" "$s" --trials 24 --seed 0 $(restrict_args "$k:$s")
-      done
-      CUDA_VISIBLE_DEVICES=$(gpus "$w") timeout 300 torchrun --standalone --nproc-per-node="$w" \
-        bench/tuner/tuner_agreement.py --jobs "$k:$s" --db "fresh-a=sqlite:///$WORK/fresh-a_$tag.db" \
-        --db "fresh-b=sqlite:///$WORK/fresh-b_$tag.db" --db "exhaustive=sqlite:///$WORK/truth_$tag.db" \
-        --out "$WORK/tuner_agreement_$tag.json" > "$WORK/agree_$tag.log" 2>&1
-      echo "exit $? after: agree $tag"; grep -E "^\[" "$WORK/agree_$tag.log"
-      python3 bench/tuner/tuner_experiments.py tables "$WORK/truth_$tag.db" --out "$WORK/tables" --tag "w${w}" \
-        --device "$(nvidia-smi -L | head -1 | sed 's/ (UUID.*//'), world size $w, graph timing" \
-        --command "bash bench/tuner/tuner_device.sh check $w $item"
+      exhaustive "$w" "truth_$tag.db" "truth_$tag" "$k" "$s"
+      for run in fresh-a fresh-b; do fresh "$w" "${run}_$tag.db" "${run}_$tag" "$k" "$s"; done
+      agreement 300 "$w" "$k:$s" "$tag" "fresh-a=fresh-a_$tag.db" "fresh-b=fresh-b_$tag.db" "exhaustive=truth_$tag.db"
+      tables "$w" "truth_$tag.db" "w$w" "bash bench/tuner/tuner_device.sh check $w $item"
       pack
     done ;;
   cold) cold_run "$ROOT" cold_ag_gemm_w2 ;;
