@@ -214,8 +214,9 @@ def run_agreement(args: argparse.Namespace) -> None:
     from jointtune.autotune.tuner.replay import noisy, replay_pick
 
     rows = []
-    totals: dict[str, dict[str, int]] = {}
+    devices = set()
     for path in args.tables:
+        devices.add(json.loads(Path(path).read_text()).get("device", "unknown"))
         table = ReplayTable.load(path)
         best = table.best_us
         for sigma in args.noise:
@@ -238,20 +239,20 @@ def run_agreement(args: argparse.Namespace) -> None:
                              "world_size": table.problem.world_size, "arm": arm, "noise": sigma, "final_rounds": rounds,
                              "pairs": args.pairs, "pairs_apart": apart, "picks_off": off, "best_us": best,
                              "picks_us": picks})  # fmt: skip
-                total = totals.setdefault(arm, {"pairs": 0, "pairs_apart": 0, "picks": 0, "picks_off": 0})
-                total["pairs"] += args.pairs
-                total["pairs_apart"] += apart
-                total["picks"] += 2 * args.pairs
-                total["picks_off"] += off
                 print(f"{table.space.name} W={table.problem.world_size} {_shape_text(table)} [{arm}]: "
                       f"{apart}/{args.pairs} pairs > {args.agree:.0%} apart, {off}/{2 * args.pairs} picks > "
                       f"{args.tolerance:.0%} off the best")  # fmt: skip
+    totals: dict[str, dict[str, int]] = {}
+    for row in rows:
+        total = totals.setdefault(row["arm"], {"pairs": 0, "pairs_apart": 0, "picks": 0, "picks_off": 0})
+        for name, value in (("pairs", row["pairs"]), ("pairs_apart", row["pairs_apart"]),
+                            ("picks", 2 * row["pairs"]), ("picks_off", row["picks_off"])):  # fmt: skip
+            total[name] += value
     for arm, t in totals.items():
         print(f"all tables [{arm}]: {t['pairs_apart']}/{t['pairs']} pairs apart, {t['picks_off']}/{t['picks']} off")
     report = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": "replayed on the CPU; latencies measured on "
-        + ", ".join(sorted({json.loads(Path(p).read_text()).get("device", "unknown") for p in args.tables})),
+        "device": "replayed on the CPU; latencies measured on " + ", ".join(sorted(devices)),
         "command": " ".join(["python", *sys.argv]),
         "trials": args.trials,
         "agree": args.agree,
