@@ -20,7 +20,8 @@ faster in that cell; both times are reported):
   tokens divide by W.
 Each step is timed as replays of a CUDA graph (the slowest rank's median, `timing.py`); tokens/s = tokens / step.
 The per-op breakdown times each op of one layer alone, in a graph, per path. Every path's output is compared with
-the single-GPU reference on rank 0 (norm-wise relative error of the layers' change to the residual, < 2e-2).
+the single-GPU float32 reference on rank 0 (norm-wise relative error of the layers' change to the residual, < 2e-2, or
+within 0.005 of the same layers run unsharded in bf16 on one GPU: `single_gpu_bf16_error`, the precision floor).
 
 The targets of issue 35 are anchors in the JSON (decode >= 1.10x the standard layer where its collectives are >= 20%
 of its step, >= 1.05x async-TP, prefill >= 1.15x, every path correct, the stack compiled with fullgraph=True); an
@@ -70,6 +71,8 @@ from jointtune.tp.model_config import model_config_from_dict
 from jointtune.tp.shard import shard_layer
 
 TOL = 2e-2
+#: how much further from float32 than the single-GPU bf16 model a path may land (`anchors`)
+FLOOR_SLACK = 5e-3
 TINY = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
         "num_key_value_heads": 2, "num_hidden_layers": 2, "initializer_range": 0.1}  # fmt: skip
 
@@ -255,12 +258,19 @@ class Bench:
         x = torch.randn(T, cfg.hidden_size, generator=_gen(world, self.args.seed + 99), device=world.device).bfloat16()
         xs = [x for _ in world.local_ranks]
         step = {"phase": cell.phase, "batch": cell.batch}
-        want = None
+        want = floor = None
         if self.refs:
-            want = x.float()
+            want, single = x.float(), x
             with torch.no_grad():
                 for ref, c in zip(self.refs, ref_caches):
                     want = ref(want, c, **step)
+                # the same layers in bfloat16 on one GPU, on the same caches from the same start: how far bf16
+                # arithmetic alone lands from float32 (the precision floor every path shares)
+                for c in ref_caches:
+                    c.lens[0].fill_(start)
+                for ref, c in zip(self.refs, ref_caches):
+                    single = ref.in_dtype(torch.bfloat16)(single, c, **step)
+            floor = rel_error(single.float() - x.float(), want - x.float())
         del ref_caches
 
         def reset() -> None:
@@ -269,7 +279,7 @@ class Bench:
                     lens.fill_(start)
 
         out: dict[str, Any] = {"cell": cell.name, "phase": cell.phase, "tokens": T, "batch": cell.batch, "kv": cell.kv,
-                               "paths": {}, "errors": {}}  # fmt: skip
+                               "paths": {}, "errors": {}, "single_gpu_bf16_error": floor}  # fmt: skip
         out["attention"] = self._choose_attention(cell, caches, reset)
         runs = self._paths(cell, xs, caches, reset, step)
         for name, fn in runs.items():
@@ -497,9 +507,14 @@ def anchors(cells: list[dict[str, Any]], compiled: dict[str, Any] | None, layers
         if "paths" not in c:
             out.append({"anchor": "cell ran", "cell": c["cell"], "passed": False, "note": c.get("error", "")[:500]})
             continue
+        floor = c.get("single_gpu_bf16_error")
         for path, err in c["errors"].items():
-            out.append({"anchor": f"correct: {path} rel. error < {TOL}", "cell": c["cell"], "value": err,
-                        "passed": err < TOL})  # fmt: skip
+            # below TOL, or no further from float32 than the unsharded model in bf16 on one GPU is, give or take
+            # FLOOR_SLACK (random weights' prefill attention averages thousands of values: bf16 alone can miss TOL)
+            bound = TOL if floor is None else max(TOL, floor + FLOOR_SLACK)
+            out.append({"anchor": f"correct: {path} rel. error < {TOL}, or within {FLOOR_SLACK} of one GPU's bf16",
+                        "cell": c["cell"], "value": err, "single_gpu_bf16_error": floor,
+                        "passed": err < bound})  # fmt: skip
         jt, std, atp = c["jointtune_us"], c["torch_standard_us"], c["async_tp_us"]
         share = _collective_share(c, layers)
         if jt and std:

@@ -15,6 +15,10 @@
 #   mini4              the standard layout's row-parallel shapes only (bench/e2e/decode_mini/MODEL_tpW.yaml, 8 trials a
 #                      shape) at TP=4, then the decode cells at 4K KV with the per-op breakdown, from that store
 #   mini2              the same at TP=2: Llama-3-70B on GPUs 0,1 and Qwen2.5-32B on GPUs 2,3, at once
+#   rest2              2-GPU machine: $MODEL at TP=2 from its decode_mini store (swept first where missing): prefill of
+#                      4096 tokens and decode at batch 1, 8, 32 with 32K of KV
+#   decode2mini        2-GPU machine: mini2's decode cells for $MODEL alone, on GPUs 0,1
+#   compile2mini       2-GPU machine: torch.compile(fullgraph=True) of $MODEL's TP=2 stack, from the same store
 # MODEL (default llama-3-70b), BUNDLE (default: the tune phase's, else bench/results/tuned_$MODEL_tp<W>_<gpu>.json).
 # STORE (a database URL): the bench phases read that store instead of a bundle (the mini phases set it).
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
@@ -52,13 +56,18 @@ e2e() { # SECONDS W NAME PORT ARGS...: one run of decoder_layers.py (4 layers, C
   grep -E '^\{"cell"|cells,|FAILED' "$WORK/e2e_${MODEL}_tp$2_$3.log" | cut -c1-400
   pack
 }
-mini() { # MODEL W GPUS PORT: sweep bench/e2e/decode_mini/MODEL_tpW.yaml into its own store, then its decode cells from it
+mini() { # MODEL W GPUS PORT [NAME SECONDS CELL-ARGS...]: sweep bench/e2e/decode_mini/MODEL_tpW.yaml into its own store
+  # (once: a store that has it is reused), then cells from it: by default the decode cells at 4K of KV
   local db="$WORK/mini_$1_tp$2.db" log="$WORK/mini_$1_tp$2.log"
-  CUDA_VISIBLE_DEVICES=$3 timeout 200 python3 -m jointtune.cli sweep "bench/e2e/decode_mini/$1_tp$2.yaml" --profile gpu \
-    --db "sqlite:///$db" > "$log" 2>&1
-  echo "exit $? after: sweep decode_mini $1_tp$2"; tail -n 16 "$log"; pack
-  CUDA_VISIBLE_DEVICES=$3 MODEL=$1 STORE="sqlite:///$db" e2e 330 "$2" decode_mini "$4" --prefill 0 --batches 1,8,32 \
-    --kv-lens 4096 --no-compile-check
+  if [ ! -f "$db" ] || ! grep -q "exit 0" "$log.exit" 2>/dev/null; then
+    CUDA_VISIBLE_DEVICES=$3 timeout 200 python3 -m jointtune.cli sweep "bench/e2e/decode_mini/$1_tp$2.yaml" --profile gpu \
+      --db "sqlite:///$db" > "$log" 2>&1
+    echo "exit $?" > "$log.exit"
+    echo "$(cat "$log.exit") after: sweep decode_mini $1_tp$2"; tail -n 16 "$log"; pack
+  fi
+  local name=${5:-decode_mini} seconds=${6:-330} cells=("${@:7}")
+  [ ${#cells[@]} = 0 ] && cells=(--prefill 0 --batches 1,8,32 --kv-lens 4096 --no-compile-check)
+  CUDA_VISIBLE_DEVICES=$3 MODEL=$1 STORE="sqlite:///$db" e2e "$seconds" "$2" "$name" "$4" "${cells[@]}"
 }
 for phase in "$@"; do
   case $phase in
@@ -78,6 +87,15 @@ for phase in "$@"; do
       mini llama-3-70b 2 0,1 29709 &
       mini qwen2.5-32b 2 2,3 29710 &
       wait ;;
-    *) echo "unknown phase $phase (tune4 tune2 decode4 prefill4 bench2 compile4 compile2 mini4 mini2)" ;;
+    rest2)  # on a 2-GPU machine: $MODEL at TP=2 from its decode_mini store (made first where missing), the cells the
+      # decode runs left out: the prefill of 4096 tokens and decode at batch 1, 8, 32 with 32K of KV
+      mini "$MODEL" 2 0,1 29711 prefill_kv32k 480 --prefill 4096 --batches 1,8,32 --kv-lens 32768 \
+        --no-compile-check ;;
+    decode2mini)  # on a 2-GPU machine: $MODEL's decode cells at 4K of KV, TP=2, from its decode_mini store (made first)
+      mini "$MODEL" 2 0,1 29713 ;;
+    compile2mini)  # torch.compile(fullgraph=True) of $MODEL's TP=2 stack from its decode_mini store, on GPUs 0,1
+      mini "$MODEL" 2 0,1 29712 compile 300 --prefill 0 --batches '' --paths jointtune
+      ;;
+    *) echo "unknown phase $phase (tune4 tune2 decode4 prefill4 bench2 compile4 compile2 mini4 mini2 rest2 decode2mini compile2mini)" ;;
   esac
 done

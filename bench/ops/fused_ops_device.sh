@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 tune smoke archeck aranat ar4 arn4 ar2 artune arlong4 dtune2 fence4 fence2)
+#   flashlong2 tune smoke archeck aranat ar4 arn4 ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -52,10 +52,15 @@ for phase in "$@"; do
       fo 200 4 ag_gemm "$DECODE" ag_gemm_w4.json --per-mode 2 --stress 200
       fo 200 4 gemm_rs "$DECODE" gemm_rs_w4.json --per-mode 2 --stress 200 ;;
     flash4) fo 150 4 flash_decode "$FLASH" flash_decode_w4.json --per-mode 2 --stress 200 ;;
-    decode2)
-      CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$DECODE" ag_gemm_w2.json --per-mode 2 --stress 200 --port 29511 &
-      CUDA_VISIBLE_DEVICES=2,3 fo 200 2 gemm_rs "$DECODE" gemm_rs_w2.json --per-mode 2 --stress 200 --port 29512 &
-      wait ;;
+    decode2)  # side by side on GPUs 0,1 and 2,3; one after the other on 0,1 of a 2-GPU machine
+      if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
+        CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$DECODE" ag_gemm_w2.json --per-mode 2 --stress 200 --port 29511 &
+        CUDA_VISIBLE_DEVICES=2,3 fo 200 2 gemm_rs "$DECODE" gemm_rs_w2.json --per-mode 2 --stress 200 --port 29512 &
+        wait
+      else
+        CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$DECODE" ag_gemm_w2.json --per-mode 2 --stress 200 --port 29511
+        CUDA_VISIBLE_DEVICES=0,1 fo 200 2 gemm_rs "$DECODE" gemm_rs_w2.json --per-mode 2 --stress 200 --port 29512
+      fi ;;
     flash2) CUDA_VISIBLE_DEVICES=0,1 fo 150 2 flash_decode "$FLASH" flash_decode_w2.json --per-mode 2 --stress 200 ;;
     large4)
       fo 150 4 ag_gemm "$LARGE" ag_gemm_large_w4.json --per-mode 2 --stress 0 --item-timeout 40
@@ -123,15 +128,26 @@ for phase in "$@"; do
       fo 190 4 $fam "$(ar_shapes 8192 2048 4)" ${fam}_w4_o.json --per-mode 3 --stress 200
       fo 190 4 $fam "$(ar_shapes 8192 7168 4)" ${fam}_w4_d.json --per-mode 3 --stress 0
       fo 190 4 $fam "$(ar_shapes 5120 6912 4)" ${fam}_w4_q.json --per-mode 3 --stress 0 ;;
-    ar2)  # both forms at W=2 side by side on disjoint pairs
+    ar2|ar2o|ar2dq)  # both forms at W=2, side by side on disjoint pairs (one after the other on a 2-GPU machine); ar2o:
+      # only the o_proj shapes (8192, 2048 per rank), ar2dq: only the two down shapes
+      two_pairs=$(( $(nvidia-smi -L | wc -l) >= 4 ))
+      nks=("8192 2048 o" "8192 7168 d" "5120 6912 q"); [ "$phase" = ar2o ] && nks=("8192 2048 o")
+      [ "$phase" = ar2dq ] && nks=("8192 7168 d" "5120 6912 q")
       for fam in gemm_ar gemm_ar_rmsnorm; do
-        gpus=0,1; port=29521; [ $fam = gemm_ar_rmsnorm ] && gpus=2,3 && port=29522
-        ( for nk in "8192 2048 o" "8192 7168 d" "5120 6912 q"; do set -- $nk
+        gpus=0,1; port=29521; [ $fam = gemm_ar_rmsnorm ] && [ $two_pairs = 1 ] && gpus=2,3 && port=29522
+        run_pair() { for nk in "${nks[@]}"; do set -- $nk
             CUDA_VISIBLE_DEVICES=$gpus fo 190 2 $fam "$(ar_shapes $1 $2 2)" ${fam}_w2_$3.json --per-mode 3 \
               --stress $([ $3 = o ] && echo 200 || echo 0) --port $port
-          done ) &
+          done; }
+        if [ $two_pairs = 1 ]; then run_pair & else run_pair; fi
       done
       wait ;;
+    arn2o)  # the residual + RMSNorm form alone at W=2, o_proj shapes, on GPUs 0,1; then what the unfused norm costs
+      CUDA_VISIBLE_DEVICES=0,1 fo 190 2 gemm_ar_rmsnorm "$(ar_shapes 8192 2048 2)" gemm_ar_rmsnorm_w2_o.json --per-mode 3 \
+        --stress 50 --port 29523
+      CUDA_VISIBLE_DEVICES=0 timeout 100 python3 bench/ops/rms_norm_anchor.py --out "$WORK/rms_norm_anchor.json" \
+        > "$WORK/rms_norm_anchor.log" 2>&1
+      echo "exit $? after: rms_norm_anchor"; cat "$WORK/rms_norm_anchor.log"; pack ;;
     fence4) fence_trees 4 0,1,2,3 29561 ;;
     fence2) fence_trees 2 0,1 29562 ;;
     *) echo "unknown phase $phase"; exit 2 ;;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one GPU can check, run on the lent single-GPU machine (nvidia-h200) from the repository root:
 #   bash bench/ops/single_gpu_device.sh tune19 [kernel-ab] [kernel-grid] [kernel-defaults] [kernel-merge] [atomic-fix]
-#   [stress-w1] [fix-ab] [kernel-floors] [rs-epilogue] [tile-small-m] [rs-tile] [tile-anatomy] [ag-small-m]
+#   [stress-w1] [fix-ab] [kernel-floors] [rs-epilogue] [tile-small-m] [tile-rate] [rs-tile] [tile-anatomy] [ag-small-m]
 #   [handoff] [handoff-ab]
 # tune19:      issue 19's before/after tuning run: the same exhaustive `jointtune tune` (world size 1) from a
 #              checkout before the autotune/ restructure (.old19, `git archive 0777b74`) and after it (.new19,
@@ -33,6 +33,8 @@
 # tile-small-m: bench/gemm_rs/tile_gemm_small_m.py: the fused kernels' tile GEMM alone at 32-128 rows, over a grid of
 #              tiles, against cuBLAS and the bound of reading A and B once. tile-anatomy: its --anatomy (the
 #              reduce_by=tile launch against the tile GEMM alone: opening the call, reading its epoch only, no epoch).
+# tile-rate:   bench/ops/tile_gemm_rate.py: the families' K loop against an ordered split-K merge and tensor-descriptor
+#              (TMA) loads, and cuBLAS, with the weight warm in L2 and cold (copies cycled), one rank's GEMM at decode rows.
 # rs-tile:     GEMM+RS `reduce_by=tile` (tiles over every rank's rows) against the other fused launches and cuBLAS at
 #              decode rows, world size 1; then the stress run.
 # ag-small-m:  AG+GEMM's Triton modes at decode rows (their candidates, one row tile over M among them) against
@@ -203,6 +205,11 @@ tile_small_m() {
   grep -E "^\[|^exit|Error" "$OUT/tile_gemm_small_m.log" | cut -c1-600
 }
 
+tile_rate() {  # TILE_RATE_ARGS: more arguments (--shapes, --loops)
+  run 540 bench/ops/tile_gemm_rate.py --out "$OUT/tile_gemm_rate.json" ${TILE_RATE_ARGS:-} > "$OUT/tile_gemm_rate.log" 2>&1
+  grep -E "^\[|^exit|Error" "$OUT/tile_gemm_rate.log" | cut -c1-700
+}
+
 tile_anatomy() {
   run 200 bench/gemm_rs/tile_gemm_small_m.py --anatomy --out "$OUT/tile_anatomy.json" > "$OUT/tile_anatomy.log" 2>&1
   grep -E "^\[|^exit|Error" "$OUT/tile_anatomy.log" | cut -c1-600
@@ -298,13 +305,14 @@ for step in "$@"; do
     rs-epilogue) rs_epilogue ;;
     tile-small-m) tile_small_m ;;
     tile-anatomy) tile_anatomy ;;
+    tile-rate) tile_rate ;;
     ag-small-m) ag_small_m ;;
     rs-tile) rs_tile ;;
     handoff) handoff ;;
     handoff-ab) handoff_ab ;;
     handoff-large) handoff_large ;;
     *) echo "unknown step: $step (tune19, kernel-ab, kernel-grid, kernel-defaults, kernel-merge, atomic-fix,"\
-         "stress-w1, fix-ab, kernel-floors, rs-epilogue, tile-small-m, rs-tile, tile-anatomy, ag-small-m, handoff,"\
+         "stress-w1, fix-ab, kernel-floors, rs-epilogue, tile-small-m, tile-rate, rs-tile, tile-anatomy, ag-small-m, handoff,"\
          "handoff-ab, handoff-large, smoke, shared2, eager-graph)"; exit 2 ;;
   esac
 done

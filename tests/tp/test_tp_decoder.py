@@ -64,6 +64,20 @@ def test_layers_prefill_and_decode_match_the_single_rank_reference(tmp_path, W, 
     assert {c["mode"] for op in ops[2:] for c in op.launcher.cache.values()} == {"one_shot", "two_shot"}
 
 
+def test_the_reference_in_bf16_shares_its_weights_and_lands_near_float32():
+    """`in_dtype(torch.bfloat16)`: the unsharded model as one GPU runs it, the e2e benchmark's precision floor."""
+    cfg = small_config()
+    ref = ReferenceDecoderLayer(cfg, layer_of(hf_checkpoint(cfg, layers=1, seed=3), 0))
+    single = ref.in_dtype(torch.bfloat16)
+    assert single.w is ref.w and ref.dtype == torch.float32 and single.dtype == torch.bfloat16
+    x = torch.randn(8, HIDDEN, generator=torch.Generator().manual_seed(1)).bfloat16()
+    step = {"phase": "prefill", "batch": 2}
+    want = ref(x.float(), ref.new_cache(2, 8, torch.bfloat16), **step)
+    got = single(x, single.new_cache(2, 8, torch.bfloat16), **step)
+    assert got.dtype == torch.bfloat16 and want.dtype == torch.float32
+    assert 0 < _rel(got.float() - x.float(), want - x.float()) < 2e-2
+
+
 def test_uneven_token_counts_run_the_standard_layout(tmp_path):
     W = 4
     cfg = small_config()

@@ -38,6 +38,7 @@ def test_the_benchmark_runs_every_path_on_simulated_ranks_and_writes_its_result(
     for cell in (prefill, decode):
         assert set(cell["paths"]) == {"jointtune/sp", "jointtune/standard", "torch/nccl"}
         assert all(err < 2e-2 for err in cell["errors"].values()), cell["errors"]  # every path against the reference
+        assert 0 < cell["single_gpu_bf16_error"] < 2e-2  # the unsharded bf16 model's own distance from float32
         breakdown = cell["breakdown"]
         assert set(breakdown["jointtune"]) == {"qkv", "o_proj", "gate_up", "down", "attention"}
         assert all(isinstance(us, float) for us in breakdown["jointtune"].values()), breakdown["jointtune"]
