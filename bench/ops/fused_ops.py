@@ -39,6 +39,8 @@ from common import harness
 
 TOL = 2e-2
 UNFUSED_ANCHOR = "unfused_sdpa:"  # an anchor that is a user's whole unfused path: it competes as the best unfused
+UNFUSED_USER = "unfused_user:"  # the same for GEMM + all-reduce (ops/user_paths.py's MmAllReduceNorm)
+EPS = 1e-6  # the RMSNorm epsilon GEMM + all-reduce's inputs carry (the family's reference uses it)
 CALLS = 4  # calls per captured graph
 
 
@@ -166,8 +168,9 @@ def measure(rig: Rig, fn, bench, *, check: bool = True, graphable: bool = True) 
 
 
 def anchors(rig: Rig, bench, items, tag: str, limits) -> None:
-    """torch's fused op (GEMM families) or the user's SDPA path (flash_decode), the compute alone, each collective
-    variant alone."""
+    """torch's fused op (AG+GEMM, GEMM+RS) or the user's whole unfused path (Flash-Decode's SDPA path, GEMM +
+    all-reduce's cuBLAS + all-reduce [+ add + F.rms_norm]: each competes as the best unfused), the compute alone, each
+    collective variant alone."""
     import torch
     import torch.distributed as dist
 
@@ -236,6 +239,8 @@ def anchors(rig: Rig, bench, items, tag: str, limits) -> None:
 
             items.run(f"{tag}|anchor:collective_alone:{v}", alone)
     elif fam.name in ("gemm_ar", "gemm_ar_rmsnorm"):
+        from ops.user_paths import MmAllReduceNorm
+
         (a,), (b,) = x.a, x.b
         part = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
         items.run(f"{tag}|anchor:compute_alone", lambda: measure(rig, lambda: torch.mm(a, b, out=part), bench,
@@ -248,6 +253,10 @@ def anchors(rig: Rig, bench, items, tag: str, limits) -> None:
                 return measure(rig, lambda: world.all_reduce(full, collective=v), bench, check=False)
 
             items.run(f"{tag}|anchor:collective_alone:{v}", alone)
+            items.run(
+                f"{tag}|anchor:{UNFUSED_USER}{v}",
+                lambda v=v: measure(rig, MmAllReduceNorm(world, x.a, x.b, v, x.residual, x.weight, EPS), bench),
+            )
 
 
 def stress(fam, space, world, items, results: list[dict], replays: int, limits) -> None:
@@ -382,7 +391,7 @@ def summarize(data: dict) -> dict:
             ours = {k: v for k, v in per.items() if not k.startswith("baseline:")}
             for name, a in entry["anchors"].items():  # a user's own unfused path (SDPA + all-gather + combine)
                 if (
-                    name.startswith(UNFUSED_ANCHOR)
+                    name.startswith((UNFUSED_ANCHOR, UNFUSED_USER))
                     and a.get(regime)
                     and a.get("eager_error", 1) <= TOL
                     and a.get("graph_error", 1) <= TOL

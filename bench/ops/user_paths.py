@@ -1,5 +1,10 @@
 """What a user writes without jointtune: the unfused paths a benchmark must beat, built from torch's public ops.
 
+GEMM + all-reduce's is the standard layout's row-parallel linear as a user writes it: cuBLAS writes each rank's partial
+straight into the all-reduce's buffer (in the variant's own memory: an NCCL window or torch's symmetric memory), the
+all-reduce sums it in place, and the sum is the output, or `sum + residual` and torch's fused `F.rms_norm` of it are:
+no copy into a caller's buffer, which our op's `baseline` mode pays (it writes into the op's outputs).
+
 Flash-Decode's is context-parallel decode as a careful user writes it: each rank runs SDPA over its own slice of the
 KV cache (a GQA group's query heads become the query rows of their KV head, so no K/V is expanded), keeps the
 log-sum-exp, sends its partial output (in q's dtype) and LSE (float32) in one all-gather (one buffer: the LSE's bytes
@@ -12,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 
 def sdpa_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,3 +68,27 @@ class SdpaGatherCombine:
             lses = parts[:, self.n_out :].contiguous().view(torch.float32).view(-1, B, H)
             out.copy_(torch.sum(torch.softmax(lses, dim=0)[..., None] * outs, dim=0))
         return self.out
+
+
+class MmAllReduceNorm:
+    """The whole unfused GEMM + all-reduce (module doc), with the residual add and RMSNorm where `weight` is given.
+
+    Takes one A, B (and residual, weight) per local rank; returns what the family's reference holds: every rank's sum
+    (+ residual), or every rank's normed rows, then every rank's new residual."""
+
+    def __init__(self, world: Any, a: list[torch.Tensor], b: list[torch.Tensor], collective: str,
+                 residual: list[torch.Tensor] | None = None, weight: list[torch.Tensor] | None = None,
+                 eps: float = 1e-6) -> None:  # fmt: skip
+        self.world, self.a, self.b, self.collective = world, a, b, collective
+        self.residual, self.weight, self.eps = residual, weight, eps
+        self.sums = world.collective_empty((a[0].shape[0], b[0].shape[1]), a[0].dtype, collective)
+
+    def __call__(self) -> list[torch.Tensor]:
+        for a, b, s in zip(self.a, self.b, self.sums):
+            torch.mm(a, b, out=s)
+        self.world.all_reduce(self.sums, collective=self.collective)
+        hs = list(self.sums) if self.residual is None else [s + r for s, r in zip(self.sums, self.residual)]
+        if self.weight is None:
+            return hs
+        N = hs[0].shape[-1]
+        return [F.rms_norm(h, (N,), w.to(h.dtype), self.eps) for h, w in zip(hs, self.weight)] + hs

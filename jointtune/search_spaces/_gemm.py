@@ -213,12 +213,31 @@ def comm_constraints(sms_field: str = "comm_sms", *, ragged_chunks: bool = False
 BIG_TILE: dict[str, Value] = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, SPLIT_K=1)
 
 
-def row_tile(M: int) -> dict[str, Value]:
-    """One row tile over up to 128 rows, 64 columns, 128-deep steps, no split-K: our tile GEMM's best at 32-128 rows,
-    1.05-1.16x cuBLAS (bench/results/tile_gemm_small_m_1xH200_2026-11-24.json; split-K cost 1.2-2.9x there)."""
+def row_tile(M: int, ctx: Context | None = None, *, cols: str = "", depth: str = "") -> dict[str, Value]:
+    """One row tile over up to 128 rows, 64 columns, 128-deep steps: our tile GEMM's best at 32-128 rows, 1.05-1.16x
+    cuBLAS (bench/results/tile_gemm_small_m_1xH200_2026-11-24.json). No split-K, unless `ctx` names the GEMM's column
+    and depth extents (`cols`, `depth`: context names): then `row_split`'s."""
     bm = max(16, min(128, next_pow2(M)))
-    return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=8 if bm >= 128 else 4, num_stages=4,
-                SPLIT_K=1)  # fmt: skip
+    tile: dict[str, Value] = dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=8 if bm >= 128 else 4,
+                                  num_stages=4, SPLIT_K=1)  # fmt: skip
+    if ctx is not None:
+        tile["SPLIT_K"] = row_split(ctx, tile, cols, depth)
+    return tile
+
+
+def row_split(ctx: Context, tile: Mapping[str, Value], cols: str, depth: str) -> int:
+    """Split-K for one row tile over every row of an M x `cols` x `depth` GEMM: only where its tiles would leave three
+    quarters of the SMs idle, doubling while the doubled work items still fit the SMs and each split stays two BLOCK_K
+    steps deep. At 32 column tiles of 64 (AG+GEMM's 2048 columns per rank at W=4) split 4 ran 10.2 µs where no split
+    ran 25.1 (64x2048x8192 on one H100, bench/results/tile_gemm_rate_1xH100_2026-11-26.json); at 64 column tiles a
+    split of 2 was even with none, and at 128 (N=8192) no split is fastest, by 1.3-2x."""
+    tiles = cdiv(ctx["M"], int(tile["BLOCK_M"])) * cdiv(ctx[cols], int(tile["BLOCK_N"]))
+    split, deep = 1, 2 * int(tile["BLOCK_K"])
+    if tiles * 4 > ctx["num_sms"]:
+        return 1
+    while split < 8 and tiles * split * 2 <= ctx["num_sms"] and cdiv(ctx[depth], split * 2) >= deep:
+        split *= 2
+    return split
 
 
 def gemm_default(ctx: Context) -> dict[str, Value]:

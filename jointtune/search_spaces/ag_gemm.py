@@ -68,10 +68,11 @@ def _default(ctx: Context) -> dict[str, Value]:
 
 def _seeds(ctx: Context) -> list[dict[str, Value]]:
     """Up to 128 rows: the Triton modes with one row tile over all M rows (B read once; at one rank push took 1.13-1.19x
-    cuBLAS with it, 1.69x faster than with 64-row tiles: bench/results/ag_gemm_small_m_w1_1xH200_2026-11-24.json)."""
+    cuBLAS with it, 1.69x faster than with 64-row tiles: bench/results/ag_gemm_small_m_w1_1xH200_2026-11-24.json),
+    split over K where its column tiles (N / W of them) leave SMs idle (`row_tile`)."""
     if ctx["W"] == 1 or ctx["M"] > 128:
         return []
-    tile = row_tile(ctx["M"])
+    tile = row_tile(ctx["M"], ctx, cols="N_r", depth="K")
     return [
         {"mode": "push", "comm_sms": 8, "chunk_m": one_chunk(ctx["R"]), **tile},
         {"mode": "pull", **tile},
@@ -84,7 +85,7 @@ def _starts(ctx: Context) -> list[dict[str, Value]]:
     copy engine in one chunk below 2048 rows per rank, two from there; both push_cublas forms (whichever the default
     is not). Not measured per world size yet: the start only has to land in each mode's good region."""
     R = ctx["R"]
-    tile = row_tile(ctx["M"]) if ctx["M"] <= 128 else dict(BIG_TILE)
+    tile = row_tile(ctx["M"], ctx, cols="N_r", depth="K") if ctx["M"] <= 128 else dict(BIG_TILE)
     chunk = default_chunk_m(R) or one_chunk(R)
     sms = 1 << (min(16, max(1, ctx["num_sms"] // 4)).bit_length() - 1)
     return [

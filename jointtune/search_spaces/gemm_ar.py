@@ -114,30 +114,16 @@ def _default(ctx: Context) -> dict[str, Value]:
     return {"mode": "baseline"}
 
 
-def row_split(ctx: Context, tile: Mapping[str, Value]) -> int:
-    """Split-K for one row tile over every row: only where its column tiles leave half the SMs idle, doubling while
-    the doubled work items still fit the SMs and each split stays two BLOCK_K steps deep. At N=8192 the 128 column
-    tiles of 64 already stream the weight on every SM: a split there merges partial tiles through a workspace and runs
-    1.2-2.9x slower (bench/results/tile_gemm_small_m_1xH200_2026-11-24.json; gemm_ar's split-K 4 one-launch form took
-    65-75 us at 8 rows where cuBLAS takes 7.9, bench/README)."""
-    tiles = cdiv(ctx["M"], int(tile["BLOCK_M"])) * cdiv(ctx["N"], int(tile["BLOCK_N"]))
-    split, deep = 1, 2 * int(tile["BLOCK_K"])
-    while split < 8 and tiles * split * 2 <= ctx["num_sms"] and cdiv(ctx["K_r"], split * 2) >= deep:
-        split *= 2
-    return split
-
-
 def _seeds(ctx: Context) -> list[dict[str, Value]]:
     """One-launch candidates for a tuner's first trials (and a benchmark's per mode) where W > 1, in both exchanges:
     the tile GEMM pushing and pulling, and cuBLAS followed by a pushed exchange on half the SMs. Up to 128 rows one row
-    tile over every row (the weight is read once; split-K only where the column tiles leave SMs idle: `row_split`),
+    tile over every row (the weight is read once; split-K only where the column tiles leave SMs idle: `row_tile`),
     one-shot first; from 256 rows 128 x 128 tiles grouped for L2 reuse of the weight, two-shot first (half the bytes
     of one-shot)."""
     if ctx["W"] == 1:
         return []
     if ctx["M"] <= 128:
-        modes, tile = ("one_shot", "two_shot"), row_tile(ctx["M"])
-        tile["SPLIT_K"] = row_split(ctx, tile)
+        modes, tile = ("one_shot", "two_shot"), row_tile(ctx["M"], ctx, cols="N", depth="K_r")
     else:
         group = 8 if cdiv(ctx["M"], 128) >= 8 else 1
         modes = ("two_shot", "one_shot")

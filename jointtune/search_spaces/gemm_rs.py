@@ -74,14 +74,15 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     if ctx["W"] == 1:
         return []
     if ctx["M"] <= 128:
-        return [{"mode": mode, "reduce_by": "tile", **row_tile(ctx["M"])} for mode in ("push", "pull")]
+        tile = row_tile(ctx["M"], ctx, cols="N", depth="K_r")
+        return [{"mode": mode, "reduce_by": "tile", **tile} for mode in ("push", "pull")]
     return [{"mode": mode, "reduce_by": "epilogue", "chunk_m": 256, **BIG_TILE} for mode in ("pull", "push")]
 
 
 def _starts(ctx: Context) -> list[dict[str, Value]]:
     """One config per mode for a tuner's start (the seeds cover pull and push): cuBLAS + pull-and-sum and the copy
     engine as the default has them, atomic with the fused tile of the seeds' regime. Not measured per world size."""
-    tile = row_tile(ctx["M"]) if ctx["M"] <= 128 else dict(BIG_TILE)
+    tile = row_tile(ctx["M"], ctx, cols="N", depth="K_r") if ctx["M"] <= 128 else dict(BIG_TILE)
     reduce_beside = _pow2_at_most(16, max(1, ctx["num_sms"] // 4))
     return [
         {"mode": "pull", "reduce_by": "epilogue", "chunk_m": 256, **tile},

@@ -1,5 +1,6 @@
 """bench/ops/user_paths.py: the user's unfused context-parallel decode (SDPA partials, one all-gather of output and LSE,
-combine) agrees with the family's float32 reference on simulated ranks, for GQA groups 1, 5 and 8."""
+combine) agrees with the family's float32 reference on simulated ranks, for GQA groups 1, 5 and 8; so does the user's
+GEMM + all-reduce, with and without the residual add and RMSNorm."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
-from ops.user_paths import SdpaGatherCombine  # noqa: E402
+from ops.user_paths import MmAllReduceNorm, SdpaGatherCombine  # noqa: E402
 
 from jointtune.kernels import create_world, get_family  # noqa: E402
 from jointtune.search_spaces import get_space  # noqa: E402
@@ -38,3 +39,23 @@ def test_odd_payload_refused() -> None:
     q = [torch.zeros(1, 1, 3, dtype=torch.bfloat16)] * 2
     with pytest.raises(ValueError, match="B\\*H\\*D"):
         SdpaGatherCombine(world, q, q, q, 1.0, "nccl")
+
+
+@pytest.mark.parametrize(
+    ("family", "world_size", "shape"), [("gemm_ar", 2, "5x96x64"), ("gemm_ar_rmsnorm", 3, "7x80x96")]
+)
+def test_mm_all_reduce_norm_matches_reference(family: str, world_size: int, shape: str) -> None:
+    fam = get_family(family)
+    world = create_world("local", world_size)
+    problem = get_space(fam.space).make_problem(shape, dtype="bf16", world_size=world_size)
+    x = fam.make_inputs(problem, world, seed=5)
+    path = MmAllReduceNorm(world, x.a, x.b, "nccl", x.residual, x.weight, 1e-6)
+    outs = path()
+    assert len(outs) == world_size * (2 if x.weight else 1)
+    assert fam.max_error(outs, fam.reference(x)) <= fam.tolerance("bfloat16")
+    x2 = fam.make_inputs(problem, world, seed=6)  # fresh data in the same buffers, as a replay sees it
+    for dst, src in zip(x.a + x.b, x2.a + x2.b):
+        dst.copy_(src)
+    for dst, src in zip((x.residual or []) + (x.weight or []), (x2.residual or []) + (x2.weight or [])):
+        dst.copy_(src)
+    assert fam.max_error(path(), fam.reference(x2)) <= fam.tolerance("bfloat16")

@@ -343,8 +343,9 @@ def test_space_defaults_seeds_and_rules():
         seeds = space.seeds(problem, limits)
         assert len(seeds) == (0 if W == 1 else 6), shape  # every seed valid here
         assert [s["mode"] for s in seeds[:1]] == ([] if W == 1 else ["one_shot" if shape["M"] <= 128 else "two_shot"])
-    # split-K only where the column tiles leave half the SMs idle: none at N=8192 (128 tiles of 64), 4 at N=2048
-    for N, split in ((8192, 1), (5120, 1), (2048, 4)):
+    # split-K only where the column tiles leave three quarters of the SMs idle: none at N=8192 (128 tiles of 64) or
+    # 4096 (64 tiles), 4 at N=2048
+    for N, split in ((8192, 1), (5120, 1), (4096, 1), (2048, 4)):
         problem = Problem.of({"M": 8, "N": N, "K": 8192}, dtype="bfloat16", world_size=4)
         assert {s.get("SPLIT_K") for s in space.seeds(problem, limits) if s["gemm"] == "triton"} == {split}, N
     problem = Problem.of({"M": 64, "N": 8192, "K": 8192}, dtype="bfloat16", world_size=4)

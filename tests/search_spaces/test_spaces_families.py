@@ -599,6 +599,12 @@ def test_seeds_are_valid_configs_of_their_regime_and_leave_the_version_alone() -
         "push",
         "pull",
     ]
+    # split over K only where the column tiles leave three quarters of the SMs idle: AG+GEMM's 2048 columns per rank
+    # at W=4 (32 tiles of 64 on 132 SMs) split 4; its 4096 at W=2 and GEMM+RS's 8192 not at all
+    for W, split in ((4, 4), (2, 1)):
+        seeds = ag.seeds(ag.make_problem("64x8192x8192", dtype="bf16", world_size=W), HOPPER)
+        assert [(s["mode"], s["SPLIT_K"]) for s in seeds] == [("push", split), ("pull", split)], W
+    assert {s["SPLIT_K"] for s in rs.seeds(decode, HOPPER)} == {1}
     assert get_space("flash_decode").seeds(anchor_problems(["flash_decode"])[0][1], HOPPER) == []
     # they change no record's meaning: the space's version is the same without them
     assert _rebuild(rs).version == rs.version and _rebuild(AG_GEMM).version == AG_GEMM.version
