@@ -89,7 +89,7 @@ for phase in "$@"; do
       wait ;;
     rest2)  # on a 2-GPU machine: $MODEL at TP=2 from its decode_mini store (made first where missing), the cells the
       # decode runs left out: the prefill of 4096 tokens and decode at batch 1, 8, 32 with 32K of KV
-      mini "$MODEL" 2 0,1 29711 prefill_kv32k 480 --prefill 4096 --batches 1,8,32 --kv-lens 32768 \
+      mini "$MODEL" 2 0,1 29711 prefill_kv32k 380 --prefill 4096 --batches 1,8,32 --kv-lens 32768 \
         --no-compile-check ;;
     decode2mini)  # on a 2-GPU machine: $MODEL's decode cells at 4K of KV, TP=2, from its decode_mini store (made first)
       mini "$MODEL" 2 0,1 29713 ;;

@@ -14,7 +14,9 @@ Per shape, each an item on the record before the next starts:
   torch's symmetric-memory one-shot and two-shot all-reduces too), and the ideal bound max(compute alone, best
   collective alone); for flash_decode the user's own path (`user_paths`: SDPA over the rank's KV slice, one
   all-gather of output and LSE per variant, a torch combine), which competes with the baseline variants as the best
-  unfused path, and SDPA alone as the compute.
+  unfused path, and SDPA alone as the compute; for gemm_ar likewise the user's own path per variant (cuBLAS into the
+  all-reduce's buffer, the all-reduce in place, the residual add and torch's `F.rms_norm` for the RMSNorm form: no
+  copy into an op's outputs, which our baseline mode makes).
 Every candidate is checked against the float32 reference eagerly and after graph replays with fresh inputs copied
 into the captured tensors, then timed three ways (max over ranks, medians): GPU time behind a hold and a device
 barrier (`common.cuda.Bench`), eager wall time of back-to-back calls, and CUDA-graph replays. A graph-replay stress

@@ -135,8 +135,11 @@ for phase in "$@"; do
       [ "$phase" = ar2dq ] && nks=("8192 7168 d" "5120 6912 q")
       for fam in gemm_ar gemm_ar_rmsnorm; do
         gpus=0,1; port=29521; [ $fam = gemm_ar_rmsnorm ] && [ $two_pairs = 1 ] && gpus=2,3 && port=29522
+        # side by side: 190 s a run; one after the other (2 GPUs): the runs share one call's 10 minutes (a run takes
+        # 50-60 s on 2x H100), so on such a machine call ar2o and ar2dq, not ar2
+        limit=190; [ $two_pairs = 1 ] || limit=$(( 560 / (2 * ${#nks[@]}) < 190 ? 560 / (2 * ${#nks[@]}) : 190 ))
         run_pair() { for nk in "${nks[@]}"; do set -- $nk
-            CUDA_VISIBLE_DEVICES=$gpus fo 190 2 $fam "$(ar_shapes $1 $2 2)" ${fam}_w2_$3.json --per-mode 3 \
+            CUDA_VISIBLE_DEVICES=$gpus fo $limit 2 $fam "$(ar_shapes $1 $2 2)" ${fam}_w2_$3.json --per-mode 3 \
               --stress $([ $3 = o ] && echo 200 || echo 0) --port $port
           done; }
         if [ $two_pairs = 1 ]; then run_pair & else run_pair; fi

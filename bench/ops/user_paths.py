@@ -91,4 +91,11 @@ class MmAllReduceNorm:
         if self.weight is None:
             return hs
         N = hs[0].shape[-1]
-        return [F.rms_norm(h, (N,), w.to(h.dtype), self.eps) for h, w in zip(hs, self.weight)] + hs
+        return [_rms_norm(h, w, N, self.eps) for h, w in zip(hs, self.weight)] + hs
+
+
+def _rms_norm(h: torch.Tensor, w: torch.Tensor, N: int, eps: float) -> torch.Tensor:
+    """torch's RMSNorm of h's rows, a weight of another dtype (float32 with bf16 rows) applied unrounded."""
+    if w.dtype == h.dtype:
+        return F.rms_norm(h, (N,), w, eps)
+    return F.rms_norm(h.float(), (N,), w.float(), eps).to(h.dtype)

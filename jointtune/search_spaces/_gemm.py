@@ -229,8 +229,9 @@ def row_split(ctx: Context, tile: Mapping[str, Value], cols: str, depth: str) ->
     """Split-K for one row tile over every row of an M x `cols` x `depth` GEMM: only where its tiles would leave three
     quarters of the SMs idle, doubling while the doubled work items still fit the SMs and each split stays two BLOCK_K
     steps deep. At 32 column tiles of 64 (AG+GEMM's 2048 columns per rank at W=4) split 4 ran 10.2 µs where no split
-    ran 25.1 (64x2048x8192 on one H100, bench/results/tile_gemm_rate_1xH100_2026-11-26.json); at 64 column tiles a
-    split of 2 was even with none, and at 128 (N=8192) no split is fastest, by 1.3-2x."""
+    ran 25.1 (64x2048x8192 on one H100, best of each over a grid: bench/results/tile_gemm_rate_1xH100_2026-11-26.json);
+    at 64 column tiles the best split 2 was even with the best no-split, and at 128 (N=8192) no split is fastest (the
+    best split 2 1.02-1.84x slower, more so with more rows)."""
     tiles = cdiv(ctx["M"], int(tile["BLOCK_M"])) * cdiv(ctx[cols], int(tile["BLOCK_N"]))
     split, deep = 1, 2 * int(tile["BLOCK_K"])
     if tiles * 4 > ctx["num_sms"]:

@@ -1,8 +1,8 @@
 """The per-rank pieces of a Llama layer that need no communication: RMSNorm, RoPE, SwiGLU, attention.
 
 All of them are plain torch on one rank's tensors, so they compile and capture as they are; the reference layer
-(`reference.py`) calls the same functions in float32, so the tensor-parallel layer and its reference differ
-only in how the work is split and in the precision of the activations.
+(`reference.py`) calls the same functions, in float32 (or, as the one-GPU bf16 floor, in bfloat16), so the
+tensor-parallel layer and its reference differ only in how the work is split and in the precision of the activations.
 
 Positions come from device tensors (a decode step's position is its sequence's cache length), so a captured
 CUDA graph serves any position.
@@ -21,9 +21,12 @@ import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of x's last dim in x's dtype: torch's own (`F.rms_norm`: the statistics and the scale in float32,
-    rounded once; one fused kernel on CUDA, where HF's composite form launches six and rounds twice)."""
-    return F.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), eps)
+    """RMSNorm of x's last dim, in the weight's dtype as HF's Llama returns it: torch's own `F.rms_norm` (the
+    statistics and the scale in float32, rounded once; one fused kernel on CUDA in the torch 2.11 we run, where HF's
+    composite form launches six and rounds twice). A weight of another dtype is applied in float32, unrounded."""
+    if weight.dtype == x.dtype:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(weight.dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:

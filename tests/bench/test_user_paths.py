@@ -59,3 +59,21 @@ def test_mm_all_reduce_norm_matches_reference(family: str, world_size: int, shap
     for dst, src in zip((x.residual or []) + (x.weight or []), (x2.residual or []) + (x2.weight or [])):
         dst.copy_(src)
     assert fam.max_error(path(), fam.reference(x2)) <= fam.tolerance("bfloat16")
+
+
+def test_the_users_own_path_competes_as_the_best_unfused() -> None:
+    """fused_ops.summarize: a user's whole unfused path (an `unfused_user:` anchor, checked) is the best unfused path
+    where it beats every baseline variant; one that failed its check does not compete."""
+    from ops import fused_ops
+
+    def item(what: str, ms: float, error: float = 1e-3) -> dict:
+        return {"id": f"8x64x64|{what}", "graph_ms": ms, "eager_error": error, "graph_error": error}
+
+    base = item('{"collective": "nccl", "mode": "baseline"}', 0.020)
+    ours = item('{"mode": "one_shot"}', 0.016)
+    user = item("anchor:unfused_user:nccl", 0.018)
+    best = fused_ops.summarize({"items": [base, ours, user]})["8x64x64"]["best"]["graph_ms"]
+    assert best["best_unfused"] == "unfused_user:nccl" and best["speedup_vs_best_unfused"] == pytest.approx(18 / 16)
+    wrong = item("anchor:unfused_user:nccl", 0.010, error=0.5)
+    best = fused_ops.summarize({"items": [base, ours, wrong]})["8x64x64"]["best"]["graph_ms"]
+    assert best["best_unfused"] == "baseline:nccl"

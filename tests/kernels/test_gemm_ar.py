@@ -11,7 +11,7 @@ from capture import capture
 
 from jointtune.errors import ShapeError, SpaceError
 from jointtune.kernels import get_family
-from jointtune.kernels.gemm_ar import config_json, gemm_ar, gemm_ar_rmsnorm, prepare, reference, row_parallel
+from jointtune.kernels.gemm_ar import config_json, gemm_ar, gemm_ar_rmsnorm, plans, prepare, reference, row_parallel
 from jointtune.kernels.gemm_rs import gemm_rs
 from jointtune.kernels.runtime.world import LocalWorld
 from jointtune.search_spaces import DeviceLimits, Problem, get_space
@@ -308,6 +308,19 @@ def test_bad_calls_name_the_argument():
     with torch.no_grad():  # float32 norm weights are taken too
         normed, h = gemm_ar_rmsnorm(a, b, None, [torch.ones(16)] * 2, world=world, config=CONFIGS["baseline"])
     assert normed[0].shape == h[0].shape == (10, 16)
+
+
+def test_the_unfused_norm_applies_a_float32_weight_unrounded_as_the_epilogue_does():
+    """The baseline plan's RMSNorm (torch's `F.rms_norm`) with bf16 rows and a float32 weight: computed in float32 and
+    rounded once, within half a bf16 step of float32 everywhere; the weight rounded to bf16 first misses that."""
+    gen = torch.Generator().manual_seed(0)
+    h, w = torch.randn(64, 256, generator=gen).bfloat16(), 1 + 0.003 * torch.randn(256, generator=gen)
+    x = h.float()
+    want = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6) * w
+    out = plans.rms_norm(h, w, 1e-6)
+    assert out.dtype == torch.bfloat16
+    assert ((out.float() - want).abs() <= want.abs() * 2**-8).all()
+    assert not ((plans.rms_norm(h, w.bfloat16(), 1e-6).float() - want).abs() <= want.abs() * 2**-8).all()
 
 
 @pytest.mark.parametrize("kernel", ["gemm_ar", "gemm_ar_rmsnorm"])

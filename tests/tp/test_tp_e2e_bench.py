@@ -79,3 +79,21 @@ def test_the_decode_mini_sweeps_tune_exactly_the_standard_layouts_row_parallel_s
             for j in load_sweep_file(path).jobs("gpu")
         }
         assert swept == derived, path.name
+
+
+def test_the_correctness_anchor_allows_one_gpus_bf16_error_and_no_more():
+    """A path passes below 2e-2, or within 0.005 of the unsharded bf16 model's own error (the cell's
+    `single_gpu_bf16_error`); a cell without that floor is held to 2e-2."""
+    sys.path.insert(0, str(BENCH.parent))
+    import decoder_layers
+
+    times = {"jointtune_us": None, "torch_standard_us": None, "async_tp_us": None}
+    cell = {"cell": "prefill 4096", "phase": "prefill", "paths": {}, **times,
+            "errors": {"a": 0.019, "b": 0.026, "c": 0.0275}, "single_gpu_bf16_error": 0.022}  # fmt: skip
+    passed = {a["anchor"].split()[1]: a["passed"] for a in decoder_layers.anchors([cell], None, 1)}
+    assert passed == {"a": True, "b": True, "c": False}
+    passed = {
+        a["anchor"].split()[1]: a["passed"]
+        for a in decoder_layers.anchors([{**cell, "single_gpu_bf16_error": None}], None, 1)
+    }
+    assert passed == {"a": True, "b": False, "c": False}

@@ -30,8 +30,11 @@ Tensors = list[torch.Tensor]
 
 def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of every row of `h` in float32, rounded once to h's dtype, as the fused epilogue computes it: torch's
-    own `F.rms_norm` (one fused kernel on CUDA), the strongest unfused norm a user has."""
-    return F.rms_norm(h, (h.shape[-1],), weight.to(h.dtype), eps)
+    own `F.rms_norm`, the strongest unfused norm a user has (one fused kernel on CUDA in the torch 2.11 we run). A
+    float32 weight with bf16 rows (the op allows it) is applied unrounded, as the epilogue does."""
+    if weight.dtype == h.dtype:
+        return F.rms_norm(h, (h.shape[-1],), weight, eps)
+    return F.rms_norm(h.float(), (h.shape[-1],), weight.float(), eps).to(h.dtype)
 
 
 class BaselinePlan:
