@@ -18,6 +18,8 @@
 #   rest2              2-GPU machine: $MODEL at TP=2 from its decode_mini store (swept first where missing): prefill of
 #                      4096 tokens and decode at batch 1, 8, 32 with 32K of KV
 #   decode2mini        2-GPU machine: mini2's decode cells for $MODEL alone, on GPUs 0,1
+#   prefilltuned2|4    $MODEL's prefill shapes (4096 tokens, both layouts) tuned into its TP=2|4 decode_mini store
+#                      (8 trials each; run again to resume), then the prefill cell from that store
 #   compile2mini       2-GPU machine: torch.compile(fullgraph=True) of $MODEL's TP=2 stack, from the same store
 # MODEL (default llama-3-70b), BUNDLE (default: the tune phase's, else bench/results/tuned_$MODEL_tp<W>_<gpu>.json).
 # STORE (a database URL): the bench phases read that store instead of a bundle (the mini phases set it).
@@ -69,6 +71,16 @@ mini() { # MODEL W GPUS PORT [NAME SECONDS CELL-ARGS...]: sweep bench/e2e/decode
   [ ${#cells[@]} = 0 ] && cells=(--prefill 0 --batches 1,8,32 --kv-lens 4096 --no-compile-check)
   CUDA_VISIBLE_DEVICES=$3 MODEL=$1 STORE="sqlite:///$db" e2e "$seconds" "$2" "$name" "$4" "${cells[@]}"
 }
+prefill_tuned() { # W GPUS PORT: tune $MODEL's prefill shapes (4096 tokens, both layouts: AG+GEMM / GEMM+RS and GEMM +
+  # all-reduce, 8 trials each, graph timing) into its decode_mini store of TP=W (resumes), then the prefill cell from it
+  local db="$WORK/mini_${MODEL}_tp$1.db" log="$WORK/prefill_tune_${MODEL}_tp$1.log"
+  CUDA_VISIBLE_DEVICES=$2 timeout 300 python3 -m jointtune.cli tune --model "$MODEL" --tp "$1" --tokens 4096 \
+    --kv-lens 4096 --timing graph --trials 8 --db "sqlite:///$db" > "$log" 2>&1
+  echo "exit $? after: tune --model $MODEL --tp $1 --tokens 4096 (124: stopped at its limit; run the phase again, it resumes)"
+  tail -n 30 "$log"; pack
+  CUDA_VISIBLE_DEVICES=$2 STORE="sqlite:///$db" e2e 270 "$1" prefill_tuned "$3" --prefill 4096 --batches '' \
+    --no-compile-check
+}
 for phase in "$@"; do
   case $phase in
     tune4) tune 4 ;;
@@ -93,9 +105,11 @@ for phase in "$@"; do
         --no-compile-check ;;
     decode2mini)  # on a 2-GPU machine: $MODEL's decode cells at 4K of KV, TP=2, from its decode_mini store (made first)
       mini "$MODEL" 2 0,1 29713 ;;
+    prefilltuned2) prefill_tuned 2 0,1 29714 ;;
+    prefilltuned4) prefill_tuned 4 0,1,2,3 29715 ;;
     compile2mini)  # torch.compile(fullgraph=True) of $MODEL's TP=2 stack from its decode_mini store, on GPUs 0,1
       mini "$MODEL" 2 0,1 29712 compile 300 --prefill 0 --batches '' --paths jointtune
       ;;
-    *) echo "unknown phase $phase (tune4 tune2 decode4 prefill4 bench2 compile4 compile2 mini4 mini2 rest2 decode2mini compile2mini)" ;;
+    *) echo "unknown phase $phase (tune4 tune2 decode4 prefill4 bench2 compile4 compile2 mini4 mini2 rest2 decode2mini prefilltuned2 prefilltuned4 compile2mini)" ;;
   esac
 done
