@@ -68,6 +68,25 @@ def capture(fn, calls: int = CALLS) -> torch.cuda.CUDAGraph:
     return graph
 
 
+def launch_us(fn, calls: int = CALLS, replays: int = 10) -> float:
+    """One GPU, no peers (the kernel benchmarks): µs per call of `calls` calls captured in one graph, the min over three
+    runs of `replays` replays."""
+    fn()
+    graph = capture(fn, calls)
+    best = float("inf")
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1000 / (replays * calls))
+    return best
+
+
 def graph_ms(graph, world, replays: int, calls: int = CALLS) -> float:
     """GPU time per call over `replays` replays of a graph of `calls` calls (hold + device barrier first)."""
     graph.replay()

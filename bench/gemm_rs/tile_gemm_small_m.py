@@ -30,7 +30,7 @@ from common.checkout import add_tree_argument  # first: `--tree` picks the joint
 
 import torch
 from common.cuda import init_cuda_world, spin_up
-from common.measure import capture, copy_bandwidth, run_header
+from common.measure import copy_bandwidth, launch_us, run_header
 
 from jointtune.kernels.gemm_rs.args import EPI_STORE, GemmRsConfig, RsShape, kernel_args, tile_work
 from jointtune.kernels.gemm_rs.kernel import gemm_rs_kernel
@@ -104,24 +104,6 @@ class TileGemm:
         gemm_rs_kernel[(self.work,)](**self.named, **self.options)
 
 
-def graph_us(fn, replays: int = 10) -> float:
-    """Per-launch time of CALLS launches captured in one graph: min over three runs of `replays` replays."""
-    fn()
-    graph = capture(fn, CALLS)
-    best = float("inf")
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1000 / (replays * CALLS))
-    return best
-
-
 def bench_shape(M: int, N: int, K: int, bandwidth: float) -> dict:
     t0 = time.time()
     gen = torch.Generator(device="cuda").manual_seed(M + N + K)
@@ -136,7 +118,7 @@ def bench_shape(M: int, N: int, K: int, bandwidth: float) -> dict:
     compiled_s = time.time() - t0
     entry = {"M": M, "N": N, "K": K, "configs": len(configs), "compile_s": compiled_s,
              "bound_us": (M * K + K * N + M * N) * 2 / bandwidth * 1e6,
-             "cublas_us": graph_us(lambda: torch.mm(a, b, out=c)), "results": []}  # fmt: skip
+             "cublas_us": launch_us(lambda: torch.mm(a, b, out=c), CALLS), "results": []}  # fmt: skip
     for cfg, launch, err in zip(configs, launches, errors):
         row = {"config": cfg}
         if err:
@@ -147,7 +129,7 @@ def bench_shape(M: int, N: int, K: int, bandwidth: float) -> dict:
             torch.cuda.synchronize()
             row["error_rel"] = ((c.float() - ref).norm() / ref.norm()).nan_to_num(float("inf")).item()
             if row["error_rel"] < 2e-2:
-                row["us"] = graph_us(launch)
+                row["us"] = launch_us(launch, CALLS)
         entry["results"].append(row)
     timed = sorted((r for r in entry["results"] if "us" in r), key=lambda r: r["us"])
     entry["best"] = timed[:5]
@@ -180,13 +162,13 @@ def anatomy(M: int, N: int, K: int) -> dict:
         "span_epoch_read_only": TileGemm(cfg, a, b, c, span=True, epoch=2),
         "span_no_epoch": TileGemm(cfg, a, b, c, span=True, epoch=0),
     }
-    entry = {"M": M, "N": N, "K": K, "config": cfg, "cublas_us": graph_us(lambda: torch.mm(a, b, out=c))}
+    entry = {"M": M, "N": N, "K": K, "config": cfg, "cublas_us": launch_us(lambda: torch.mm(a, b, out=c), CALLS)}
     for name, launch in variants.items():
         c.fill_(float("nan"))
         launch()
         torch.cuda.synchronize()
         err = ((c.float() - ref).norm() / ref.norm()).nan_to_num(float("inf")).item()
-        entry[name] = {"error_rel": err, "us": graph_us(launch) if err < 2e-2 else None}
+        entry[name] = {"error_rel": err, "us": launch_us(launch, CALLS) if err < 2e-2 else None}
     print(
         f"[anatomy {M}x{N}x{K}] cublas {entry['cublas_us']:.1f} us, "
         + ", ".join(f"{n} {entry[n]['us'] or float('nan'):.1f}" for n in variants),

@@ -18,31 +18,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: `common` imports as a package
+from common.measure import launch_us
+
 
 def hf_composite(h: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     x = h.float()
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(w.dtype)
-
-
-def graph_us(fn, calls: int = 20, replays: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    best = float("inf")
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1000 / (calls * replays))
-    return best
 
 
 def main() -> None:
@@ -68,7 +50,7 @@ def main() -> None:
             h = torch.add(y, res)
             err = ((norm(h, w, eps).float() - want).norm() / want.norm()).item()
             step = lambda norm=norm, y=y, res=res, w=w: norm(torch.add(y, res), w, eps)
-            entry[name] = {"add_norm_us": graph_us(step), "rel_error": err}
+            entry[name] = {"add_norm_us": launch_us(step, calls=20, replays=20), "rel_error": err}
         print(json.dumps(entry), flush=True)
         result["rows"].append(entry)
         Path(args.out).write_text(json.dumps(result, indent=1))

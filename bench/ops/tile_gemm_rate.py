@@ -8,8 +8,8 @@ MxNxK is one rank's GEMM: A [M, K] @ B [K, N] (B row-major, as the families take
 grid of tiles (one row tile over M), split-K 1-8 and warp / stage pairs:
 - `today`: the families' `split_product` (pointer loads masked on M, N and K; split-K partials meet through fp32
   atomics in a workspace);
-- `ordered`: the same pointer loads, split-K partials stored to a slot per split and summed in split order by the
-  last to arrive (no atomics on data: the same bits every call);
+- `ordered`: the same K loop (`tiles.tile_dot`), split-K partials stored to a slot per split and summed in split order
+  by the last to arrive (no atomics on data: the same bits every call);
 - `tma`: A and B tiles through host-made tensor descriptors (Hopper's bulk tensor copies; the copy zero-fills past
   the edges, so no masks), split-K as `ordered`.
 Every config is checked against the float32 product (NaN-poisoned output) before it is timed: graph replays of
@@ -36,10 +36,10 @@ import torch
 import triton
 import triton.language as tl
 from common.cuda import init_cuda_world, spin_up
-from common.measure import copy_bandwidth, run_header
+from common.measure import copy_bandwidth, launch_us, run_header
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from jointtune.kernels.runtime.tiles import split_product
+from jointtune.kernels.runtime.tiles import split_product, tile_dot
 
 SHAPES = [(8, 8192, 2048), (64, 8192, 2048), (128, 8192, 2048), (64, 8192, 4096), (128, 8192, 4096),
           (64, 2048, 8192), (128, 2048, 8192), (64, 4096, 8192), (256, 8192, 4096)]  # fmt: skip
@@ -88,19 +88,16 @@ def loop_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, ws_ptr, counts_ptr, M, N, K
         per = tl.cdiv(k_blocks, SPLIT_K)
         kb_lo = split * per
         kb_hi = tl.minimum(kb_lo + per, k_blocks)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kb in range(kb_lo, kb_hi):
-            if LOOP == 2:
+        if LOOP == 2:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kb in range(kb_lo, kb_hi):
                 a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
                 b = b_desc.load([kb * BLOCK_K, pid_n * BLOCK_N])
-            else:
-                offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-                kmask = offs_k < K
-                a = tl.load(a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :],
-                            mask=mmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
-                b = tl.load(b_ptr + offs_k[:, None].to(tl.int64) * stride_bk + offs_n[None, :],
-                            mask=kmask[:, None] & nmask[None, :], other=0.0)  # fmt: skip
-            acc = tl.dot(a, b, acc)
+                acc = tl.dot(a, b, acc)
+        else:  # the families' K loop, only the merge differs
+            a_rows = a_ptr + offs_m.to(tl.int64) * stride_am
+            acc = tile_dot(a_rows, mmask, b_ptr, offs_n, nmask, K, kb_lo, kb_hi, stride_bk, 1, BLOCK_M, BLOCK_N,
+                           BLOCK_K, False)  # fmt: skip
         last = True
         if SPLIT_K > 1:
             acc, last = _merge_ordered(acc, ws_ptr, counts_ptr, tile, split, SPLIT_K, BLOCK_M, BLOCK_N)
@@ -138,28 +135,6 @@ class TileLoop:
     def __call__(self) -> None:
         loop_kernel[self.grid](**self.args[self.turn])
         self.turn = (self.turn + 1) % len(self.args)
-
-
-def graph_us(fn, calls: int, replays: int = 10) -> float:
-    """Per-launch time of `calls` launches captured in one graph: min over three runs of `replays` replays."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    best = float("inf")
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1000 / (replays * calls))
-    return best
 
 
 def grid(M: int, K: int) -> list[dict]:
@@ -201,8 +176,8 @@ def bench_shape(M: int, N: int, K: int, bandwidth: float, l2_bytes: int, loops: 
     turn = iter(itertools.cycle(bs))
     entry = {"M": M, "N": N, "K": K, "copies_cold": copies, "configs": len(configs), "compile_s": compiled_s,
              "read_bound_us": (M * K + K * N + M * N) * 2 / bandwidth * 1e6,
-             "cublas_warm_us": graph_us(lambda: torch.mm(a, bs[0], out=c), calls),
-             "cublas_cold_us": graph_us(lambda: torch.mm(a, next(turn), out=c), calls), "results": []}  # fmt: skip
+             "cublas_warm_us": launch_us(lambda: torch.mm(a, bs[0], out=c), calls),
+             "cublas_cold_us": launch_us(lambda: torch.mm(a, next(turn), out=c), calls), "results": []}  # fmt: skip
     for (loop, cfg), w, cl, err in zip(configs, warm, cold, errors):
         row = {"loop": loop, "config": cfg}
         if not err:
@@ -214,8 +189,8 @@ def bench_shape(M: int, N: int, K: int, bandwidth: float, l2_bytes: int, loops: 
         else:
             row["error_rel"] = ((c.float() - ref).norm() / ref.norm()).nan_to_num(float("inf")).item()
             if row["error_rel"] < 2e-2:
-                row["warm_us"] = graph_us(w, calls)
-                row["cold_us"] = graph_us(cl, calls)
+                row["warm_us"] = launch_us(w, calls)
+                row["cold_us"] = launch_us(cl, calls)
         entry["results"].append(row)
     entry["best"] = {}
     line = []

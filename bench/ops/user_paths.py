@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+
+from jointtune.tp.functional import rms_norm
 
 
 def sdpa_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,12 +91,4 @@ class MmAllReduceNorm:
         hs = list(self.sums) if self.residual is None else [s + r for s, r in zip(self.sums, self.residual)]
         if self.weight is None:
             return hs
-        N = hs[0].shape[-1]
-        return [_rms_norm(h, w, N, self.eps) for h, w in zip(hs, self.weight)] + hs
-
-
-def _rms_norm(h: torch.Tensor, w: torch.Tensor, N: int, eps: float) -> torch.Tensor:
-    """torch's RMSNorm of h's rows, a weight of another dtype (float32 with bf16 rows) applied unrounded."""
-    if w.dtype == h.dtype:
-        return F.rms_norm(h, (N,), w, eps)
-    return F.rms_norm(h.float(), (N,), w.float(), eps).to(h.dtype)
+        return [rms_norm(h, w, self.eps) for h, w in zip(hs, self.weight)] + hs

@@ -45,6 +45,26 @@ from jointtune.kernels import get_family
 from jointtune.search_spaces import DeviceLimits
 
 
+def _tables(paths: list[str]) -> tuple[list[ReplayTable], set[str]]:
+    """The tables at `paths`, each file read once, and the devices their latencies were measured on."""
+    tables, devices = [], set()
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        devices.add(data.get("device", "unknown"))
+        tables.append(ReplayTable.from_json(data))
+    return tables, devices
+
+
+def _replayed_header(devices: set[str]) -> dict[str, str]:
+    """What every report of a replayed experiment starts with: when, on which devices the replayed latencies were
+    measured, the exact command."""
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": "replayed on the CPU; latencies measured on " + ", ".join(sorted(devices)),
+        "command": " ".join(["python", *sys.argv]),
+    }
+
+
 def _shape_text(table: ReplayTable) -> str:
     space = table.space
     return "x".join(str(table.problem.dim(d)) for d in space.dims)
@@ -122,10 +142,9 @@ def _gap_curve(table: ReplayTable, strategy: str, trials: int, seeds: int) -> li
 
 
 def run_compare(args: argparse.Namespace) -> None:
-    results, devices = {}, set()
-    for path in args.tables:
-        devices.add(json.loads(Path(path).read_text()).get("device", "unknown"))
-        table = ReplayTable.load(path)
+    results = {}
+    tables, devices = _tables(args.tables)
+    for path, table in zip(args.tables, tables):
         name = f"{table.space.name} {_shape_text(table)}"
         stats = compare(table, args.strategies, seeds=args.seeds, trials=args.trials, tolerance=args.tolerance)
         print(f"{name}: {len(table.latencies)} configs, best {table.best_us:.1f} µs")
@@ -139,9 +158,7 @@ def run_compare(args: argparse.Namespace) -> None:
         }
     out = Path(args.out)
     report = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": "replayed on the CPU; latencies measured on " + ", ".join(sorted(devices)),
-        "command": " ".join(["python", *sys.argv]),
+        **_replayed_header(devices),
         "seeds": args.seeds,
         "trials": args.trials,
         "tolerance": args.tolerance,
@@ -166,10 +183,8 @@ def run_curves(args: argparse.Namespace) -> None:
     """Best-so-far against trials of the tuner's own strategy, `args.seeds` seeds per table, grouped by family and
     world size; trials to within `args.tolerance` of the exhaustive best per seed."""
     panels: dict[str, list[dict]] = {}
-    devices = set()
-    for path in args.tables:
-        devices.add(json.loads(Path(path).read_text()).get("device", "unknown"))
-        table = ReplayTable.load(path)
+    tables, devices = _tables(args.tables)
+    for path, table in zip(args.tables, tables):
         best = table.best_us
         target = best * (1 + args.tolerance)
         runs = []
@@ -187,9 +202,7 @@ def run_curves(args: argparse.Namespace) -> None:
         print(f"{panel} {_shape_text(table)}: best {best:.1f} µs; trials to within {args.tolerance:.0%}: {hits}")
     out = Path(args.out)
     report = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": "replayed on the CPU; latencies measured on " + ", ".join(sorted(devices)),
-        "command": " ".join(["python", *sys.argv]),
+        **_replayed_header(devices),
         "strategy": args.strategy,
         "seeds": args.seeds,
         "trials": args.trials,
@@ -214,10 +227,8 @@ def run_agreement(args: argparse.Namespace) -> None:
     from jointtune.autotune.tuner.replay import noisy, replay_pick
 
     rows = []
-    devices = set()
-    for path in args.tables:
-        devices.add(json.loads(Path(path).read_text()).get("device", "unknown"))
-        table = ReplayTable.load(path)
+    tables, devices = _tables(args.tables)
+    for path, table in zip(args.tables, tables):
         best = table.best_us
         for sigma in args.noise:
             for rounds in (0, args.final_rounds):
@@ -251,9 +262,7 @@ def run_agreement(args: argparse.Namespace) -> None:
     for arm, t in totals.items():
         print(f"all tables [{arm}]: {t['pairs_apart']}/{t['pairs']} pairs apart, {t['picks_off']}/{t['picks']} off")
     report = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": "replayed on the CPU; latencies measured on " + ", ".join(sorted(devices)),
-        "command": " ".join(["python", *sys.argv]),
+        **_replayed_header(devices),
         "trials": args.trials,
         "agree": args.agree,
         "tolerance": args.tolerance,
