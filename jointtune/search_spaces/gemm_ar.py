@@ -15,7 +15,10 @@ sum_r P_r, the same bits on every rank. Dims M, N, K are global; K_r = K / W (M 
             kernels or torch's symmetric-memory one-shot / two-shot, whichever the size favours.
 In the fused modes `gemm` picks who computes the partial: our tile GEMM in the same launch as the exchange (one launch
 per call), or cuBLAS followed by one launch that copies its tiles out and exchanges them (two launches). `transport`
-is push or pull; `tiles_per_flag` is the flag granularity (consecutive tiles of the partial per flag); `comm_sms` the
+is push, pull, or `ll` (one-shot only): pushed 64-bit words that carry the call's tag beside two values, so a reader
+polls the data itself and nothing is fenced or flagged (`kernels.runtime.ll`): one NVLink latency per handoff instead
+of a fence and a flag (1.8 against 5.3 µs a round trip on H100s), for twice the bytes; `tiles_per_flag` is the flag
+granularity of push and pull (consecutive tiles of the partial per flag); `comm_sms` the
 programs given to the exchange: beside the tile GEMM, programs that only sum (0: the GEMM programs sum after their
 last tile); after cuBLAS, the programs of the exchange launch. Tiles are ag_gemm's; `SPLIT_K` splits the local k loop
 over K_r, each split at least two BLOCK_K steps deep. A residual add and RMSNorm epilogue is part of the call, never a
@@ -36,11 +39,16 @@ _check_problem, _derive = sharded_problem("gemm_ar", ("K",), {"K_r": "K"})
 MODES = ("one_shot", "two_shot", "baseline")
 _FUSED = when(mode=("one_shot", "two_shot"))
 _TILES = when(mode=("one_shot", "two_shot"), gemm="triton")
+_FLAGGED = when(mode=("one_shot", "two_shot"), transport=("push", "pull"))
+TRANSPORTS = ("push", "pull", "ll")
 #: the flag granularities offered: consecutive tiles of the partial per flag
 TILES_PER_FLAG = (1, 2, 4, 8, 16, 32)
 COMM_SMS = (0, 4, 8, 16, 32, 64, 128)
 #: columns of one copied tile when cuBLAS computed the partial
 COPY_N = 256
+#: rows up to which the seeds lead with LL words (bench/README.md, "Flags carried in the data": LL won at 1-32 rows of
+#: every measured shape, lost at 64 and 128)
+LL_SEED_ROWS = 32
 #: one-shot's inbox holds every rank's whole partial (W * M * N elements per half): past this many rows its bytes, and
 #: its memory, grow W-fold for nothing two-shot or the baseline don't do better
 ONE_SHOT_MAX_ROWS = 2048
@@ -108,6 +116,15 @@ def _one_shot_rows(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     )
 
 
+def _ll_one_shot(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    if cfg["transport"] != "ll" or cfg["mode"] == "one_shot":
+        return None
+    return (
+        f'transport: "ll" is not allowed with mode={cfg["mode"]!r}; allowed: mode="one_shot" (its words carry their '
+        'flag; two-shot hands rows on with flags: "push" or "pull")'
+    )
+
+
 def _default(ctx: Context) -> dict[str, Value]:
     """cuBLAS + NCCL's all-reduce, valid for any shape: no fused mode has been measured on a GPU yet, so none is served
     before a tuner has timed it against the baseline (the seeds below are its first candidates)."""
@@ -118,8 +135,9 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     """One-launch candidates for a tuner's first trials (and a benchmark's per mode) where W > 1, in both exchanges:
     the tile GEMM pushing and pulling, and cuBLAS followed by a pushed exchange on half the SMs. Up to 128 rows one row
     tile over every row (the weight is read once; split-K only where the column tiles leave SMs idle: `row_tile`),
-    one-shot first; from 256 rows 128 x 128 tiles grouped for L2 reuse of the weight, two-shot first (half the bytes
-    of one-shot)."""
+    one-shot first, led up to LL_SEED_ROWS rows by the tile GEMM pushing LL words (the handoff is latency there, not
+    bytes: LL won every measured shape at 1-32 rows and lost at 64-128); from 256 rows 128 x 128 tiles grouped for L2
+    reuse of the weight, two-shot first (half the bytes of one-shot)."""
     if ctx["W"] == 1:
         return []
     if ctx["M"] <= 128:
@@ -132,6 +150,8 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     out: list[dict[str, Value]] = []
     for mode in modes:
         fused = {"mode": mode, "tiles_per_flag": 1}
+        if mode == "one_shot" and ctx["M"] <= LL_SEED_ROWS:
+            out.append({"mode": mode, "gemm": "triton", "transport": "ll", "comm_sms": 0, **tile})
         out += [
             {**fused, "gemm": "triton", "transport": "push", "comm_sms": 0, **tile},
             {**fused, "gemm": "cublas", "transport": "push", "comm_sms": comm},
@@ -154,7 +174,7 @@ GEMM_AR = family_space(
     "gemm_ar",
     dims=("M", "N", "K"),
     example=(64, 8192, 8192),
-    revision=1,
+    revision=2,  # 2: transport "ll" (one-shot), tiles_per_flag only with flags
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         categorical(
@@ -167,9 +187,14 @@ GEMM_AR = family_space(
             when=_FUSED,
             doc="who computes the partial: the tile GEMM in the exchange's launch, or cuBLAS before it",
         ),
-        categorical("transport", ("push", "pull"), when=_FUSED, doc="partials written into peers, or read from them"),
+        categorical(
+            "transport",
+            TRANSPORTS,
+            when=_FUSED,
+            doc="partials written into peers, read from them, or pushed as words that carry their flag (one-shot)",
+        ),
         *tile_params(_TILES),
-        choice("tiles_per_flag", TILES_PER_FLAG, when=_FUSED, doc="consecutive tiles of the partial per flag"),
+        choice("tiles_per_flag", TILES_PER_FLAG, when=_FLAGGED, doc="consecutive tiles of the partial per flag"),
         choice(
             "comm_sms",
             COMM_SMS,
@@ -198,6 +223,7 @@ GEMM_AR = family_space(
             _comm_sms,
         ),
         Constraint("one_shot_rows", ("mode",), f"mode != one_shot or M <= {ONE_SHOT_MAX_ROWS}", _one_shot_rows),
+        Constraint("ll_one_shot", ("transport", "mode"), "transport != ll or mode == one_shot", _ll_one_shot),
     ],
     derive=_derive,
     check_problem=_check_problem,

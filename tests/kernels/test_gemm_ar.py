@@ -33,13 +33,23 @@ CONFIGS = {
     "two_shot_pull": dict(mode="two_shot", gemm="triton", transport="pull", tiles_per_flag=2, comm_sms=4, **TILES),
     "one_shot_cublas_pull": dict(mode="one_shot", gemm="cublas", transport="pull", tiles_per_flag=2, comm_sms=8),
     "two_shot_cublas_push": dict(mode="two_shot", gemm="cublas", transport="push", tiles_per_flag=1, comm_sms=4),
+    # words that carry their flag (`runtime.ll`): the GEMM programs sum; split-K with programs that only sum; cuBLAS
+    "one_shot_ll": dict(mode="one_shot", gemm="triton", transport="ll", comm_sms=0, **TILES),
+    "one_shot_ll_split_k": dict(mode="one_shot", gemm="triton", transport="ll", comm_sms=4, **dict(TILES, SPLIT_K=2)),
+    "one_shot_cublas_ll": dict(mode="one_shot", gemm="cublas", transport="ll", comm_sms=4),
 }
-FLAGGED = set(CONFIGS) - {"baseline"}
+LL = {name for name, c in CONFIGS.items() if c.get("transport") == "ll"}
+FLAGGED = set(CONFIGS) - {"baseline"} - LL
 #: (M, N, K_r): rows no tile, owner or world size divides (a tile holds several owners' rows); N and K_r not multiples
 #: of the blocks
 SHAPE = (21, 40, 40)
 #: split-K needs each split two BLOCK_K steps deep; a tile group of 4 needs 4 row tiles
-SHAPES = {"one_shot_pull_split_k": (21, 40, 130), "two_shot_push_grouped": (50, 40, 24)}
+SHAPES = {
+    "one_shot_pull_split_k": (21, 40, 130),
+    "two_shot_push_grouped": (50, 40, 24),
+    "one_shot_ll_split_k": (21, 41, 130),
+    "one_shot_ll": (21, 41, 40),
+}  # LL: an odd N (the last word of a row holds one value)
 TOL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
 EPS = 1e-5
 
@@ -102,11 +112,28 @@ def _flag_high(world):
                default=0)  # fmt: skip
 
 
+def _ll_high(world):
+    """The newest tag LL words carry (their high 32 bits): a replay that wrote last call's tag again would not move
+    it."""
+    return max((int((t >> 32).max()) for (n, _), buf in world._buffers.items() if n == "gemm_ar.ll_inbox"
+                for t in buf.tensors), default=0)  # fmt: skip
+
+
 #: every config at W = 3; one-shot, two-shot and the baseline (with each GEMM and transport) at W = 2 and 4
 CASES = (
     [(name, 3) for name in CONFIGS]
-    + [(name, 2) for name in ("baseline", "one_shot_push", "two_shot_pull", "one_shot_cublas_pull")]
-    + [(name, 4) for name in ("baseline", "one_shot_pull_split_k", "two_shot_push_grouped", "two_shot_cublas_push")]
+    + [(name, 2) for name in ("baseline", "one_shot_push", "two_shot_pull", "one_shot_cublas_pull", "one_shot_ll")]
+    + [
+        (name, 4)
+        for name in (
+            "baseline",
+            "one_shot_pull_split_k",
+            "two_shot_push_grouped",
+            "two_shot_cublas_push",
+            "one_shot_ll_split_k",
+            "one_shot_cublas_ll",
+        )
+    ]
 )
 
 
@@ -123,7 +150,7 @@ def test_every_mode_matches_the_reference_on_ragged_shapes(name, W):
     call.check(norm=True)
 
 
-@pytest.mark.parametrize("name", ["one_shot_push", "two_shot_pull", "two_shot_cublas_push", "baseline"])
+@pytest.mark.parametrize("name", ["one_shot_push", "two_shot_pull", "two_shot_cublas_push", "baseline", "one_shot_ll"])
 def test_residual_without_norm_and_the_residual_updated_in_place(name):
     world = LocalWorld(world_size=3)
     call = Call(world, *_shape(name), seed=5)
@@ -144,11 +171,13 @@ def test_fused_modes_of_one_tile_config_give_the_same_bits():
     call = Call(world, *SHAPE, seed=8)
     for form in ("plain", "norm"):
         seen = []
-        for mode in ("one_shot", "two_shot"):
-            for transport in ("push", "pull"):
-                config = dict(CONFIGS["one_shot_push"], mode=mode, transport=transport)
-                call.plain(config) if form == "plain" else call.norm(config)
-                seen.append([x.clone() for x in call.out + call.h[: 2 if form == "norm" else 0]])
+        for mode, transport in (("one_shot", "push"), ("one_shot", "pull"), ("one_shot", "ll"), ("two_shot", "push"),
+                                ("two_shot", "pull")):  # fmt: skip
+            config = dict(CONFIGS["one_shot_push"], mode=mode, transport=transport)
+            if transport == "ll":
+                del config["tiles_per_flag"]
+            call.plain(config) if form == "plain" else call.norm(config)
+            seen.append([x.clone() for x in call.out + call.h[: 2 if form == "norm" else 0]])
         assert all(torch.equal(x, y) for other in seen[1:] for x, y in zip(seen[0], other)), form
 
 
@@ -157,7 +186,7 @@ def test_fewer_rows_than_ranks(M, W):
     # two-shot: the last ranks own no rows, they only send and copy
     world = LocalWorld(world_size=W)
     call = Call(world, M, 40, 24, seed=M)
-    for name in ("two_shot_pull", "two_shot_cublas_push", "one_shot_push"):
+    for name in ("two_shot_pull", "two_shot_cublas_push", "one_shot_push", "one_shot_ll"):
         config = CONFIGS[name]
         call.fresh()
         call.norm(config)
@@ -196,7 +225,8 @@ def test_copied_tiles_flagged_together_once_their_program_sent_them_all(mode, tr
 #: replays at W = 2, 3 and 4, with the norm epilogue or without (the interleaving test below replays and re-issues the
 #: other configs)
 REPLAYS = [("baseline", 4, True), ("one_shot_pull_split_k", 3, False), ("two_shot_push_grouped", 4, False),
-           ("two_shot_pull", 3, True), ("two_shot_cublas_push", 2, True)]  # fmt: skip
+           ("two_shot_pull", 3, True), ("two_shot_cublas_push", 2, True), ("one_shot_ll", 3, True),
+           ("one_shot_cublas_ll", 2, False)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "W", "norm"), REPLAYS)
@@ -210,11 +240,13 @@ def test_replays_arm_their_waits_and_stay_correct(name, W, norm):
         run(CONFIGS[name])
     for _ in range(2):
         call.fresh()
-        high = _flag_high(world)
+        high, ll_high = _flag_high(world), _ll_high(world)
         graph.replay()
         call.check(norm=norm)
         if name in FLAGGED:
             assert _flag_high(world) > high, f"{name}: a replay's flags kept an earlier call's epoch"
+        if name in LL:
+            assert _ll_high(world) > ll_high, f"{name}: a replay's words kept an earlier call's tag"
 
 
 def test_prepared_calls_and_replays_interleave_with_eager_calls_of_other_modes_and_gemm_rs():
@@ -227,10 +259,10 @@ def test_prepared_calls_and_replays_interleave_with_eager_calls_of_other_modes_a
     prepared = {
         name: prepare(call.a, call.b, world=world, config=CONFIGS[name], residual=call.res, norm_weight=call.weight,
                       eps=EPS, out=call.out, h_out=call.h)
-        for name in ("two_shot_pull", "one_shot_cublas_pull")
+        for name in ("two_shot_pull", "one_shot_cublas_pull", "one_shot_ll")
     }  # fmt: skip
     graphs = {}
-    for name in ("one_shot_push", "two_shot_cublas_push"):
+    for name in ("one_shot_push", "two_shot_cublas_push", "one_shot_cublas_ll"):
         call.plain(CONFIGS[name])
         with capture() as graph:
             call.plain(CONFIGS[name])
@@ -268,10 +300,23 @@ def test_one_rank_and_the_row_parallel_call():
     assert max(_rel(t, want_h) for t in h) < TOL[torch.bfloat16]
 
 
+def test_ll_rows_normed_in_more_than_one_step_with_an_odd_width():
+    # a normed row of 4099 columns: two steps of 4096 (the second one 3 columns wide), the last word of every row
+    # holding one value; the sum alone and with the residual too
+    world = LocalWorld(world_size=2)
+    call = Call(world, 3, 4099, 32, seed=12)
+    config = dict(CONFIGS["one_shot_ll"], BLOCK_N=256)
+    call.norm(config)
+    call.check(norm=True)
+    call.fresh()
+    call.plain(config, residual=True)
+    call.check(residual=True)
+
+
 def test_float16():
     world = LocalWorld(world_size=2)
     call = Call(world, 21, 48, 40, seed=7, dtype=torch.float16)
-    for name in ("two_shot_pull", "one_shot_cublas_pull"):
+    for name in ("two_shot_pull", "one_shot_cublas_pull", "one_shot_ll"):
         call.fresh()
         call.norm(CONFIGS[name])
         call.check(norm=True)
@@ -354,8 +399,11 @@ def test_space_defaults_seeds_and_rules():
         problem = Problem.of(shape, dtype="bfloat16", world_size=W)
         assert space.default(problem, limits) == {"mode": "baseline", "collective": "nccl"}
         seeds = space.seeds(problem, limits)
-        assert len(seeds) == (0 if W == 1 else 6), shape  # every seed valid here
+        assert len(seeds) == (0 if W == 1 else 7 if shape["M"] <= 32 else 6), shape  # every seed valid here
         assert [s["mode"] for s in seeds[:1]] == ([] if W == 1 else ["one_shot" if shape["M"] <= 128 else "two_shot"])
+        # LL words lead where the handoff is latency (up to 32 rows), one-shot only; none where bytes dominate
+        assert [s["transport"] == "ll" for s in seeds[:1]] == ([] if W == 1 else [shape["M"] <= 32])
+        assert all(s["mode"] == "one_shot" for s in seeds if s.get("transport") == "ll")
     # split-K only where the column tiles leave three quarters of the SMs idle: none at N=8192 (128 tiles of 64) or
     # 4096 (64 tiles), 4 at N=2048
     for N, split in ((8192, 1), (5120, 1), (4096, 1), (2048, 4)):
@@ -376,6 +424,13 @@ def test_space_defaults_seeds_and_rules():
         'partial); "two_shot" or "baseline" above'
     ]
     assert space.violations(dict(cublas, mode="two_shot"), prefill, limits) == []
+    ll = dict(mode="one_shot", gemm="cublas", transport="ll", comm_sms=64)
+    assert space.violations(ll, problem, limits) == []
+    assert space.violations(dict(ll, mode="two_shot"), problem, limits) == [
+        'transport: "ll" is not allowed with mode=\'two_shot\'; allowed: mode="one_shot" (its words carry their flag; '
+        'two-shot hands rows on with flags: "push" or "pull")'
+    ]
+    assert "tiles_per_flag only exists when" in space.violations(dict(ll, tiles_per_flag=1), problem, limits)[0]
     with pytest.raises(SpaceError, match="K=8190 must be divisible by it"):
         space.validate({"mode": "baseline"}, Problem.of({"M": 8, "N": 64, "K": 8190}, dtype="bf16", world_size=4),
                        limits)  # fmt: skip

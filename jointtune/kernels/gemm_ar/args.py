@@ -15,8 +15,12 @@ from jointtune.kernels.runtime.gemm import KShardShape
 from jointtune.kernels.runtime.symm import cdiv
 from jointtune.search_spaces.gemm_ar import copy_tile
 
-#: columns of one reduce item without the norm (a [RED_M, RED_N] block), and of one step along a normed row
-RED_N, NORM_STEP = 256, 1024
+#: columns of one reduce item without the norm (a [RED_M, RED_N] block); and per thread, columns of one step along a
+#: normed row. A step is a dependent round of loads (and, with LL, of polls) by the row's one program, so steps are
+#: made as wide as registers allow: 32 float32 values a thread (4096 columns at 4 warps, two steps for a row of 8192)
+#: compile for sm_90 with no spills (ptxas: 167 registers, LL and flagged alike; 64 a thread spills). They were 1024
+#: columns: eight rounds a row.
+RED_N, NORM_PER_THREAD = 256, 32
 #: rows of one reduce item without the norm, at most (and at most BLOCK_M: an item lies in one row tile)
 RED_M = 16
 #: the kernel's produce phases
@@ -72,8 +76,9 @@ class Work:
         tiles_n = cdiv(N, bn)
         n_tiles = cdiv(M, bm) * tiles_n
         n_chunks = cdiv(n_tiles, cfg.tiles_per_flag)
+        warps = cfg.num_warps if cfg.gemm == "triton" else 4
         red_m = min(RED_M, bm)
-        red_n = min(NORM_STEP if s.norm else RED_N, max(16, triton.next_power_of_2(N)))
+        red_n = min(NORM_PER_THREAD * 32 * warps if s.norm else RED_N, max(16, triton.next_power_of_2(N)))
         n_items = 0
         if cfg.mode == "two_shot":
             rpo = s.rows_per_owner
@@ -81,7 +86,6 @@ class Work:
         flag_stride = triton.next_power_of_2(n_chunks + n_items)
         # a reduce item's waits: [sources, WAIT_C column tiles] flags at a time, one per thread (a vector of exactly the
         # program's threads: no thread holds two flags, so each flag it polls is the one it acquires)
-        warps = cfg.num_warps if cfg.gemm == "triton" else 4
         wait_c = max(2, 32 * warps // max(2, triton.next_power_of_2(W)))
         if cfg.gemm == "triton":
             produce = max(1, min(n_tiles * split, num_sms - cfg.comm_sms))
@@ -128,7 +132,8 @@ def kernel_args(cfg: GemmArConfig, s: ArShape, w: Work, *, a: Any, b: Any, part:
         stride_bk=s.b_stride[0], stride_bn=s.b_stride[1], WORLD=s.W, WORLD_P2=max(2, triton.next_power_of_2(s.W)),
         BLOCK_M=w.block_m, BLOCK_N=w.block_n, BLOCK_K=cfg.BLOCK_K, GROUP_M=w.group_m, SPLIT_K=w.split_k,
         TILES_PER_FLAG=cfg.tiles_per_flag, PRODUCE=kind, REDUCE=reduce, GATHER=gather,
-        TWO_SHOT=cfg.mode == "two_shot", PUSH=cfg.transport == "push", RESIDUAL=s.residual, NORM=s.norm,
+        TWO_SHOT=cfg.mode == "two_shot", PUSH=cfg.transport in ("push", "ll"), LL=cfg.transport == "ll",
+        RESIDUAL=s.residual, NORM=s.norm,
         RED_M=w.red_m, RED_N=w.red_n, WAIT_C=w.wait_c, UPCAST=interpreted(), EPOCH=epoch,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from jointtune.kernels.runtime.ll import ll_pack16, ll_store
 from jointtune.kernels.runtime.signals import FENCED, release_ranks, sys_fence
 from jointtune.kernels.runtime.tiles import grouped_tile
 
@@ -77,6 +78,23 @@ def send(val, offs_m, offs_n, mmask, nmask, send_ptr, send_deltas_ptr, half, N, 
 
 
 @triton.jit
+def send_ll(val, pm, pn, M, N, send_ptr, send_deltas_ptr, half, rank, tag, WORLD: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    # One-shot with flags in the data (`runtime.ll`): a finished tile [BLOCK_M, BLOCK_N] (16-bit values) as words
+    # into every rank's inbox, slot `rank` (the peers first, this rank's own last), nothing to release after. Row m's
+    # columns 2j and 2j + 1 share word j of the row's cdiv(N, 2) (a tile starts at an even column: no word straddles
+    # two tiles).
+    row_words = (N + 1) // 2
+    words = ll_pack16(val, tag, BLOCK_M, BLOCK_N)
+    rows = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pn * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    mask = (rows < M)[:, None] & (cols < row_words)[None, :]
+    at = rows.to(tl.int64)[:, None] * row_words + cols[None, :]
+    for j in range(1, WORLD + 1):  # exact offsets (`plans._word_deltas`)
+        ll_store(send_ptr + half + tl.load(send_deltas_ptr + (rank + j) % WORLD) + at, words, mask)
+
+
+@triton.jit
 def finish_tile(t, done_ptr, flag_ptrs_ptr, epoch, rank, flag_stride, n_tiles, tiles_m, tiles_n, M, rows_per_owner,
                  row_lo, row_hi, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
                  TILES_PER_FLAG: tl.constexpr, TWO_SHOT: tl.constexpr):  # fmt: skip
@@ -130,4 +148,4 @@ def release_tiles(first_tile, step, n_tiles, flag_ptrs_ptr, epoch, rank, flag_st
                 tl.atomic_xchg(flags + rank * flag_stride + t, value, sem="release", scope="sys")
 
 
-__all__ = ["chunk_owners", "finish_tile", "release_tiles", "send", "triton", "wait_sources"]
+__all__ = ["chunk_owners", "finish_tile", "release_tiles", "send", "send_ll", "triton", "wait_sources"]

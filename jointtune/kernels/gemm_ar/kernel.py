@@ -10,13 +10,15 @@ launch one after another runs them as three launches per rank (every rank's firs
   pull into this rank's own buffer. Consecutive tiles (TILES_PER_FLAG, in tile order) share a flag; the tile that
   completes the count releases it to every reader, at system scope, carrying the call's epoch. Copied tiles with a
   flag each are flagged together once their program has sent them all. Compiled, a release to W readers is one
-  system-scope fence and W relaxed flag writes (`runtime.signals.release_ranks`). Producing never waits.
-- reduce: this rank's items (one-shot: every row; two-shot: the rows it owns) wait for the flags of every source's
-  tiles under them, then sum the W sources in rank order in float32 (this rank's own partial read back as rounded,
-  so every rank adds the same values in the same order: bit-identical outputs), add the residual, store. With NORM an
-  item is one whole row: pass 1 sums, stores the new residual h (rounded) and accumulates h^2; pass 2 scales. In
-  two-shot the owner also hands each item to the other ranks (the reduced rows; with NORM the rows of h and their
-  1/rms, float32) and releases the item's gather flag.
+  system-scope fence and W relaxed flag writes (`runtime.signals.release_ranks`). LL (one-shot, `transport="ll"`):
+  the tile goes out as 64-bit words, two values and the call's tag each (`runtime.ll`), and nothing is flagged.
+  Producing never waits.
+- reduce: this rank's items (one-shot: every row; two-shot: the rows it owns) wait for the flags of every source's tiles
+  under them (LL: for every source's words under them to carry the call's tag), then sum the W sources in rank order in
+  float32 (this rank's own partial read back as rounded, so every rank adds the same values in the same order:
+  bit-identical outputs), add the residual, store. With NORM an item is one whole row: pass 1 sums, stores the new
+  residual h (rounded) and accumulates h^2; pass 2 scales. In two-shot the owner also hands each item to the other
+  ranks (the reduced rows; with NORM the rows of h and their 1/rms, float32) and releases the item's gather flag.
 - gather (two-shot): every item another rank owns, once its gather flag is in, is copied into the outputs (with NORM:
   normed = h * 1/rms * weight, computed from the owner's h and 1/rms, so every rank gets the owner's bits).
 
@@ -37,7 +39,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels.gemm_ar.exchange import finish_tile, release_tiles, send, wait_sources
+from jointtune.kernels.gemm_ar.exchange import finish_tile, release_tiles, send, send_ll, wait_sources
 from jointtune.kernels.gemm_ar.reduce import gather_row, reduce_block, reduce_row
 from jointtune.kernels.runtime.signals import call_epoch, open_call, publish_call, release_ranks, wait_flag
 from jointtune.kernels.runtime.tiles import grouped_tile, split_product
@@ -103,6 +105,7 @@ def gemm_ar_kernel(
     GATHER: tl.constexpr,
     TWO_SHOT: tl.constexpr,
     PUSH: tl.constexpr,
+    LL: tl.constexpr,
     RESIDUAL: tl.constexpr,
     NORM: tl.constexpr,
     RED_M: tl.constexpr,
@@ -115,6 +118,7 @@ def gemm_ar_kernel(
     epoch = call_epoch(state_ptr, EPOCH)
     parity = epoch % 2
     half = parity * half_stride
+    tag = epoch.to(tl.int64) & 0xFFFFFFFF  # LL words carry it (`runtime.ll.ll_tag`)
     if EPOCH == 1:
         open_call(state_ptr)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -131,7 +135,7 @@ def gemm_ar_kernel(
         recv_row0 = row_lo
     col_blocks = tl.cdiv(N, RED_N)
     # copied tiles, a flag each: a program sends all its tiles, then releases their flags at once
-    BATCHED: tl.constexpr = PRODUCE == 2 and TILES_PER_FLAG == 1
+    BATCHED: tl.constexpr = PRODUCE == 2 and TILES_PER_FLAG == 1 and not LL
     if PRODUCE > 0:  # noqa: SIM102 (constexpr)
         # ---- produce: tiles of the partial, each sent to its readers, a flag per TILES_PER_FLAG of them ----
         if pid < produce_programs:
@@ -151,7 +155,10 @@ def gemm_ar_kernel(
                     at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
                     acc = tl.load(part_ptr + at, mask=mmask[:, None] & nmask[None, :], other=0.0)
                     finished = True
-                if finished:
+                if finished and LL:  # words that carry their flag: nothing to count or release
+                    send_ll(acc.to(a_ptr.dtype.element_ty), pm, pn, M, N, send_ptr, send_deltas_ptr, half, rank, tag,
+                            WORLD, BLOCK_M, BLOCK_N)  # fmt: skip
+                elif finished:
                     first_row = pm * BLOCK_M
                     last_row = tl.minimum(M, first_row + BLOCK_M) - 1
                     send(acc.to(send_ptr.dtype.element_ty), offs_m, offs_n, mmask, nmask, send_ptr,
@@ -171,12 +178,13 @@ def gemm_ar_kernel(
             if NORM:  # an item is one whole row
                 for i in range(cid, row_hi - row_lo, comm_programs):
                     m = row_lo + i
-                    wait_sources(flags_ptr, flag_stride, m // BLOCK_M, 0, tiles_n - 1, tiles_m, tiles_n, epoch, WORLD,
-                                  WORLD_P2, WAIT_C, GROUP_M, TILES_PER_FLAG)  # fmt: skip
+                    if not LL:
+                        wait_sources(flags_ptr, flag_stride, m // BLOCK_M, 0, tiles_n - 1, tiles_m, tiles_n, epoch,
+                                      WORLD, WORLD_P2, WAIT_C, GROUP_M, TILES_PER_FLAG)  # fmt: skip
                     reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w_ptr, out_ptr,
                                 hout_ptr, gat_ptr, gat_deltas_ptr, parity * ghalf_stride, rms_ptr, rms_deltas_ptr,
                                 parity * rhalf_stride, flag_ptrs_ptr, rank * flag_stride + n_chunks + i, epoch, rank,
-                                WORLD, RED_N, RESIDUAL, TWO_SHOT, PUSH)  # fmt: skip
+                                WORLD, RED_N, RESIDUAL, TWO_SHOT, PUSH, LL)  # fmt: skip
             else:  # an item is [RED_M, RED_N] inside one row tile
                 kr_lo = row_lo // RED_M
                 row_blocks = tl.where(row_hi > row_lo, (row_hi - 1) // RED_M - kr_lo + 1, 0)
@@ -185,11 +193,12 @@ def gemm_ar_kernel(
                     kc = i % col_blocks
                     pn_lo = (kc * RED_N) // BLOCK_N
                     pn_hi = (tl.minimum(N, kc * RED_N + RED_N) - 1) // BLOCK_N
-                    wait_sources(flags_ptr, flag_stride, (kr * RED_M) // BLOCK_M, pn_lo, pn_hi, tiles_m, tiles_n,
-                                  epoch, WORLD, WORLD_P2, WAIT_C, GROUP_M, TILES_PER_FLAG)  # fmt: skip
+                    if not LL:
+                        wait_sources(flags_ptr, flag_stride, (kr * RED_M) // BLOCK_M, pn_lo, pn_hi, tiles_m, tiles_n,
+                                      epoch, WORLD, WORLD_P2, WAIT_C, GROUP_M, TILES_PER_FLAG)  # fmt: skip
                     reduce_block(kr, kc, M, N, row_lo, row_hi, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr,
-                                  out_ptr, gat_ptr, gat_deltas_ptr, parity * ghalf_stride, rank, WORLD, RED_M, RED_N,
-                                  RESIDUAL, TWO_SHOT, PUSH)  # fmt: skip
+                                  out_ptr, gat_ptr, gat_deltas_ptr, parity * ghalf_stride, rank, tag, WORLD, RED_M,
+                                  RED_N, RESIDUAL, TWO_SHOT, PUSH, LL)  # fmt: skip
                     if TWO_SHOT:
                         item_flag = rank * flag_stride + n_chunks + i
                         release_ranks(flag_ptrs_ptr, item_flag, epoch, 0, WORLD - 1, rank)

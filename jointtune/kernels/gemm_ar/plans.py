@@ -22,7 +22,7 @@ from jointtune.kernels.gemm_ar.args import ArShape, GemmArConfig, Work, kernel_a
 from jointtune.kernels.gemm_ar.kernel import gemm_ar_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.launch import Launch
-from jointtune.kernels.runtime.symm import ALIGN, call_state, flags, peer_deltas, slot_elems
+from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, peer_deltas, slot_elems
 from jointtune.kernels.runtime.world import SymmetricBuffer, World
 
 Tensors = list[torch.Tensor]
@@ -69,11 +69,19 @@ class BaselinePlan:
             oi.copy_(rms_norm(h_out[i], weight[i], self.eps))
 
 
-def _halved(world: World, name: str, slot: int, dtype: torch.dtype) -> tuple[SymmetricBuffer, int]:
+def _halved(world: World, name: str, slot: int, dtype: torch.dtype, *,
+            zero: bool = False) -> tuple[SymmetricBuffer, int]:  # fmt: skip
     """A two-half symmetric buffer of `slot` elements per half, and its half stride (a larger buffer grown by an
     earlier call keeps its halves at the middle)."""
-    buf = world.symmetric(name, (2 * slot,), dtype)
+    buf = world.symmetric(name, (2 * slot,), dtype, zero=zero)
     return buf, buf.numel // 2 // ALIGN * ALIGN
+
+
+def _word_deltas(world: World, buf: SymmetricBuffer, i: int, extra: int) -> torch.Tensor:
+    """`symm.peer_deltas` for LL words, which kernels read at exact offsets: 8-byte words of different ranks need not
+    sit 128 bytes apart (they don't on the CPU world), so no 16-element alignment is asked of them."""
+    own = buf.tensors[i].data_ptr()
+    return world.int_table(tuple((buf.peers[i][p].data_ptr() - own) // 8 + extra for p in range(world.world_size)))
 
 
 class FusedPlan:
@@ -84,9 +92,13 @@ class FusedPlan:
         W, M, N = s.W, s.M, s.N
         self.world = world
         w = Work.of(cfg, s, num_sms(world.device))
-        two_shot, push = cfg.mode == "two_shot", cfg.transport == "push"
+        two_shot, push = cfg.mode == "two_shot", cfg.transport in ("push", "ll")
         dev = world.device
-        if push:  # inbox: slot p holds rank p's partial (two-shot: of the owner's rows only)
+        if cfg.transport == "ll":  # one-shot's inbox of words that carry their flag (`runtime.ll`): two values a word,
+            # zeroed once (no word carries a call's tag before that call writes it)
+            slot = slot_elems(M, cdiv(N, 2))
+            buf, half_stride = _halved(world, "gemm_ar.ll_inbox", W * slot, torch.int64, zero=True)
+        elif push:  # inbox: slot p holds rank p's partial (two-shot: of the owner's rows only)
             slot = slot_elems(s.rows_per_owner if two_shot else M, N)
             buf, half_stride = _halved(world, "gemm_ar.inbox", W * slot, s.dtype)
         else:  # this rank's own partial, read by the others
@@ -117,7 +129,10 @@ class FusedPlan:
             stand_in = torch.empty(1, dtype=s.dtype, device=dev)
             a = torch.empty((1, 1), dtype=s.dtype, device=dev)
             b = torch.empty_strided((1, 1), s.b_stride, dtype=s.dtype, device=dev)
-            if push:
+            if cfg.transport == "ll":  # words, read at exact offsets
+                send_deltas = _word_deltas(world, buf, i, r * slot)
+                recv_deltas = world.int_table(tuple(p * slot for p in range(W)))
+            elif push:
                 send_deltas = peer_deltas(world, buf, i, r * slot)
                 recv_deltas = world.int_table(tuple(p * slot for p in range(W)))
             else:

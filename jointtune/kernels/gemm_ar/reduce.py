@@ -6,6 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from jointtune.kernels.runtime.ll import ll_unpack16, ll_wait
 from jointtune.kernels.runtime.signals import release_ranks
 
 # ---- reduce and gather ------------------------------------------------------------------------------------------
@@ -26,17 +27,30 @@ def _hand_out(val, offs, mask, dest_ptr, dest_deltas_ptr, half, rank, WORLD: tl.
 
 @triton.jit
 def reduce_block(kr, kc, M, N, row_lo, row_hi, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, out_ptr, gat_ptr,
-                  gat_deltas_ptr, ghalf, rank, WORLD: tl.constexpr, RED_M: tl.constexpr, RED_N: tl.constexpr,
-                  RESIDUAL: tl.constexpr, TWO_SHOT: tl.constexpr, PUSH: tl.constexpr):  # fmt: skip
-    # rows [kr * RED_M, +RED_M) within [row_lo, row_hi), columns [kc * RED_N, +RED_N): summed, stored, handed out
+                  gat_deltas_ptr, ghalf, rank, tag, WORLD: tl.constexpr, RED_M: tl.constexpr, RED_N: tl.constexpr,
+                  RESIDUAL: tl.constexpr, TWO_SHOT: tl.constexpr, PUSH: tl.constexpr,
+                  LL: tl.constexpr):  # fmt: skip
+    # rows [kr * RED_M, +RED_M) within [row_lo, row_hi), columns [kc * RED_N, +RED_N): summed, stored, handed out.
+    # LL (one-shot): every source's words of the block, each read once it carries the call's `tag` (no flags).
     rws = kr * RED_M + tl.arange(0, RED_M)
     cols = kc * RED_N + tl.arange(0, RED_N)
-    mask = ((rws >= row_lo) & (rws < row_hi))[:, None] & (cols < N)[None, :]
+    rmask = (rws >= row_lo) & (rws < row_hi)
+    mask = rmask[:, None] & (cols < N)[None, :]
     at = rws.to(tl.int64)[:, None] * N + cols[None, :]
     total = tl.zeros((RED_M, RED_N), dtype=tl.float32)
-    for s in range(0, WORLD):  # every rank's partial, in rank order
-        delta = (tl.load(recv_deltas_ptr + s) // 16) * 16
-        total += tl.load(recv_ptr + half + delta - recv_row0 * N + at, mask=mask, other=0.0).to(tl.float32)
+    if LL:
+        row_words = (N + 1) // 2
+        wcols = kc * (RED_N // 2) + tl.arange(0, RED_N // 2)
+        wmask = rmask[:, None] & (wcols < row_words)[None, :]
+        wat = rws.to(tl.int64)[:, None] * row_words + wcols[None, :]
+        for s in range(0, WORLD):  # every rank's partial, in rank order
+            delta = (tl.load(recv_deltas_ptr + s) // 16) * 16
+            words = ll_wait(recv_ptr + half + delta + wat, wmask, tag)
+            total += ll_unpack16(words, RED_M, RED_N, out_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        for s in range(0, WORLD):  # every rank's partial, in rank order
+            delta = (tl.load(recv_deltas_ptr + s) // 16) * 16
+            total += tl.load(recv_ptr + half + delta - recv_row0 * N + at, mask=mask, other=0.0).to(tl.float32)
     if RESIDUAL:
         total += tl.load(res_ptr + at, mask=mask, other=0.0).to(tl.float32)
     val = total.to(out_ptr.dtype.element_ty)
@@ -49,19 +63,33 @@ def reduce_block(kr, kc, M, N, row_lo, row_hi, recv_ptr, recv_deltas_ptr, half, 
 def reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w_ptr, out_ptr, hout_ptr, gat_ptr,
                 gat_deltas_ptr, ghalf, rms_ptr, rms_deltas_ptr, rhalf, flag_ptrs_ptr, flag_index, epoch, rank,
                 WORLD: tl.constexpr, RED_N: tl.constexpr, RESIDUAL: tl.constexpr, TWO_SHOT: tl.constexpr,
-                PUSH: tl.constexpr):  # fmt: skip
+                PUSH: tl.constexpr, LL: tl.constexpr):  # fmt: skip
     # One whole row with the RMSNorm epilogue: pass 1 sums every source (+ residual) into h, stored rounded (the new
     # residual, and the value normalised: what the next layer reads), and accumulates h^2; pass 2 scales by 1/rms and
-    # the weight. Two-shot: h and 1/rms go to the other ranks, and the item's flag, before pass 2.
+    # the weight. Two-shot: h and 1/rms go to the other ranks, and the item's flag, before pass 2. LL (one-shot): the
+    # sources' words of the row, each read once it carries the call's tag (`reduce_block`).
     row = m.to(tl.int64) * N
+    row_words = (N + 1) // 2
+    tag = epoch.to(tl.int64) & 0xFFFFFFFF  # `ll.ll_tag`, written out (a helper call costs the interpreter)
     sq = tl.zeros((RED_N,), dtype=tl.float32)
     for c0 in range(0, N, RED_N):
         cols = c0 + tl.arange(0, RED_N)
         mask = cols < N
         total = tl.zeros((RED_N,), dtype=tl.float32)
-        for s in range(0, WORLD):  # every rank's partial, in rank order
-            delta = (tl.load(recv_deltas_ptr + s) // 16) * 16
-            total += tl.load(recv_ptr + half + delta - recv_row0 * N + row + cols, mask=mask, other=0.0).to(tl.float32)
+        if LL:
+            wcols = c0 // 2 + tl.arange(0, RED_N // 2)
+            wmask = (wcols < row_words)[None, :]
+            wat = m.to(tl.int64) * row_words + wcols[None, :]
+            for s in range(0, WORLD):  # every rank's partial, in rank order
+                delta = (tl.load(recv_deltas_ptr + s) // 16) * 16
+                words = ll_wait(recv_ptr + half + delta + wat, wmask, tag)
+                vals = ll_unpack16(words, 1, RED_N, hout_ptr.dtype.element_ty)
+                total += tl.reshape(vals, (RED_N,)).to(tl.float32)
+        else:
+            for s in range(0, WORLD):  # every rank's partial, in rank order
+                delta = (tl.load(recv_deltas_ptr + s) // 16) * 16
+                total += tl.load(recv_ptr + half + delta - recv_row0 * N + row + cols, mask=mask,
+                                 other=0.0).to(tl.float32)  # fmt: skip
         if RESIDUAL:
             total += tl.load(res_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
         h = total.to(hout_ptr.dtype.element_ty)
