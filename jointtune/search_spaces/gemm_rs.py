@@ -7,7 +7,9 @@ ends with its R = M / W rows of sum_r P_r. Dims M, N, K are global; K_r = K / W.
             owner's slots as flags arrive (`reduce_by=programs`), or every SM runs the GEMM and the
             epilogue of each own-rows tile, computed last, sums the peers' tiles (`epilogue`), or tiles
             span every rank's rows (B read once: few rows), send the rows others own and sum their own
-            rows after the peers' same tile arrives (`tile`, a flag per tile, no chunk_m);
+            rows after the peers' same tile arrives (`tile`, a flag per tile, no chunk_m; or with
+            `handoff=ll` no flag: the rows go as 64-bit words of two values and the call's tag, which the
+            owner polls, one NVLink latency per handoff instead of a fence and a flag, for twice the bytes);
   pull      the epilogue stores into the rank's own partial buffer and flags the owner; the
             owner's reduce programs, or own-rows epilogues, read peers' tiles over NVLink;
   atomic    the epilogue adds float32 tiles atomically into the owner's accumulator; the reduce
@@ -75,7 +77,13 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
         return []
     if ctx["M"] <= 128:
         tile = row_tile(ctx["M"], ctx, cols="N", depth="K_r")
-        return [{"mode": mode, "reduce_by": "tile", **tile} for mode in ("push", "pull")]
+        # LL words first: not yet timed in this family on a GPU (gemm_ar's one-shot gains 1.2-2.9 µs with them at
+        # 1-32 rows; bench/README.md, "Flags carried in the data"), so its first trials time both handoffs
+        return [
+            {"mode": "push", "reduce_by": "tile", "handoff": "ll", **tile},
+            {"mode": "push", "reduce_by": "tile", "handoff": "flag", **tile},
+            {"mode": "pull", "reduce_by": "tile", **tile},
+        ]
     return [{"mode": mode, "reduce_by": "epilogue", "chunk_m": 256, **BIG_TILE} for mode in ("pull", "push")]
 
 
@@ -117,8 +125,8 @@ GEMM_RS = family_space(
     # 2: SPLIT_K and its depth rule; 3: the kernel's modes (atomic, pull_cublas, reduce_sms, tile_order); 4: no
     # atomic_tile rule (atomic mode's wrong sums were a race in its kernel, fixed: bench/results/
     # gemm_rs_atomic_fix_1xH200_2026-11-24.json), so atomic takes every tile the other fused modes take; 5: reduce_by;
-    # 6: the baseline's collective
-    revision=6,
+    # 6: the baseline's collective; 7: handoff (LL words with reduce_by=tile, push)
+    revision=7,
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         mode_param(
@@ -137,6 +145,14 @@ GEMM_RS = family_space(
             when=when(mode=("pull", "push")),
             doc="who sums the owner's rows: reduce programs beside the GEMM, the own-rows tiles' epilogues, or every "
             "tile of all ranks' rows, after swapping rows with the peers' same tile",
+        ),
+        categorical(
+            "handoff",
+            ("flag", "ll"),
+            when=when(mode="push", reduce_by="tile"),
+            implied="flag",
+            doc="how a tile's rows announce themselves: a flag after a fence, or in the data (LL words: twice the "
+            "bytes, no fence)",
         ),
         pow2(
             "chunk_m",

@@ -32,12 +32,16 @@ CONFIGS = {
     # tiles over every rank's rows (a 64-row tile holds several ranks' rows), a flag per tile
     "push_tile": dict(mode="push", reduce_by="tile", **dict(TILES, BLOCK_M=64)),
     "pull_tile_split_k": dict(mode="pull", reduce_by="tile", **dict(TILES, SPLIT_K=2)),
+    # the same pushed as LL words (`runtime.ll`: no flag, the owner polls the words); split-K
+    "push_tile_ll": dict(mode="push", reduce_by="tile", handoff="ll", **dict(TILES, BLOCK_M=64)),
+    "push_tile_ll_split_k": dict(mode="push", reduce_by="tile", handoff="ll", **dict(TILES, SPLIT_K=2)),
     "atomic": dict(mode="atomic", chunk_m=16, reduce_sms=4, tile_order="peers_first", **dict(TILES, BLOCK_N=64)),
     "pull_cublas": dict(mode="pull_cublas", reduce_sms=2),
     "ce_cublas": dict(mode="ce", ce_consumer="cublas", ce_chunks=2, reduce_sms=2),
     "ce_triton": dict(mode="ce", ce_consumer="triton", ce_chunks=2, reduce_sms=1, **TILES),
 }
-FLAGGED = set(CONFIGS) - {"baseline"}
+LL = {name for name, c in CONFIGS.items() if c.get("handoff") == "ll"}
+FLAGGED = set(CONFIGS) - {"baseline"} - LL
 #: (M, N, K_r) per world size: rows per rank that no tile or chunk divides, N and K_r not multiples of blocks
 SHAPES = {2: (52, 40, 40), 4: (56, 36, 24)}
 #: split-K needs each split two BLOCK_K steps deep
@@ -83,6 +87,13 @@ def _flag_high(world):
                default=0)  # fmt: skip
 
 
+def _ll_high(world):
+    """The newest tag LL words carry (their high 32 bits): a replay that wrote an earlier call's tag would not move
+    it."""
+    return max((int((t >> 32).max()) for (n, _), buf in world._buffers.items() if n == "gemm_rs.ll_inbox"
+                for t in buf.tensors), default=0)  # fmt: skip
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("W", [2, 4])
 def test_every_mode_matches_the_reference_on_ragged_shapes(name, W):
@@ -95,7 +106,7 @@ def test_every_mode_matches_the_reference_on_ragged_shapes(name, W):
         assert call.error() < TOL[torch.bfloat16], name
 
 
-@pytest.mark.parametrize("name", ["push", "pull", "ce_triton"])
+@pytest.mark.parametrize("name", ["push", "pull", "ce_triton", "push_tile_ll"])
 def test_float16_and_symmetric_inputs(name):
     world = LocalWorld(world_size=2)
     call = Call(world, 64, 48, 40, seed=7, dtype=torch.float16, symmetric=True)
@@ -107,7 +118,7 @@ def test_float16_and_symmetric_inputs(name):
 def test_deterministic_modes_repeat_bit_for_bit():
     world = LocalWorld(world_size=2)
     call = Call(world, 52, 40, 40, seed=3)
-    for name in ("push", "pull", "ce_triton", "pull_epilogue", "push_tile"):
+    for name in ("push", "pull", "ce_triton", "pull_epilogue", "push_tile", "push_tile_ll"):
         first = [o.clone() for o in call(CONFIGS[name])]
         second = call(CONFIGS[name])
         assert all(torch.equal(x, y) for x, y in zip(first, second)), name
@@ -124,7 +135,8 @@ def test_tensor_in_tensor_out_on_one_rank():
 #: W = 4 replays for one config of each way a call keeps its state (epoch halves, exit handshake, entry
 #: handshake, none); every mode runs at W = 4 eagerly above, and every mode replays at W = 2
 REPLAYS = [(name, 2) for name in CONFIGS] + [
-    (name, 4) for name in ("push", "atomic", "pull_cublas", "ce_cublas", "baseline", "pull_epilogue", "push_tile")
+    (name, 4)
+    for name in ("push", "atomic", "pull_cublas", "ce_cublas", "baseline", "pull_epilogue", "push_tile", "push_tile_ll")
 ]
 
 
@@ -138,11 +150,24 @@ def test_replays_arm_their_waits_and_stay_correct(name, W):
         call(CONFIGS[name])
     for _ in range(3):
         call.fresh()
-        high = _flag_high(world)
+        high, ll_high = _flag_high(world), _ll_high(world)
         graph.replay()
         assert call.error() < TOL[torch.bfloat16], f"{name}: wrong result after a replay"
         if name in FLAGGED:
             assert _flag_high(world) > high, f"{name}: a replay's flags kept an earlier call's epoch"
+        if name in LL:
+            assert _ll_high(world) > ll_high, f"{name}: a replay's words kept an earlier call's tag"
+
+
+@pytest.mark.parametrize("W", [2, 3])
+def test_ll_words_with_an_odd_width(W):
+    # the last word of every row holds one value; 3 ranks: a 64-row tile holds every rank's rows
+    world = LocalWorld(world_size=W)
+    call = Call(world, 21 * W, 41, 40, seed=W)
+    for _ in range(2):
+        call.fresh()
+        call(CONFIGS["push_tile_ll"])
+        assert call.error() < TOL[torch.bfloat16]
 
 
 def test_replays_interleave_with_eager_calls_other_modes_and_ag_gemm():
@@ -153,7 +178,7 @@ def test_replays_interleave_with_eager_calls_other_modes_and_ag_gemm():
     ag_b = [torch.randn(32, 16).bfloat16() for _ in range(2)]
     ag_cfg = dict(mode="push", comm_sms=2, chunk_m=16, **TILES)
     graphs = {}
-    for name in ("push", "atomic", "pull", "pull_epilogue", "push_tile"):
+    for name in ("push", "atomic", "pull", "pull_epilogue", "push_tile", "push_tile_ll"):
         call(CONFIGS[name])
         with capture() as graph:
             call(CONFIGS[name])

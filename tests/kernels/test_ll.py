@@ -2,7 +2,7 @@
 (NaN, infinities and negative zero included) with the tag in the other half; a reader that takes words only once they
 carry its tag, between processes in the interpreter (bench/ops/ll_litmus.py's ping-pong, two forked ranks sharing its
 buffer through a file); and the compiled form for Hopper under the GPU image's Triton (3.6): the writer's
-strong 64-bit stores and no fence in GEMM+AR's LL form, against its flagged form."""
+strong 64-bit stores and no fence in GEMM+AR's and GEMM+RS's LL forms, against their flagged forms."""
 
 from __future__ import annotations
 
@@ -65,15 +65,16 @@ def test_a_reader_waits_for_its_tag_between_processes_in_the_interpreter(tmp_pat
 
 @pytest.mark.timeout(600)
 def test_the_ll_form_of_gemm_ar_compiles_to_strong_stores_with_no_fence():
-    """With the GPU image's Triton (3.6) where `make test` installed it: a one-shot LL call (the tile GEMM; cuBLAS's
-    copied tiles with the RMSNorm epilogue) stores its words with st.relaxed.sys and has no system-scope fence
-    (nothing is flagged), where the same call pushing flagged tiles has its fence and no such store (the control).
+    """With the GPU image's Triton (3.6) where `make test` installed it: GEMM+AR's one-shot LL call (the tile GEMM;
+    cuBLAS's copied tiles with the RMSNorm epilogue) and GEMM+RS's tiles over every rank's rows with LL words store
+    their words with st.relaxed.sys and have no system-scope fence (nothing is flagged), where the same calls with
+    flags have their fence and no such store (the control).
     That the reader's volatile polls see the words is checked where they run: between processes above, on GPUs by
     bench/ops/ll_litmus.py and gemm_ar_check.py."""
     code, out = _run([sys.executable, __file__, "compile"], _env("", str(gpu_image_triton())), timeout=500)
     assert code == 0, out
     facts = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert len(facts) == 4
+    assert len(facts) == 6
     for f in facts:
         if f["transport"] == "ll":
             assert f["strong_word_stores"] > 0 and f["sys_fences"] == 0, f
@@ -150,11 +151,14 @@ def _compile() -> None:
                  transport=transport, comm_sms=0, **tile, **flags),
             dict(family="gemm_ar_rmsnorm", shape=dict(M=8, N=5120, K=8192), world_size=2, mode="one_shot",
                  gemm="cublas", transport=transport, comm_sms=64, **flags),
+            dict(family="gemm_rs", shape=dict(M=64, N=8192, K=8192), world_size=2, mode="push", reduce_by="tile",
+                 handoff="ll" if transport == "ll" else "flag", **dict(tile, BLOCK_M=64)),
         ]  # fmt: skip
     for config in configs:
         for kernel, named, options in config_launches(config):
             ptx = lower(kernel, named, options).asm["ptx"]
-            print(json.dumps({"family": config["family"], "transport": config["transport"],
+            ll = config.get("transport", config.get("handoff")) == "ll"
+            print(json.dumps({"family": config["family"], "transport": "ll" if ll else "flag",
                               "strong_word_stores": ptx.count("st.relaxed.sys.global.b64"),
                               "sys_fences": ptx.count("fence.acq_rel.sys")}))  # fmt: skip
     print(f"triton {triton.__version__}")

@@ -64,6 +64,8 @@ def active_fields(space: str, cfg: dict[str, Any]) -> set[str]:
         out.add("chunk_m")  # reduce_by=tile flags each tile, not chunks of rows
     if mode in ("pull", "push"):
         out.add("reduce_by")
+    if mode == "push" and cfg.get("reduce_by") == "tile":
+        out.add("handoff")  # a flag, or LL words (the flag in the data)
     if by_programs:
         out.add("tile_order")
     if by_programs or mode in ("pull_cublas", "ce"):

@@ -70,10 +70,12 @@ def test_gemm_rs_params_are_exactly_the_kernel_contract() -> None:
         "SPLIT_K": (1, 2, 4, 8),
         "chunk_m": (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
         "reduce_by": ("programs", "epilogue", "tile"),
+        "handoff": ("flag", "ll"),
         "reduce_sms": (1, 2, 4, 8, 16, 32, 64, 128),
         "tile_order": ("peers_first", "own_first"),
     }
     conditions = {p.name: p.when.describe() if p.when else None for p in space.params}
+    assert conditions["handoff"] == 'mode == "push" and reduce_by == "tile"'  # LL words: pushed, tiles over all rows
     assert conditions["mode"] is None
     assert conditions["ce_consumer"] == conditions["ce_chunks"] == 'mode == "ce"'
     for tile in TILES:
@@ -113,8 +115,8 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
         # revision 3 (the kernel's modes: atomic, pull_cublas, reduce_sms, tile_order; chunk_fits_rows,
         # reduce_sms_budget, atomic_tile; no comm_sms) changed it from 1fd89d6bea81; revision 4 (no atomic_tile)
         # from f8b5ac3391ee; revision 5 (reduce_by) from 7685ce476574; revision 6 (the baseline's collective) from
-        # 7734783b94e1
-        "gemm_rs": "794ef1e2d0ea",
+        # 7734783b94e1; revision 7 (handoff: LL words with reduce_by=tile, push) from 794ef1e2d0ea
+        "gemm_rs": "1cf0830ddb8c",
         # revision 2 (the kernel's modes: fused, pull, wait, baseline; the decode tiles in every mode, baseline
         # included; items_per_flag, push_programs; items_per_flag_fit; no combine_chunks) changed it from b08fba860040;
         # revision 3 (heads_per_program any divisor of G up to 16; the default's tiles) from 42db48894d7e; revision 4
@@ -123,7 +125,7 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
         # revision 2 (transport "ll", one-shot only; tiles_per_flag only with flags) changed it from ed68e81be065
         "gemm_ar": "30f8cca2577b",
     }
-    assert get_space("gemm_rs").revision == 6
+    assert get_space("gemm_rs").revision == 7
     assert get_space("flash_decode").revision == 4
     assert get_space("gemm_ar").revision == 2
 
@@ -583,9 +585,10 @@ def test_seeds_are_valid_configs_of_their_regime_and_leave_the_version_alone() -
     rs = get_space("gemm_rs")
     decode = rs.make_problem("64x8192x8192", dtype="bf16", world_size=2)
     prefill = rs.make_problem("8192x4096x12288", dtype="bf16", world_size=2)
-    assert [(s["mode"], s["reduce_by"], s["BLOCK_M"]) for s in rs.seeds(decode, HOPPER)] == [
-        ("push", "tile", 64),
-        ("pull", "tile", 64),
+    assert [(s["mode"], s["reduce_by"], s.get("handoff"), s["BLOCK_M"]) for s in rs.seeds(decode, HOPPER)] == [
+        ("push", "tile", "ll", 64),
+        ("push", "tile", "flag", 64),
+        ("pull", "tile", None, 64),
     ]
     assert [(s["mode"], s["reduce_by"]) for s in rs.seeds(prefill, HOPPER)] == [
         ("pull", "epilogue"),

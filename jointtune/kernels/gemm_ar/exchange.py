@@ -90,7 +90,7 @@ def send_ll(val, pm, pn, M, N, send_ptr, send_deltas_ptr, half, rank, tag, WORLD
     cols = pn * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     mask = (rows < M)[:, None] & (cols < row_words)[None, :]
     at = rows.to(tl.int64)[:, None] * row_words + cols[None, :]
-    for j in range(1, WORLD + 1):  # exact offsets (`plans._word_deltas`)
+    for j in range(1, WORLD + 1):  # exact offsets (`ll.word_deltas`)
         ll_store(send_ptr + half + tl.load(send_deltas_ptr + (rank + j) % WORLD) + at, words, mask)
 
 

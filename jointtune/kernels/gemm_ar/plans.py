@@ -22,6 +22,7 @@ from jointtune.kernels.gemm_ar.args import ArShape, GemmArConfig, Work, kernel_a
 from jointtune.kernels.gemm_ar.kernel import gemm_ar_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.launch import Launch
+from jointtune.kernels.runtime.ll import word_deltas
 from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, peer_deltas, slot_elems
 from jointtune.kernels.runtime.world import SymmetricBuffer, World
 
@@ -77,13 +78,6 @@ def _halved(world: World, name: str, slot: int, dtype: torch.dtype, *,
     return buf, buf.numel // 2 // ALIGN * ALIGN
 
 
-def _word_deltas(world: World, buf: SymmetricBuffer, i: int, extra: int) -> torch.Tensor:
-    """`symm.peer_deltas` for LL words, which kernels read at exact offsets: 8-byte words of different ranks need not
-    sit 128 bytes apart (they don't on the CPU world), so no 16-element alignment is asked of them."""
-    own = buf.tensors[i].data_ptr()
-    return world.int_table(tuple((buf.peers[i][p].data_ptr() - own) // 8 + extra for p in range(world.world_size)))
-
-
 class FusedPlan:
     """one_shot or two_shot: the partial's tiles exchanged as they are produced, summed in rank order on every rank
     (one_shot) or by their owner and handed out (two_shot), in one launch per call (plus cuBLAS with gemm=cublas)."""
@@ -130,7 +124,7 @@ class FusedPlan:
             a = torch.empty((1, 1), dtype=s.dtype, device=dev)
             b = torch.empty_strided((1, 1), s.b_stride, dtype=s.dtype, device=dev)
             if cfg.transport == "ll":  # words, read at exact offsets
-                send_deltas = _word_deltas(world, buf, i, r * slot)
+                send_deltas = word_deltas(world, buf, i, r * slot)
                 recv_deltas = world.int_table(tuple(p * slot for p in range(W)))
             elif push:
                 send_deltas = peer_deltas(world, buf, i, r * slot)

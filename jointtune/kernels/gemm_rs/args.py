@@ -22,7 +22,7 @@ EPI_STORE, EPI_SIGNAL, EPI_ATOMIC = 0, 1, 2
 #: what a knob the config's mode doesn't read holds (the knobs are the gemm_rs space's)
 _DEFAULTS = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, SPLIT_K=1, num_warps=4, num_stages=3, chunk_m=0,
                  reduce_sms=1, reduce_by="programs", tile_order="peers_first", ce_consumer="cublas",
-                 ce_chunks=1)  # fmt: skip
+                 ce_chunks=1, handoff="flag")  # fmt: skip
 
 
 class GemmRsConfig(LaunchConfig, space="gemm_rs", defaults=_DEFAULTS):
@@ -35,6 +35,10 @@ class GemmRsConfig(LaunchConfig, space="gemm_rs", defaults=_DEFAULTS):
     def spans_ranks(self) -> bool:
         """Whether tiles run over every rank's rows (`reduce_by=tile`) rather than one rank's rows at a time."""
         return self.mode in ("push", "pull") and self.reduce_by == "tile"
+
+    def ll(self) -> bool:
+        """Whether tiles spanning every rank's rows push LL words (flags carried in the data: `runtime.ll`)."""
+        return self.spans_ranks() and self.mode == "push" and self.handoff == "ll"
 
     def tiles(self, M: int, N: int) -> int:
         """Tiles of a launch whose tiles span every rank's M rows."""
@@ -101,7 +105,8 @@ def kernel_args(cfg: GemmRsConfig, s: RsShape, *, a: Any, b: Any, out: Any, dumm
         EPI=epi, GEMM=gemm, REDUCE=reduce, SOURCES=sources, WAIT_OWN=wait_own, ZERO_SRC=zero_src, READY=ready,
         EXIT=exit_flags is not None, ALIGNED=aligned, RED_M=red_m,
         RED_N=red_n, UPCAST=interpreted(), EPOCH=epoch,
-        EPI_REDUCE=epi_reduce, OWN_TILES=own_tiles, SPAN=span, num_warps=warps, num_stages=cfg.num_stages,
+        EPI_REDUCE=epi_reduce, OWN_TILES=own_tiles, SPAN=span, LL=span and cfg.ll(), num_warps=warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
 
 

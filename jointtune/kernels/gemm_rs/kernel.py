@@ -31,8 +31,10 @@ sends each row another rank owns to that owner's slot (push: the owner's inbox; 
 buffer) and releases one flag per (this rank, tile) at each such owner; then, if it holds own rows, it waits for the
 same tile's flag of every peer and sums there (`_sum_own_tile`). Every tile sends before it waits and every rank
 takes the tiles in the same order, so by induction over that order every wait ends (the grid is resident, as
-above). With OWN_TILES, a one-rank-at-a-time world first sends every tile (1), then recomputes the tiles holding
-own rows and sums (2).
+above). With LL (push only) the rows go out as 64-bit words of two values and the call's tag (`runtime.ll`): no flag is
+released, and the own rows' sum polls the peers' words themselves (`_send_tile_rows_ll`, `_sum_own_tile_ll`). With
+OWN_TILES, a one-rank-at-a-time world first sends every tile (1), then recomputes the tiles holding own rows and sums
+(2).
 
 pull_cublas (READY, EXIT): cuBLAS wrote this rank's whole partial earlier on the stream, at a fixed address;
 a reduce-only launch releases "ready" to every peer, pulls and sums, and its last program ends the call
@@ -55,6 +57,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from jointtune.kernels.runtime.ll import ll_pack16, ll_store, ll_unpack16, ll_wait
 from jointtune.kernels.runtime.signals import (
     call_epoch_and_half,
     open_call,
@@ -97,6 +100,42 @@ def _send_tile_rows(acc, dest_ptr, dest_deltas_ptr, flag_ptrs_ptr, epoch, half, 
     others = mmask & (owner != rank)
     tl.store(d_ptrs, acc.to(dest_ptr.dtype.element_ty), mask=others[:, None] & nmask[None, :])
     release_ranks(flag_ptrs_ptr, rank * n_tiles + tile, epoch, first_owner, last_owner, rank)
+
+
+@triton.jit
+def _send_tile_rows_ll(acc, dest_ptr, dest_deltas_ptr, half, offs_m, owner, mmask, pid_n, N, R, rank, tag,
+                       DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    # SPAN with LL words (`runtime.ll`): every row another rank owns goes to that owner's slot for this rank as
+    # words of two values and the call's tag (row m of a slot at m * cdiv(N, 2) words); nothing to release after
+    row_words = (N + 1) // 2
+    words = ll_pack16(acc.to(DTYPE), tag, BLOCK_M, BLOCK_N)
+    wcols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    delta = tl.load(dest_deltas_ptr + owner, mask=mmask, other=0)  # exact word offsets (`ll.word_deltas`)
+    rows_at = (offs_m - owner * R).to(tl.int64) * row_words
+    others = mmask & (owner != rank)
+    ll_store(dest_ptr + half + (delta + rows_at)[:, None] + wcols[None, :], words,
+             others[:, None] & (wcols < row_words)[None, :])  # fmt: skip
+
+
+@triton.jit
+def _sum_own_tile_ll(acc, out_ptr, src_ptr, src_deltas_ptr, half, own_rows, own_mask, offs_n, nmask, pid_n, N, rank,
+                     tag, stride_om, WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    # `_sum_own_tile` with LL words: each peer's words of the tile's own rows, read once they carry the call's tag
+    # (no flag to wait for), in source order (this rank's from the accumulator)
+    row_words = (N + 1) // 2
+    wcols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    wmask = own_mask[:, None] & (wcols < row_words)[None, :]
+    in_slot = own_rows[:, None].to(tl.int64) * row_words + wcols[None, :]
+    total = tl.zeros(acc.shape, dtype=tl.float32)
+    for s in range(0, WORLD):
+        if s == rank:
+            total += acc
+        else:
+            words = ll_wait(src_ptr + half + tl.load(src_deltas_ptr + s) + in_slot, wmask, tag)
+            total += ll_unpack16(words, BLOCK_M, BLOCK_N, out_ptr.dtype.element_ty).to(tl.float32)
+    mask = own_mask[:, None] & nmask[None, :]
+    o_ptrs = out_ptr + own_rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # Integers that may be 1 stay runtime values: Triton would otherwise compile anew for 1 vs not-1.
@@ -157,9 +196,11 @@ def gemm_rs_kernel(
     EPI_REDUCE: tl.constexpr,
     OWN_TILES: tl.constexpr,
     SPAN: tl.constexpr,
+    LL: tl.constexpr,
 ):
     pid = tl.program_id(0) + pid_base
     epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
+    tag = epoch.to(tl.int64) & 0xFFFFFFFF  # LL words carry it (`runtime.ll.ll_tag`)
     if EPOCH == 1:  # noqa: SIM102 (constexpr)
         if not EXIT:  # the exit handshake publishes the epoch at the end (below)
             open_call(state_ptr)
@@ -190,11 +231,20 @@ def gemm_rs_kernel(
                     if finished:
                         owner = offs_m // R
                         if OWN_TILES != 2:
-                            _send_tile_rows(acc, dest_ptr, dest_deltas_ptr, flag_ptrs_ptr, epoch, half, offs_m, owner,
-                                            mmask, offs_n, nmask, R, rank, first_owner, last_owner, n_chunks, tile,
-                                            stride_dm)  # fmt: skip
-                        if OWN_TILES != 1:  # noqa: SIM102 (constexpr)
-                            if mine:
+                            if LL:
+                                _send_tile_rows_ll(acc, dest_ptr, dest_deltas_ptr, half, offs_m, owner, mmask, pid_n,
+                                                   N, R, rank, tag, out_ptr.dtype.element_ty, BLOCK_M,
+                                                   BLOCK_N)  # fmt: skip
+                            else:
+                                _send_tile_rows(acc, dest_ptr, dest_deltas_ptr, flag_ptrs_ptr, epoch, half, offs_m,
+                                                owner, mmask, offs_n, nmask, R, rank, first_owner, last_owner,
+                                                n_chunks, tile, stride_dm)  # fmt: skip
+                        if OWN_TILES != 1:
+                            if mine and LL:
+                                _sum_own_tile_ll(acc, out_ptr, src_ptr, src_deltas_ptr, half, offs_m - rank * R,
+                                                 mmask & (owner == rank), offs_n, nmask, pid_n, N, rank, tag,
+                                                 stride_om, WORLD, BLOCK_M, BLOCK_N)  # fmt: skip
+                            elif mine:
                                 _sum_own_tile(acc, out_ptr, src_ptr, src_deltas_ptr, flags_ptr, epoch, half,
                                               offs_m - rank * R, mmask & (owner == rank), offs_n, nmask, N, rank,
                                               n_chunks, tile, stride_om, WORLD)  # fmt: skip

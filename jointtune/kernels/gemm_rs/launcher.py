@@ -123,10 +123,11 @@ def standin_launches(cfg: GemmRsConfig, *, M: int, N: int, K: int, world_size: i
         atomic, span = cfg.mode == "atomic", cfg.spans_ranks()
         reduce = cfg.fused_reduce_programs()
         gemm = max(1, min(cfg.fused_tiles(M, R, N) * cfg.SPLIT_K, num_sms(device) - reduce))
+        box = f32 if atomic else i64 if cfg.ll() else t  # the accumulator, LL words, or partial rows
         fused = kernel_args(cfg, s, rows=M, seg_rows=R, epi=EPI_ATOMIC if atomic else EPI_SIGNAL, gemm=not span,
-                            reduce=reduce > 0, dest=f32 if atomic else t, dest_deltas=i64,
-                            src=f32 if atomic else t, src_deltas=i64, sources=1 if atomic else W, flags_local=i64,
-                            flag_ptrs=i64, done=i32, state=i64, half_stride=16,
+                            reduce=reduce > 0, dest=box, dest_deltas=i64, src=box, src_deltas=i64,
+                            sources=1 if atomic else W, flags_local=i64, flag_ptrs=i64, done=i32, state=i64,
+                            half_stride=16,
                             n_chunks=cfg.fused_flags(M, R, N), chunk_rows=chunk_rows, first_seg=1 % W,
                             gemm_programs=gemm, num_programs=gemm + reduce, stride_dm=N, zero_src=atomic, epoch=1,
                             epi_reduce=cfg.reduces_in_epilogue(), span=span, **common)  # fmt: skip

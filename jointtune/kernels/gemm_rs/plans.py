@@ -6,7 +6,8 @@
 - push, pull, atomic (`FusedPlan`): one `gemm_rs_kernel` launch per call on a world whose ranks run at
   once (GEMM programs and reduce programs in one grid, or, with `reduce_by=epilogue`, GEMM programs only,
   which sum the own rows' tiles in their epilogue, or with `reduce_by=tile`, tiles over every rank's rows that
-  swap rows with the peers' same tile); buffers alternate halves by the device epoch.
+  swap rows with the peers' same tile, pushed as LL words with `handoff=ll`); buffers alternate halves by the device
+  epoch.
 - pull_cublas (`PullCublasPlan`): cuBLAS writes the whole partial into a one-half symmetric buffer; one
   reduce launch releases "ready", pulls and sums this rank's rows, and ends with an exit handshake (every
   peer done reading), so the next call's GEMM may overwrite the partial: two launches, as GEMM + NCCL.
@@ -33,6 +34,7 @@ from jointtune.kernels.gemm_rs.kernel import gemm_rs_kernel, release_flag_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.gemm import split_k_workspace
 from jointtune.kernels.runtime.launch import Launch
+from jointtune.kernels.runtime.ll import word_deltas
 from jointtune.kernels.runtime.signals import open_call_kernel
 from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, inbox, peer_deltas, slot_elems
 from jointtune.kernels.runtime.world import World
@@ -83,6 +85,10 @@ class FusedPlan:
         slot = slot_elems(R, N)
         if cfg.mode == "atomic":  # every rank's fp32 accumulator, two halves, zero between calls
             buf = world.symmetric("gemm_rs.acc", (2 * slot,), torch.float32, zero=True)
+        elif cfg.ll():  # inbox of LL words (`runtime.ll`): slot p holds rank p's rows of mine, two values a word;
+            # zeroed once (no word carries a call's tag before that call writes it)
+            slot = slot_elems(R, cdiv(N, 2))
+            buf = world.symmetric("gemm_rs.ll_inbox", (2 * W * slot,), torch.int64, zero=True)
         elif cfg.mode == "push":  # inbox: slot p holds rank p's partial of my rows
             buf = world.symmetric("gemm_rs.inbox2", (2 * W * slot,), s.dtype)
         else:  # pull: my partial of every rank's rows, slot p for rank p's
@@ -106,6 +112,9 @@ class FusedPlan:
             if cfg.mode == "atomic":
                 dest_deltas = peer_deltas(world, buf, i)
                 src_deltas = world.int_table((0,))
+            elif cfg.ll():  # words, read at exact offsets
+                dest_deltas = word_deltas(world, buf, i, r * slot)
+                src_deltas = world.int_table(tuple(p * slot for p in range(W)))
             elif cfg.mode == "push":
                 dest_deltas = peer_deltas(world, buf, i, r * slot)
                 src_deltas = world.int_table(tuple(p * slot for p in range(W)))

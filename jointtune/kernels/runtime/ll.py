@@ -22,10 +22,17 @@ plain stores and loads (its ranks share memory). bench/ops/ll_litmus.py checks b
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import triton
 import triton.language as tl
 
 from jointtune.kernels.runtime.signals import FENCED
+
+if TYPE_CHECKING:
+    import torch
+
+    from jointtune.kernels.runtime.world import SymmetricBuffer, World
 
 #: bits of the tag (the epoch's low bits) in every word; the data take the rest
 TAG_BITS = 32
@@ -90,4 +97,23 @@ def ll_unpack16(words, ROWS: tl.constexpr, COLS: tl.constexpr, DTYPE: tl.constex
     return bits.to(DTYPE, bitcast=True)
 
 
-__all__ = ["TAG_BITS", "ll_data", "ll_pack16", "ll_store", "ll_tag", "ll_unpack16", "ll_wait", "ll_word", "triton"]
+def word_deltas(world: World, buf: SymmetricBuffer, i: int, extra: int = 0) -> torch.Tensor:
+    """`symm.peer_deltas` for a buffer of words (int64), which kernels read at exact offsets (no rounding down to 16
+    elements): offsets from local rank index i's buffer to every rank's, plus `extra`, as a device table. Words of
+    different ranks need not sit 128 bytes apart (they don't on the CPU world)."""
+    own = buf.tensors[i].data_ptr()
+    return world.int_table(tuple((buf.peers[i][p].data_ptr() - own) // 8 + extra for p in range(world.world_size)))
+
+
+__all__ = [
+    "TAG_BITS",
+    "ll_data",
+    "ll_pack16",
+    "ll_store",
+    "ll_tag",
+    "ll_unpack16",
+    "ll_wait",
+    "ll_word",
+    "triton",
+    "word_deltas",
+]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -266,10 +267,12 @@ def test_the_space_s_seeds_come_after_the_warm_configs_then_every_mode_left_and_
     problem = space.make_problem("64x8192x8192", dtype="bf16", world_size=2)
     seeds = space.seeds(problem, limits)
     configs = initial_configs(space, problem, limits, warm=[seeds[1]])
-    assert [s.role for s in configs] == ["baseline", "default", "warm", "seed", "mode", "mode"]
-    assert [s.config for s in configs[2:4]] == [seeds[1], seeds[0]]  # a warm config is not tried again as a seed
+    assert [s.role for s in configs] == ["baseline", "default", "warm", "seed", "seed", "mode", "mode"]
+    # a warm config is not tried again as a seed
+    assert [s.config for s in configs[2:5]] == [seeds[1], seeds[0], seeds[2]]
     modes = [s.config["mode"] for s in configs]
-    assert sorted(modes) == sorted(space.modes) and len(set(modes)) == len(modes)
+    assert sorted(set(modes)) == sorted(space.modes)  # every mode, push twice (its LL seed and the warm flagged one)
+    assert len({json.dumps(s.config, sort_keys=True) for s in configs}) == len(configs)
 
 
 def test_sweeps_are_registered_in_the_storage(families, sqlite_url):
