@@ -77,11 +77,12 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
         return []
     if ctx["M"] <= 128:
         tile = row_tile(ctx["M"], ctx, cols="N", depth="K_r")
-        # LL words first: not yet timed in this family on a GPU (gemm_ar's one-shot gains 1.2-2.9 µs with them at
-        # 1-32 rows; bench/README.md, "Flags carried in the data"), so its first trials time both handoffs
+        # LL words second: not yet run in this family on a GPU (gemm_ar's one-shot gains 1.2-2.9 µs with them at
+        # 1-32 rows; bench/README.md, "Flags carried in the data"), so its first trials time both handoffs, the
+        # flagged one first
         return [
-            {"mode": "push", "reduce_by": "tile", "handoff": "ll", **tile},
             {"mode": "push", "reduce_by": "tile", "handoff": "flag", **tile},
+            {"mode": "push", "reduce_by": "tile", "handoff": "ll", **tile},
             {"mode": "pull", "reduce_by": "tile", **tile},
         ]
     return [{"mode": mode, "reduce_by": "epilogue", "chunk_m": 256, **BIG_TILE} for mode in ("pull", "push")]

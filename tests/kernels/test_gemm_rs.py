@@ -159,6 +159,16 @@ def test_replays_arm_their_waits_and_stay_correct(name, W):
             assert _ll_high(world) > ll_high, f"{name}: a replay's words kept an earlier call's tag"
 
 
+def test_ll_words_and_flags_give_the_same_bits():
+    # the same tiles, rows rounded once where they travel and summed in the same order: any difference is a bug
+    world = LocalWorld(world_size=4)
+    call = Call(world, *SHAPES[4], seed=9)
+    flagged = [o.clone() for o in call(CONFIGS["push_tile"])]
+    for o in call.out:
+        o.fill_(float("nan"))
+    assert all(torch.equal(x, y) for x, y in zip(flagged, call(CONFIGS["push_tile_ll"])))
+
+
 @pytest.mark.parametrize("W", [2, 3])
 def test_ll_words_with_an_odd_width(W):
     # the last word of every row holds one value; 3 ranks: a 64-row tile holds every rank's rows

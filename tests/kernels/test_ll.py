@@ -74,7 +74,7 @@ def test_the_ll_form_of_gemm_ar_compiles_to_strong_stores_with_no_fence():
     code, out = _run([sys.executable, __file__, "compile"], _env("", str(gpu_image_triton())), timeout=500)
     assert code == 0, out
     facts = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert len(facts) == 6
+    assert len(facts) == 10
     for f in facts:
         if f["transport"] == "ll":
             assert f["strong_word_stores"] > 0 and f["sys_fences"] == 0, f
@@ -153,6 +153,11 @@ def _compile() -> None:
                  gemm="cublas", transport=transport, comm_sms=64, **flags),
             dict(family="gemm_rs", shape=dict(M=64, N=8192, K=8192), world_size=2, mode="push", reduce_by="tile",
                  handoff="ll" if transport == "ll" else "flag", **dict(tile, BLOCK_M=64)),
+            # the seeds' forms at 65-128 rows (8 warps, 128-row tiles) and with split-K
+            dict(family="gemm_rs", shape=dict(M=128, N=8192, K=8192), world_size=2, mode="push", reduce_by="tile",
+                 handoff="ll" if transport == "ll" else "flag", **dict(tile, BLOCK_M=128, num_warps=8)),
+            dict(family="gemm_rs", shape=dict(M=64, N=2048, K=16384), world_size=4, mode="push", reduce_by="tile",
+                 handoff="ll" if transport == "ll" else "flag", **dict(tile, BLOCK_M=64, SPLIT_K=4)),
         ]  # fmt: skip
     for config in configs:
         for kernel, named, options in config_launches(config):

@@ -48,8 +48,8 @@ rank while waiting on its peer (a collective) can starve a peer's waiting progra
 or SPAN every program may be waiting. Run them on one stream with the collectives, as serving engines do.
 
 Halves: the buffers a call writes into alternate by the parity of the device epoch (`half_stride` > 0),
-so a rank writes call e + 2's tiles into a half only after its call e + 1 waited for every peer's flags of
-e + 1, which each peer released after finishing its reads of call e: no handshake, no host state.
+so a rank writes call e + 2's tiles into a half only after its call e + 1 waited for every peer's flags (or LL words)
+of e + 1, which each peer released after finishing its reads of call e: no handshake, no host state.
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ def _sum_own_tile_ll(acc, out_ptr, src_ptr, src_deltas_ptr, half, own_rows, own_
         if s == rank:
             total += acc
         else:
-            words = ll_wait(src_ptr + half + tl.load(src_deltas_ptr + s) + in_slot, wmask, tag)
+            delta = (tl.load(src_deltas_ptr + s) // 16) * 16  # slots are 16-word aligned: vector polls
+            words = ll_wait(src_ptr + half + delta + in_slot, wmask, tag)
             total += ll_unpack16(words, BLOCK_M, BLOCK_N, out_ptr.dtype.element_ty).to(tl.float32)
     mask = own_mask[:, None] & nmask[None, :]
     o_ptrs = out_ptr + own_rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]

@@ -9,11 +9,10 @@ until every one carries this call's tag, and then holds the data. No ordering be
 says whether it is fresh), only that an aligned 64-bit store is seen whole, which the GPU gives for a single
 store. The price is twice the bytes: LL suits the few kilobytes of a decode-size exchange, not a prefill's.
 
-A tag is the epoch's low 32 bits. A word the reader accepts must have been written at this epoch, or at an epoch
-2^32 calls (or a multiple) before and never since: the two-half buffers are written every other call by the plan
-that owns them, so stale words are at most a few calls old in steady use; a word untouched for exactly a multiple of
-2^32 calls of the world is the one case this can't tell apart (at 10 µs a call, 12 hours of calls on that world
-between two writes).
+A tag is the epoch's low 32 bits. A word the reader accepts must have been written at this epoch, or at an epoch an
+exact multiple of 2^32 calls before and never since. A family's LL inbox is shared by every shape that uses it (one
+buffer per name), so a word may be arbitrarily old; what can't be told apart is only a word last written exactly
+k * 2^32 calls of the world ago (at 10 µs a call, 12 hours of calls between two writes, to the call).
 
 Compiled, the writer stores with `st.relaxed.sys` (strong, so the 64-bit word is single-copy atomic under PTX's
 model) and the reader polls with volatile (system-scope relaxed) loads; the CPU interpreter has no PTX and uses

@@ -271,7 +271,7 @@ def test_the_space_s_seeds_come_after_the_warm_configs_then_every_mode_left_and_
     # a warm config is not tried again as a seed
     assert [s.config for s in configs[2:5]] == [seeds[1], seeds[0], seeds[2]]
     modes = [s.config["mode"] for s in configs]
-    assert sorted(set(modes)) == sorted(space.modes)  # every mode, push twice (its LL seed and the warm flagged one)
+    assert sorted(set(modes)) == sorted(space.modes)  # every mode, push twice (the warm LL seed and the flagged one)
     assert len({json.dumps(s.config, sort_keys=True) for s in configs}) == len(configs)
 
 
