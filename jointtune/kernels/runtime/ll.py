@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 #: bits of the tag (the epoch's low bits) in every word; the data take the rest
 TAG_BITS = 32
-_LOW = 0xFFFFFFFF
 
 
 @triton.jit
