@@ -77,13 +77,7 @@ def launch_us(fn, calls: int = CALLS, replays: int = 10) -> float:
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1000 / (replays * calls))
+        best = min(best, _replays_ms(graph, replays) * 1000 / calls)
     return best
 
 
@@ -94,13 +88,36 @@ def graph_ms(graph, world, replays: int, calls: int = CALLS) -> float:
     dist.barrier()
     torch.cuda._sleep(10_000_000)  # ~5 ms: the host queues every replay behind it
     world.barrier()
+    return _replays_ms(graph, replays) / calls
+
+
+def launch_ms(world, launch, launches: int) -> list[float]:
+    """GPU time of each of `launches` calls of `launch` (one kernel launch of a ping-pong, say), max over ranks; each
+    starts behind a device barrier, so every rank's launch starts within a round trip of the others'. A rank where
+    `launch` returns False takes no part (0.0 from it)."""
+    per_launch = []
+    for _ in range(launches):
+        torch.cuda.synchronize()
+        dist.barrier()
+        world.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        took = launch()
+        end.record()
+        end.synchronize()
+        per_launch.append(start.elapsed_time(end) if took else 0.0)
+    return max_over_ranks(per_launch)
+
+
+def _replays_ms(graph, replays: int) -> float:
+    """GPU time per replay of `replays` replays of `graph`, between two events on the stream."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(replays):
         graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / (replays * calls)
+    return start.elapsed_time(end) / replays
 
 
 class Watchdog:

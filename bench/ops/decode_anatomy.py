@@ -547,7 +547,7 @@ def tile_gemm_alone(world: Any, solo: Any, name: str, M: int, limits: Any) -> di
 
 def flag_costs(world: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Every ping-pong case: checked once (the reader compares every element of every round), then timed."""
-    from common.measure import Watchdog, max_over_ranks
+    from common.measure import Watchdog, launch_ms
 
     W = world.world_size
     flags = world.symmetric("decode_anatomy.flags", (W * MAX_PROGRAMS,), torch.int64, zero=True)
@@ -567,18 +567,7 @@ def flag_costs(world: Any, args: argparse.Namespace) -> dict[str, Any]:
             wrong = pp.wrong.sum().to(torch.float64).item() if case.get("tile") else 0.0
             entry["check_rounds"], entry["wrong_elements"] = 20, int(sum_over_ranks(wrong))
             pp.launch(**dict(case, rounds=20))  # compiles the timed form (no check) before its timed launches
-            per_launch = []
-            for _ in range(args.launches):
-                torch.cuda.synchronize()
-                dist.barrier()
-                world.barrier()  # in stream order: every rank's launch starts within a round trip of the others
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                took = pp.launch(**case)
-                end.record()
-                end.synchronize()
-                per_launch.append(start.elapsed_time(end) if took else 0.0)
-            worst = max_over_ranks(per_launch)
+            worst = launch_ms(world, lambda case=case: pp.launch(**case), args.launches)
             entry["ms_per_launch"] = [round(x, 4) for x in worst]
             entry["us_per_round"] = round(statistics.median(worst) * 1e3 / case["rounds"], 3)
         if world.rank == 0:

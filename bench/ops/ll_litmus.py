@@ -139,7 +139,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from common.cuda import init_cuda_world, spin_up
-    from common.measure import Watchdog, max_over_ranks, run_header
+    from common.measure import Watchdog, launch_ms, max_over_ranks, run_header
 
     from ops.decode_anatomy import PingPong
 
@@ -200,18 +200,7 @@ def main() -> None:
                 entry["check_rounds"] = args.check_rounds
                 entry["wrong"] = int(max_over_ranks([float(count)])[0])
                 run(dict(case, rounds=20), False)
-                per_launch = []
-                for _ in range(args.launches):
-                    torch.cuda.synchronize()
-                    dist.barrier()
-                    world.barrier()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    took = run(case, False)
-                    end.record()
-                    end.synchronize()
-                    per_launch.append(start.elapsed_time(end) if took else 0.0)
-                worst = max_over_ranks(per_launch)
+                worst = launch_ms(world, lambda case=case: run(case, False), args.launches)
                 entry["us_per_round"] = round(statistics.median(worst) * 1e3 / case["rounds"], 3)
         except Exception as exc:
             torch.cuda.synchronize()

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -182,31 +180,20 @@ def test_a_launch_that_cannot_be_made_is_refused_by_name() -> None:
 # ----------------------------------------------------------------------------------------- the kernel itself
 
 
-def _child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=os.pathsep.join(p for p in (extra.pop("first", ""), str(ROOT)) if p), **extra)
-    return env
+def _sm90():
+    """tests/kernels/sm90.py: its child environment and its runner of ranks that may wait on each other."""
+    sys.path.insert(0, str(KERNEL_TESTS))
+    import sm90
 
-
-def _run(cmd: list[str], env: dict[str, str], timeout: float) -> str:
-    """Run `cmd` in a session of its own; its stdout, or a failure. On a timeout the whole session is killed (the
-    ranks it forked too): a wait that never ends fails the test instead of hanging it."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{cmd[2:]} did not finish in {timeout} s (a wait that never ends)")
-    assert proc.returncode == 0, f"{cmd[2:]} exited {proc.returncode}:\n{out}\n{err[-3000:]}"
-    return out
+    return sm90
 
 
 def test_pingpong_between_processes_in_the_interpreter(tmp_path: Path) -> None:
     for name, size in (("flags", FLAGS * 8), ("tile", TILE * 2)):
         (tmp_path / name).write_bytes(bytes(W_SHARED * size))
-    _run([sys.executable, __file__, "pingpong", str(tmp_path)], _child_env(TRITON_INTERPRET="1"), timeout=90)
+    sm90 = _sm90()
+    sm90.run_in_session([sys.executable, __file__, "pingpong", str(tmp_path)], sm90.child_env(TRITON_INTERPRET="1"),
+                        timeout=90)  # fmt: skip
     outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(W_SHARED)]
     took = [o["took"] for o in outs]
     assert took == [[True] * 5, [True] * 5, [False, False, True, False, False]]  # rank 2 only in the fan-out
@@ -272,7 +259,8 @@ def test_pingpong_compiles_for_hopper() -> None:
     first = str(GPU_TRITON) if (GPU_TRITON / "triton").is_dir() else ""
     if not first and os.environ.get("JOINTTUNE_REQUIRE_GPU_TRITON"):
         pytest.fail(f"{GPU_TRITON} has no Triton; `make test` installs the GPU image's Triton there")
-    out = _run([sys.executable, __file__, "compile"], _child_env(first=first), timeout=240)
+    sm90 = _sm90()
+    out = sm90.run_in_session([sys.executable, __file__, "compile"], sm90.child_env(first), timeout=240)
     facts = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert len(facts) == 4
     for f in facts:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +16,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from sm90 import gpu_image_triton
+from sm90 import child_env, gpu_image_triton, run_in_session
 
 from jointtune.kernels.runtime.ll import ll_pack16, ll_store, ll_tag, ll_unpack16, ll_wait
 
@@ -54,8 +52,8 @@ def test_values_survive_packing_bit_for_bit_and_words_carry_the_tag(dtype):
 def test_a_reader_waits_for_its_tag_between_processes_in_the_interpreter(tmp_path):
     """bench/ops/ll_litmus.py's ping-pong between two forked ranks: the follower polls before the leader writes, every
     value of every round arrives as sent (the follower counts the others), and each case ends."""
-    code, out = _run([sys.executable, __file__, "pingpong", str(tmp_path)], _env("1"), timeout=240)
-    assert code == 0, out
+    run_in_session([sys.executable, __file__, "pingpong", str(tmp_path)],
+                   child_env(str(ROOT / "bench"), TRITON_INTERPRET="1"), timeout=240)  # fmt: skip
     outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert outs[0]["took"] == outs[1]["took"] == [True, True, True]
     assert outs[1]["wrong"] == [0, 0, 0]
@@ -71,8 +69,7 @@ def test_the_ll_form_of_gemm_ar_compiles_to_strong_stores_with_no_fence():
     flags have their fence and no such store (the control).
     That the reader's volatile polls see the words is checked where they run: between processes above, on GPUs by
     bench/ops/ll_litmus.py and gemm_ar_check.py."""
-    code, out = _run([sys.executable, __file__, "compile"], _env("", str(gpu_image_triton())), timeout=500)
-    assert code == 0, out
+    out = run_in_session([sys.executable, __file__, "compile"], child_env(str(gpu_image_triton())), timeout=500)
     facts = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert len(facts) == 10
     for f in facts:
@@ -81,28 +78,6 @@ def test_the_ll_form_of_gemm_ar_compiles_to_strong_stores_with_no_fence():
         else:
             assert f["strong_word_stores"] == 0 and f["sys_fences"] > 0, f
     assert "triton 3.6" in out
-
-
-def _run(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
-    """(exit code, output) of `cmd` in a session of its own: on a timeout the whole session is killed, the rank it
-    forked too (a wait that never ends fails the test instead of leaving a spinning process behind)."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{cmd[2:]} did not finish in {timeout} s (a wait that never ends):\n{out[-3000:]}")
-    return proc.returncode, out
-
-
-def _env(interpret: str, first: str = "") -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    if interpret:
-        env["TRITON_INTERPRET"] = interpret
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (first, str(ROOT), str(ROOT / "bench")) if p)
-    return env
 
 
 def _pingpong(folder: Path) -> None:

@@ -183,8 +183,8 @@ def gemm_ar_kernel(
                                       WORLD, WORLD_P2, WAIT_C, GROUP_M, TILES_PER_FLAG)  # fmt: skip
                     reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w_ptr, out_ptr,
                                 hout_ptr, gat_ptr, gat_deltas_ptr, parity * ghalf_stride, rms_ptr, rms_deltas_ptr,
-                                parity * rhalf_stride, flag_ptrs_ptr, rank * flag_stride + n_chunks + i, epoch, rank,
-                                WORLD, RED_N, RESIDUAL, TWO_SHOT, PUSH, LL)  # fmt: skip
+                                parity * rhalf_stride, flag_ptrs_ptr, rank * flag_stride + n_chunks + i, epoch, tag,
+                                rank, WORLD, RED_N, RESIDUAL, TWO_SHOT, PUSH, LL)  # fmt: skip
             else:  # an item is [RED_M, RED_N] inside one row tile
                 kr_lo = row_lo // RED_M
                 row_blocks = tl.where(row_hi > row_lo, (row_hi - 1) // RED_M - kr_lo + 1, 0)

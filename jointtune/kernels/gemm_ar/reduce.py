@@ -61,7 +61,7 @@ def reduce_block(kr, kc, M, N, row_lo, row_hi, recv_ptr, recv_deltas_ptr, half, 
 
 @triton.jit
 def reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w_ptr, out_ptr, hout_ptr, gat_ptr,
-                gat_deltas_ptr, ghalf, rms_ptr, rms_deltas_ptr, rhalf, flag_ptrs_ptr, flag_index, epoch, rank,
+                gat_deltas_ptr, ghalf, rms_ptr, rms_deltas_ptr, rhalf, flag_ptrs_ptr, flag_index, epoch, tag, rank,
                 WORLD: tl.constexpr, RED_N: tl.constexpr, RESIDUAL: tl.constexpr, TWO_SHOT: tl.constexpr,
                 PUSH: tl.constexpr, LL: tl.constexpr):  # fmt: skip
     # One whole row with the RMSNorm epilogue: pass 1 sums every source (+ residual) into h, stored rounded (the new
@@ -70,7 +70,6 @@ def reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w
     # sources' words of the row, each read once it carries the call's tag (`reduce_block`).
     row = m.to(tl.int64) * N
     row_words = (N + 1) // 2
-    tag = epoch.to(tl.int64) & 0xFFFFFFFF  # `ll.ll_tag`, written out (a helper call costs the interpreter)
     sq = tl.zeros((RED_N,), dtype=tl.float32)
     for c0 in range(0, N, RED_N):
         cols = c0 + tl.arange(0, RED_N)
