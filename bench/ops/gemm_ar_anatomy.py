@@ -12,9 +12,12 @@ Per M (default 8, 64, 128), N=8192 and K per rank 2048 (K global = W x 2048), ea
 of three timings of a graph of 4 calls replayed 20 times (`common.measure.graph_ms`):
 - `cublas_alone`: this rank's partial, torch.mm;
 - `allreduce_alone:<variant>`: each all-reduce variant the device runs, on a ready [M, N] partial;
-- `baseline:<variant>`: `gemm_ar` in its baseline mode (cuBLAS, then that all-reduce);
+- `user:<variant>`: the user's own unfused code with that all-reduce (`ops.user_paths.MmAllReduceNorm`: cuBLAS into
+  the all-reduce's buffer, the sum in place, no copy into an output);
+- `baseline:<variant>`: `gemm_ar` in its baseline mode (cuBLAS, then that all-reduce, then a copy into the output);
 - `ours:<name>`: `gemm_ar` in fused configs: cuBLAS then our exchange launch (one-shot / two-shot, push / pull, a few
-  comm program counts) and the one-launch tile-GEMM form (split-K 4, as the space's seeds, and none); with
+  comm program counts; one-shot LL words) and the one-launch tile-GEMM form (split-K 4, as the space's seeds, and none;
+  one-shot pushed and as LL words, two-shot pushed); with
   `exchange_us` = the cuBLAS form's time minus `cublas_alone`, the exchange launch's share (it is not reachable alone
   through the public API).
 Every `gemm_ar` config is checked first: its output against the float32 reference and the same bits on every rank.
@@ -37,13 +40,14 @@ from common import checkout  # first: it picks the checkout whose jointtune is r
 import torch
 import torch.distributed as dist
 from common.cuda import device_label, init_cuda_world, spin_up
-from common.measure import graph_ms
+from common.measure import graph_ms, run_header
 
 from jointtune import gemm_ar
 from jointtune.errors import SpaceError
 from jointtune.hardware import current_limits
 from jointtune.kernels.gemm_ar import reference
 from jointtune.search_spaces import get_space
+from ops.user_paths import MmAllReduceNorm
 
 N, K_R = 8192, 2048
 CALLS, REPLAYS, ROUNDS = 4, 20, 3
@@ -62,13 +66,19 @@ def fused_configs(M: int) -> dict[str, dict[str, Any]]:
                                                     tiles_per_flag=1, comm_sms=comm)  # fmt: skip
     out["one_shot_cublas_pull_c64"] = dict(mode="one_shot", gemm="cublas", transport="pull", tiles_per_flag=1,
                                            comm_sms=64)  # fmt: skip
+    out["one_shot_cublas_ll_c64"] = dict(mode="one_shot", gemm="cublas", transport="ll", comm_sms=64)
     for comm in (64, 128):
         out[f"two_shot_cublas_push_c{comm}"] = dict(mode="two_shot", gemm="cublas", transport="push",
                                                     tiles_per_flag=1, comm_sms=comm)  # fmt: skip
+    out["two_shot_cublas_pull_c64"] = dict(mode="two_shot", gemm="cublas", transport="pull", tiles_per_flag=1,
+                                           comm_sms=64)  # fmt: skip
     out["one_shot_triton_push_split4"] = dict(mode="one_shot", gemm="triton", transport="push", tiles_per_flag=1,
                                               comm_sms=0, **tile)  # fmt: skip
     # no split-K: 128 column tiles of 64, each program streams its whole K_r (no workspace merge)
     out["one_shot_triton_push_split1"] = dict(out["one_shot_triton_push_split4"], SPLIT_K=1)
+    one_split1 = {k: v for k, v in out["one_shot_triton_push_split1"].items() if k != "tiles_per_flag"}
+    out["one_shot_triton_ll_split1"] = dict(one_split1, transport="ll")
+    out["two_shot_triton_push_split1"] = dict(out["one_shot_triton_push_split1"], mode="two_shot")
     return out
 
 
@@ -127,6 +137,12 @@ def anatomy(world: Any, M: int, collectives: tuple[str, ...], space: Any, limits
         full = world.collective_empty((M, N), torch.bfloat16, v)
         full[0].copy_(s.part)
         row[f"allreduce_alone:{v}"] = graph_us(world, lambda full=full, v=v: world.all_reduce(full, collective=v))
+        # the user's own unfused code: cuBLAS into the all-reduce's buffer, the sum in place, no copy out; checked
+        # against the reference first, as every config is
+        user = MmAllReduceNorm(world, [s.a], [s.b], v)
+        got = user()[0].float()
+        err = _max([((got - s.want).norm() / s.want.norm()).nan_to_num(float("inf")).item()])[0]
+        row[f"user:{v}"] = {"error": err, **({"us": graph_us(world, user)} if err <= TOL else {})}
     configs = {f"baseline:{v}": dict(mode="baseline", collective=v) for v in VARIANTS if v in collectives}
     configs.update({f"ours:{k}": c for k, c in fused_configs(M).items()})
     for name, config in configs.items():
@@ -149,10 +165,14 @@ def anatomy(world: Any, M: int, collectives: tuple[str, ...], space: Any, limits
     timed = {k: v["us"] for k, v in row.items() if isinstance(v, dict) and "us" in v}
     base = {k: t for k, t in timed.items() if k.startswith("baseline:")}
     ours = {k: t for k, t in timed.items() if k.startswith("ours:")}
+    users = {k: t for k, t in timed.items() if k.startswith("user:")}
     if base and ours:
         b, o = min(base, key=base.__getitem__), min(ours, key=ours.__getitem__)
         row["best"] = {"baseline": b, "baseline_us": base[b], "ours": o, "ours_us": ours[o],
                        "speedup": round(base[b] / ours[o], 3)}  # fmt: skip
+        if users:
+            u = min(users, key=users.__getitem__)
+            row["best"].update(user=u, user_us=users[u], speedup_vs_user=round(users[u] / ours[o], 3))
     return row
 
 
@@ -173,8 +193,10 @@ def main() -> None:
         rows.append(row)
         if world.rank == 0:
             print(json.dumps(row.get("best", {"M": M})), flush=True)
+    header = run_header(world, "bench/ops/gemm_ar_anatomy.py")
     result = {"device": device_label(world.world_size), "world_size": world.world_size, "tree": str(checkout.TREE),
-              "torch": torch.__version__, "method": {"calls_per_graph": CALLS, "replays": REPLAYS, "rounds": ROUNDS},
+              "torch": torch.__version__, **{k: header[k] for k in ("versions", "date", "command")},
+              "method": {"calls_per_graph": CALLS, "replays": REPLAYS, "rounds": ROUNDS},
               "seconds": round(time.time() - started, 1), "rows": rows}  # fmt: skip
     if world.rank == 0:
         Path(args.out).write_text(json.dumps(result, indent=1))

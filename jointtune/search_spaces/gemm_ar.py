@@ -28,6 +28,7 @@ knob (the `gemm_ar_rmsnorm` kernel tunes the same space under its own records).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import zip_longest
 
 from jointtune.search_spaces._collectives import ALL_REDUCE, collective_param
 from jointtune.search_spaces._family import family_space
@@ -49,6 +50,8 @@ COPY_N = 256
 #: rows up to which the seeds lead with LL words (bench/README.md, "Flags carried in the data": LL won at 1-32 rows of
 #: every measured shape, lost at 64 and 128)
 LL_SEED_ROWS = 32
+#: rows from which, at W >= 4, the seeds alternate one-shot and two-shot (`_seeds`)
+TWO_SHOT_SEED_ROWS = 32
 #: one-shot's inbox holds every rank's whole partial (W * M * N elements per half): past this many rows its bytes, and
 #: its memory, grow W-fold for nothing two-shot or the baseline don't do better
 ONE_SHOT_MAX_ROWS = 2048
@@ -137,7 +140,12 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     tile over every row (the weight is read once; split-K only where the column tiles leave SMs idle: `row_tile`),
     one-shot first, led up to LL_SEED_ROWS rows by the tile GEMM pushing LL words (the handoff is latency there, not
     bytes: LL won every measured shape at 1-32 rows and lost at 64-128); from 256 rows 128 x 128 tiles grouped for L2
-    reuse of the weight, two-shot first (half the bytes of one-shot)."""
+    reuse of the weight, two-shot first (half the bytes of one-shot).
+
+    From TWO_SHOT_SEED_ROWS rows at W >= 4, where two-shot moves 2/W of one-shot's bytes, the two exchanges alternate,
+    two-shot's cuBLAS form first: at W=4 each won there in one form (one-shot the plain sum, two-shot the RMSNorm form;
+    bench/README.md, "GEMM + all-reduce at four GPUs"), and a short study (the baseline's variants, then a few seeds)
+    would otherwise time no two-shot at all."""
     if ctx["W"] == 1:
         return []
     if ctx["M"] <= 128:
@@ -147,17 +155,19 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
         modes = ("two_shot", "one_shot")
         tile = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=group, num_warps=8, num_stages=4, SPLIT_K=1)
     comm = 1 << (max(1, ctx["num_sms"] // 2).bit_length() - 1)
-    out: list[dict[str, Value]] = []
+    alternate = ctx["W"] >= 4 and TWO_SHOT_SEED_ROWS <= ctx["M"] <= 128
+    by_mode: list[list[dict[str, Value]]] = []
     for mode in modes:
         fused = {"mode": mode, "tiles_per_flag": 1}
-        if mode == "one_shot" and ctx["M"] <= LL_SEED_ROWS:
-            out.append({"mode": mode, "gemm": "triton", "transport": "ll", "comm_sms": 0, **tile})
-        out += [
-            {**fused, "gemm": "triton", "transport": "push", "comm_sms": 0, **tile},
-            {**fused, "gemm": "cublas", "transport": "push", "comm_sms": comm},
-            {**fused, "gemm": "triton", "transport": "pull", "comm_sms": 0, **tile},
-        ]
-    return out
+        triton_push = {**fused, "gemm": "triton", "transport": "push", "comm_sms": 0, **tile}
+        cublas_push = {**fused, "gemm": "cublas", "transport": "push", "comm_sms": comm}
+        first = [cublas_push, triton_push] if alternate and mode == "two_shot" else [triton_push, cublas_push]
+        ll = [{"mode": mode, "gemm": "triton", "transport": "ll", "comm_sms": 0, **tile}]
+        lead = ll if mode == "one_shot" and ctx["M"] <= LL_SEED_ROWS else []
+        by_mode.append([*lead, *first, {**fused, "gemm": "triton", "transport": "pull", "comm_sms": 0, **tile}])
+    if not alternate:
+        return [seed for seeds in by_mode for seed in seeds]
+    return [seed for pair in zip_longest(*by_mode) for seed in pair if seed is not None]
 
 
 def _starts(ctx: Context) -> list[dict[str, Value]]:

@@ -77,12 +77,11 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
         return []
     if ctx["M"] <= 128:
         tile = row_tile(ctx["M"], ctx, cols="N", depth="K_r")
-        # LL words second: not yet run in this family on a GPU (gemm_ar's one-shot gains 1.2-2.9 µs with them at
-        # 1-32 rows; bench/README.md, "Flags carried in the data"), so its first trials time both handoffs, the
-        # flagged one first
+        # LL words first: they beat the flagged push at 64-128 rows of every measured shape at W=4 (by 1.2-6.1 µs)
+        # and tied or won at W=2 (bench/README.md, "GEMM + all-reduce at four GPUs"); the flagged push stays second
         return [
-            {"mode": "push", "reduce_by": "tile", "handoff": "flag", **tile},
             {"mode": "push", "reduce_by": "tile", "handoff": "ll", **tile},
+            {"mode": "push", "reduce_by": "tile", "handoff": "flag", **tile},
             {"mode": "pull", "reduce_by": "tile", **tile},
         ]
     return [{"mode": mode, "reduce_by": "epilogue", "chunk_m": 256, **BIG_TILE} for mode in ("pull", "push")]

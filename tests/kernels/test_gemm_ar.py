@@ -404,6 +404,22 @@ def test_space_defaults_seeds_and_rules():
         # LL words lead where the handoff is latency (up to 32 rows), one-shot only; none where bytes dominate
         assert [s["transport"] == "ll" for s in seeds[:1]] == ([] if W == 1 else [shape["M"] <= 32])
         assert all(s["mode"] == "one_shot" for s in seeds if s.get("transport") == "ll")
+
+    # from 32 rows at W >= 4 (two-shot moves 2/W of one-shot's bytes) the exchanges alternate, two-shot's cuBLAS form
+    # first; at W=2, or fewer rows, every one-shot seed comes first
+    def modes(M: int, W: int) -> list[tuple[str, str, str]]:
+        problem = Problem.of({"M": M, "N": 8192, "K": 8190 if W == 3 else 8192}, dtype="bfloat16", world_size=W)
+        return [(s["mode"], s["gemm"], s["transport"]) for s in space.seeds(problem, limits)]
+
+    assert modes(32, 4) == [("one_shot", "triton", "ll"), ("two_shot", "cublas", "push"),
+                            ("one_shot", "triton", "push"), ("two_shot", "triton", "push"),
+                            ("one_shot", "cublas", "push"), ("two_shot", "triton", "pull"),
+                            ("one_shot", "triton", "pull")]  # fmt: skip
+    assert [m for m, _, _ in modes(64, 8)] == ["one_shot", "two_shot"] * 3
+    assert [m for m, _, _ in modes(128, 4)][:2] == ["one_shot", "two_shot"]
+    for M, W in ((8, 4), (64, 2), (128, 3)):
+        assert [m for m, _, _ in modes(M, W)] == sorted(m for m, _, _ in modes(M, W)), (M, W)  # one-shot first
+    assert modes(256, 4)[0][0] == "two_shot"
     # split-K only where the column tiles leave three quarters of the SMs idle: none at N=8192 (128 tiles of 64) or
     # 4096 (64 tiles), 4 at N=2048
     for N, split in ((8192, 1), (5120, 1), (4096, 1), (2048, 4)):

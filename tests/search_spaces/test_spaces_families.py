@@ -586,8 +586,8 @@ def test_seeds_are_valid_configs_of_their_regime_and_leave_the_version_alone() -
     decode = rs.make_problem("64x8192x8192", dtype="bf16", world_size=2)
     prefill = rs.make_problem("8192x4096x12288", dtype="bf16", world_size=2)
     assert [(s["mode"], s["reduce_by"], s.get("handoff"), s["BLOCK_M"]) for s in rs.seeds(decode, HOPPER)] == [
-        ("push", "tile", "flag", 64),
         ("push", "tile", "ll", 64),
+        ("push", "tile", "flag", 64),
         ("pull", "tile", None, 64),
     ]
     assert [(s["mode"], s["reduce_by"]) for s in rs.seeds(prefill, HOPPER)] == [
