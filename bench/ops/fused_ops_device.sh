@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 tune smoke archeck aranat ar4 arn4 ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
+#   flashlong2 tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -151,6 +151,17 @@ for phase in "$@"; do
       CUDA_VISIBLE_DEVICES=0 timeout 100 python3 bench/ops/rms_norm_anchor.py --out "$WORK/rms_norm_anchor.json" \
         > "$WORK/rms_norm_anchor.log" 2>&1
       echo "exit $? after: rms_norm_anchor"; cat "$WORK/rms_norm_anchor.log"; pack ;;
+    ar4ll)  # one call's worth (about 9 minutes on 4x H100) for two-shot's LL words at W=4: gemm_ar_check first (two
+      # two-shot LL configs among the fused ones), then both forms at Llama-3-70B's o_proj shapes (--per-mode 3 takes
+      # two-shot's first three seeds: its LL words among them), then the anatomy (two two-shot LL configs)
+      CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 150 torchrun --nproc-per-node=4 --master-port=29534 bench/ops/gemm_ar_check.py \
+        --shapes 32x8192x2048 --out "$WORK/gemm_ar_check_w4.json" > "$WORK/gemm_ar_check_w4.log" 2>&1
+      echo "exit $? after: gemm_ar_check w4"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w4.log" | head -20; pack
+      fo 170 4 gemm_ar_rmsnorm "$(ar_shapes 8192 2048 4)" gemm_ar_rmsnorm_w4_o.json --per-mode 3 --stress 100
+      fo 150 4 gemm_ar "$(ar_shapes 8192 2048 4)" gemm_ar_w4_o.json --per-mode 3 --stress 0
+      timeout 90 torchrun --nproc-per-node=4 --master-port=29541 bench/ops/gemm_ar_anatomy.py \
+        --out "$WORK/gemm_ar_anatomy_after.json" > "$WORK/gemm_ar_anatomy_after.log" 2>&1
+      echo "exit $? after: gemm_ar_anatomy"; grep -E '^\{|^wrote' "$WORK/gemm_ar_anatomy_after.log"; pack ;;
     fence4) fence_trees 4 0,1,2,3 29561 ;;
     fence2) fence_trees 2 0,1 29562 ;;
     *) echo "unknown phase $phase"; exit 2 ;;

@@ -15,9 +15,10 @@ sum_r P_r, the same bits on every rank. Dims M, N, K are global; K_r = K / W (M 
             kernels or torch's symmetric-memory one-shot / two-shot, whichever the size favours.
 In the fused modes `gemm` picks who computes the partial: our tile GEMM in the same launch as the exchange (one launch
 per call), or cuBLAS followed by one launch that copies its tiles out and exchanges them (two launches). `transport`
-is push, pull, or `ll` (one-shot only): pushed 64-bit words that carry the call's tag beside two values, so a reader
-polls the data itself and nothing is fenced or flagged (`kernels.runtime.ll`): one NVLink latency per handoff instead
-of a fence and a flag (1.8 against 5.3 µs a round trip on H100s), for twice the bytes; `tiles_per_flag` is the flag
+is push, pull, or `ll`: pushed 64-bit words that carry the call's tag beside two values, so a reader polls the data
+itself and nothing is fenced or flagged (`kernels.runtime.ll`): one NVLink latency per handoff instead of a fence and
+a flag (1.8 against 5.3 µs a round trip on H100s), for twice the bytes (two-shot's two handoffs both: the tiles to
+their owners, the reduced rows to every rank, with a row's 1/rms as one word); `tiles_per_flag` is the flag
 granularity of push and pull (consecutive tiles of the partial per flag); `comm_sms` the
 programs given to the exchange: beside the tile GEMM, programs that only sum (0: the GEMM programs sum after their
 last tile); after cuBLAS, the programs of the exchange launch. Tiles are ag_gemm's; `SPLIT_K` splits the local k loop
@@ -55,6 +56,9 @@ TWO_SHOT_SEED_ROWS = 32
 #: one-shot's inbox holds every rank's whole partial (W * M * N elements per half): past this many rows its bytes, and
 #: its memory, grow W-fold for nothing two-shot or the baseline don't do better
 ONE_SHOT_MAX_ROWS = 2048
+#: LL words carry two values in 8 bytes, so their inboxes and bytes double: past this many rows (where flags won every
+#: measured shape from 64) they only cost memory (8 M N bytes a rank for two-shot's gathered rows alone)
+LL_MAX_ROWS = 1024
 
 
 def copy_tile(M: int, N: int) -> tuple[int, int]:
@@ -119,12 +123,12 @@ def _one_shot_rows(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     )
 
 
-def _ll_one_shot(cfg: Mapping[str, Value], ctx: Context) -> str | None:
-    if cfg["transport"] != "ll" or cfg["mode"] == "one_shot":
+def _ll_rows(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    if cfg["transport"] != "ll" or ctx["M"] <= LL_MAX_ROWS:
         return None
     return (
-        f'transport: "ll" is not allowed with mode={cfg["mode"]!r}; allowed: mode="one_shot" (its words carry their '
-        'flag; two-shot hands rows on with flags: "push" or "pull")'
+        f'transport: "ll" is not allowed for M={ctx["M"]} rows; allowed: M <= {LL_MAX_ROWS} (its words carry two '
+        'values in 8 bytes); "push" or "pull" above'
     )
 
 
@@ -145,7 +149,7 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     From TWO_SHOT_SEED_ROWS rows at W >= 4, where two-shot moves 2/W of one-shot's bytes, the two exchanges alternate,
     two-shot's cuBLAS form first: at W=4 each won there in one form (one-shot the plain sum, two-shot the RMSNorm form;
     bench/README.md, "GEMM + all-reduce at four GPUs"), and a short study (the baseline's variants, then a few seeds)
-    would otherwise time no two-shot at all."""
+    would otherwise time no two-shot at all. Up to 128 rows two-shot's LL words follow its first seed, in its GEMM."""
     if ctx["W"] == 1:
         return []
     if ctx["M"] <= 128:
@@ -162,9 +166,15 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
         triton_push = {**fused, "gemm": "triton", "transport": "push", "comm_sms": 0, **tile}
         cublas_push = {**fused, "gemm": "cublas", "transport": "push", "comm_sms": comm}
         first = [cublas_push, triton_push] if alternate and mode == "two_shot" else [triton_push, cublas_push]
-        ll = [{"mode": mode, "gemm": "triton", "transport": "ll", "comm_sms": 0, **tile}]
-        lead = ll if mode == "one_shot" and ctx["M"] <= LL_SEED_ROWS else []
-        by_mode.append([*lead, *first, {**fused, "gemm": "triton", "transport": "pull", "comm_sms": 0, **tile}])
+        if mode == "one_shot":
+            ll = {"mode": mode, "gemm": "triton", "transport": "ll", "comm_sms": 0, **tile}
+            seeds = [ll, *first] if ctx["M"] <= LL_SEED_ROWS else first
+        else:  # two-shot's LL words after its first seed, in the same GEMM (not yet measured on a GPU)
+            ll = {"mode": mode, "gemm": first[0]["gemm"], "transport": "ll", "comm_sms": first[0]["comm_sms"]}
+            if first[0]["gemm"] == "triton":
+                ll.update(tile)
+            seeds = [first[0], ll, *first[1:]] if ctx["M"] <= 128 else first
+        by_mode.append([*seeds, {**fused, "gemm": "triton", "transport": "pull", "comm_sms": 0, **tile}])
     if not alternate:
         return [seed for seeds in by_mode for seed in seeds]
     return [seed for pair in zip_longest(*by_mode) for seed in pair if seed is not None]
@@ -184,7 +194,7 @@ GEMM_AR = family_space(
     "gemm_ar",
     dims=("M", "N", "K"),
     example=(64, 8192, 8192),
-    revision=2,  # 2: transport "ll" (one-shot), tiles_per_flag only with flags
+    revision=3,  # 2: transport "ll" (one-shot), tiles_per_flag only with flags; 3: "ll" in two-shot too
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         categorical(
@@ -201,7 +211,7 @@ GEMM_AR = family_space(
             "transport",
             TRANSPORTS,
             when=_FUSED,
-            doc="partials written into peers, read from them, or pushed as words that carry their flag (one-shot)",
+            doc="partials written into peers, read from them, or pushed as words that carry their flag",
         ),
         *tile_params(_TILES),
         choice("tiles_per_flag", TILES_PER_FLAG, when=_FLAGGED, doc="consecutive tiles of the partial per flag"),
@@ -233,7 +243,7 @@ GEMM_AR = family_space(
             _comm_sms,
         ),
         Constraint("one_shot_rows", ("mode",), f"mode != one_shot or M <= {ONE_SHOT_MAX_ROWS}", _one_shot_rows),
-        Constraint("ll_one_shot", ("transport", "mode"), "transport != ll or mode == one_shot", _ll_one_shot),
+        Constraint("ll_rows", ("transport",), f"transport != ll or M <= {LL_MAX_ROWS}", _ll_rows),
     ],
     derive=_derive,
     check_problem=_check_problem,

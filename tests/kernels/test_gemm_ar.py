@@ -11,7 +11,17 @@ from capture import capture
 
 from jointtune.errors import ShapeError, SpaceError
 from jointtune.kernels import get_family
-from jointtune.kernels.gemm_ar import config_json, gemm_ar, gemm_ar_rmsnorm, plans, prepare, reference, row_parallel
+from jointtune.kernels.gemm_ar import (
+    config_json,
+    gemm_ar,
+    gemm_ar_rmsnorm,
+    plans,
+    prepare,
+    reference,
+    row_parallel,
+    standin_launches,
+)
+from jointtune.kernels.gemm_ar.args import ArShape, GemmArConfig
 from jointtune.kernels.gemm_rs import gemm_rs
 from jointtune.kernels.runtime.world import LocalWorld
 from jointtune.search_spaces import DeviceLimits, Problem, get_space
@@ -37,6 +47,9 @@ CONFIGS = {
     "one_shot_ll": dict(mode="one_shot", gemm="triton", transport="ll", comm_sms=0, **TILES),
     "one_shot_ll_split_k": dict(mode="one_shot", gemm="triton", transport="ll", comm_sms=4, **dict(TILES, SPLIT_K=2)),
     "one_shot_cublas_ll": dict(mode="one_shot", gemm="cublas", transport="ll", comm_sms=4),
+    # two-shot with words both ways (the tiles to their owners, the reduced rows and 1/rms to every rank)
+    "two_shot_ll": dict(mode="two_shot", gemm="triton", transport="ll", comm_sms=0, **TILES),
+    "two_shot_cublas_ll": dict(mode="two_shot", gemm="cublas", transport="ll", comm_sms=4),
 }
 LL = {name for name, c in CONFIGS.items() if c.get("transport") == "ll"}
 FLAGGED = set(CONFIGS) - {"baseline"} - LL
@@ -49,6 +62,8 @@ SHAPES = {
     "two_shot_push_grouped": (50, 40, 24),
     "one_shot_ll_split_k": (21, 41, 130),
     "one_shot_ll": (21, 41, 40),
+    "two_shot_ll": (21, 41, 40),
+    "two_shot_cublas_ll": (23, 41, 24),
 }  # LL: an odd N (the last word of a row holds one value)
 TOL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
 EPS = 1e-5
@@ -115,14 +130,17 @@ def _flag_high(world):
 def _ll_high(world):
     """The newest tag LL words carry (their high 32 bits): a replay that wrote last call's tag again would not move
     it."""
-    return max((int((t >> 32).max()) for (n, _), buf in world._buffers.items() if n == "gemm_ar.ll_inbox"
-                for t in buf.tensors), default=0)  # fmt: skip
+    return max((int((t >> 32).max()) for (n, _), buf in world._buffers.items()
+                if n in ("gemm_ar.ll_inbox", "gemm_ar.ll_gather") for t in buf.tensors), default=0)  # fmt: skip
 
 
 #: every config at W = 3; one-shot, two-shot and the baseline (with each GEMM and transport) at W = 2 and 4
 CASES = (
     [(name, 3) for name in CONFIGS]
-    + [(name, 2) for name in ("baseline", "one_shot_push", "two_shot_pull", "one_shot_cublas_pull", "one_shot_ll")]
+    + [
+        (name, 2)
+        for name in ("baseline", "one_shot_push", "two_shot_pull", "one_shot_cublas_pull", "one_shot_ll", "two_shot_ll")
+    ]
     + [
         (name, 4)
         for name in (
@@ -132,6 +150,8 @@ CASES = (
             "two_shot_cublas_push",
             "one_shot_ll_split_k",
             "one_shot_cublas_ll",
+            "two_shot_ll",
+            "two_shot_cublas_ll",
         )
     ]
 )
@@ -150,7 +170,9 @@ def test_every_mode_matches_the_reference_on_ragged_shapes(name, W):
     call.check(norm=True)
 
 
-@pytest.mark.parametrize("name", ["one_shot_push", "two_shot_pull", "two_shot_cublas_push", "baseline", "one_shot_ll"])
+@pytest.mark.parametrize(
+    "name", ["one_shot_push", "two_shot_pull", "two_shot_cublas_push", "baseline", "one_shot_ll", "two_shot_cublas_ll"]
+)
 def test_residual_without_norm_and_the_residual_updated_in_place(name):
     world = LocalWorld(world_size=3)
     call = Call(world, *_shape(name), seed=5)
@@ -172,7 +194,7 @@ def test_fused_modes_of_one_tile_config_give_the_same_bits():
     for form in ("plain", "norm"):
         seen = []
         for mode, transport in (("one_shot", "push"), ("one_shot", "pull"), ("one_shot", "ll"), ("two_shot", "push"),
-                                ("two_shot", "pull")):  # fmt: skip
+                                ("two_shot", "pull"), ("two_shot", "ll")):  # fmt: skip
             config = dict(CONFIGS["one_shot_push"], mode=mode, transport=transport)
             if transport == "ll":
                 del config["tiles_per_flag"]
@@ -186,7 +208,7 @@ def test_fewer_rows_than_ranks(M, W):
     # two-shot: the last ranks own no rows, they only send and copy
     world = LocalWorld(world_size=W)
     call = Call(world, M, 40, 24, seed=M)
-    for name in ("two_shot_pull", "two_shot_cublas_push", "one_shot_push", "one_shot_ll"):
+    for name in ("two_shot_pull", "two_shot_cublas_push", "one_shot_push", "one_shot_ll", "two_shot_ll"):
         config = CONFIGS[name]
         call.fresh()
         call.norm(config)
@@ -226,7 +248,7 @@ def test_copied_tiles_flagged_together_once_their_program_sent_them_all(mode, tr
 #: other configs)
 REPLAYS = [("baseline", 4, True), ("one_shot_pull_split_k", 3, False), ("two_shot_push_grouped", 4, False),
            ("two_shot_pull", 3, True), ("two_shot_cublas_push", 2, True), ("one_shot_ll", 3, True),
-           ("one_shot_cublas_ll", 2, False)]  # fmt: skip
+           ("one_shot_cublas_ll", 2, False), ("two_shot_ll", 4, True), ("two_shot_cublas_ll", 3, False)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "W", "norm"), REPLAYS)
@@ -259,10 +281,10 @@ def test_prepared_calls_and_replays_interleave_with_eager_calls_of_other_modes_a
     prepared = {
         name: prepare(call.a, call.b, world=world, config=CONFIGS[name], residual=call.res, norm_weight=call.weight,
                       eps=EPS, out=call.out, h_out=call.h)
-        for name in ("two_shot_pull", "one_shot_cublas_pull", "one_shot_ll")
+        for name in ("two_shot_pull", "one_shot_cublas_pull", "one_shot_ll", "two_shot_ll")
     }  # fmt: skip
     graphs = {}
-    for name in ("one_shot_push", "two_shot_cublas_push", "one_shot_cublas_ll"):
+    for name in ("one_shot_push", "two_shot_cublas_push", "one_shot_cublas_ll", "two_shot_cublas_ll"):
         call.plain(CONFIGS[name])
         with capture() as graph:
             call.plain(CONFIGS[name])
@@ -313,10 +335,26 @@ def test_ll_rows_normed_in_more_than_one_step_with_an_odd_width():
     call.check(residual=True)
 
 
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("name", ["one_shot_push", "two_shot_pull", "one_shot_ll", "two_shot_ll", "two_shot_cublas_ll"])
+def test_the_precompile_specialises_on_the_pointer_types_the_plan_passes(name, norm):
+    # the tuner's precompile (`standin_launches`) builds the kernel a call launches only if every pointer has the
+    # call's type: Triton compiles anew per pointer type
+    world, (M, N, K_r) = LocalWorld(world_size=2), _shape(name)
+    cfg = GemmArConfig.of(CONFIGS[name])
+    plan = plans.build_plan(world, ArShape(2, M, K_r, N, torch.bfloat16, (N, 1), norm, norm), cfg, EPS)
+    launch = plan.phases[0][0]
+    planned = dict(zip(launch.kernel.arg_names, launch._argv))
+    ((_, named, _),) = standin_launches(cfg, M=M, N=N, K=2 * K_r, world_size=2, dtype=torch.bfloat16,
+                                        device=torch.device("cpu"), norm=norm)  # fmt: skip
+    pointers = {arg: value.dtype for arg, value in named.items() if isinstance(value, torch.Tensor)}
+    assert pointers == {arg: planned[arg].dtype for arg in pointers}
+
+
 def test_float16():
     world = LocalWorld(world_size=2)
     call = Call(world, 21, 48, 40, seed=7, dtype=torch.float16)
-    for name in ("two_shot_pull", "one_shot_cublas_pull", "one_shot_ll"):
+    for name in ("two_shot_pull", "one_shot_cublas_pull", "one_shot_ll", "two_shot_ll"):
         call.fresh()
         call.norm(CONFIGS[name])
         call.check(norm=True)
@@ -399,11 +437,12 @@ def test_space_defaults_seeds_and_rules():
         problem = Problem.of(shape, dtype="bfloat16", world_size=W)
         assert space.default(problem, limits) == {"mode": "baseline", "collective": "nccl"}
         seeds = space.seeds(problem, limits)
-        assert len(seeds) == (0 if W == 1 else 7 if shape["M"] <= 32 else 6), shape  # every seed valid here
+        # one-shot's LL up to 32 rows, two-shot's up to 128; every seed valid here
+        assert len(seeds) == (0 if W == 1 else 8 if shape["M"] <= 32 else 7 if shape["M"] <= 128 else 6), shape
         assert [s["mode"] for s in seeds[:1]] == ([] if W == 1 else ["one_shot" if shape["M"] <= 128 else "two_shot"])
-        # LL words lead where the handoff is latency (up to 32 rows), one-shot only; none where bytes dominate
+        # LL words lead where the handoff is latency (up to 32 rows); none where bytes dominate (from 256 rows)
         assert [s["transport"] == "ll" for s in seeds[:1]] == ([] if W == 1 else [shape["M"] <= 32])
-        assert all(s["mode"] == "one_shot" for s in seeds if s.get("transport") == "ll")
+        assert all(shape["M"] <= 128 for s in seeds if s.get("transport") == "ll")
 
     # from 32 rows at W >= 4 (two-shot moves 2/W of one-shot's bytes) the exchanges alternate, two-shot's cuBLAS form
     # first; at W=2, or fewer rows, every one-shot seed comes first
@@ -412,10 +451,11 @@ def test_space_defaults_seeds_and_rules():
         return [(s["mode"], s["gemm"], s["transport"]) for s in space.seeds(problem, limits)]
 
     assert modes(32, 4) == [("one_shot", "triton", "ll"), ("two_shot", "cublas", "push"),
-                            ("one_shot", "triton", "push"), ("two_shot", "triton", "push"),
-                            ("one_shot", "cublas", "push"), ("two_shot", "triton", "pull"),
-                            ("one_shot", "triton", "pull")]  # fmt: skip
-    assert [m for m, _, _ in modes(64, 8)] == ["one_shot", "two_shot"] * 3
+                            ("one_shot", "triton", "push"), ("two_shot", "cublas", "ll"),
+                            ("one_shot", "cublas", "push"), ("two_shot", "triton", "push"),
+                            ("one_shot", "triton", "pull"), ("two_shot", "triton", "pull")]  # fmt: skip
+    assert [m for m, _, _ in modes(64, 8)] == ["one_shot", "two_shot"] * 3 + ["two_shot"]
+    assert modes(8, 2)[4:6] == [("two_shot", "triton", "push"), ("two_shot", "triton", "ll")]
     assert [m for m, _, _ in modes(128, 4)][:2] == ["one_shot", "two_shot"]
     for M, W in ((8, 4), (64, 2), (128, 3)):
         assert [m for m, _, _ in modes(M, W)] == sorted(m for m, _, _ in modes(M, W)), (M, W)  # one-shot first
@@ -442,9 +482,11 @@ def test_space_defaults_seeds_and_rules():
     assert space.violations(dict(cublas, mode="two_shot"), prefill, limits) == []
     ll = dict(mode="one_shot", gemm="cublas", transport="ll", comm_sms=64)
     assert space.violations(ll, problem, limits) == []
-    assert space.violations(dict(ll, mode="two_shot"), problem, limits) == [
-        'transport: "ll" is not allowed with mode=\'two_shot\'; allowed: mode="one_shot" (its words carry their flag; '
-        'two-shot hands rows on with flags: "push" or "pull")'
+    assert space.violations(dict(ll, mode="two_shot"), problem, limits) == []  # words both ways
+    many = Problem.of({"M": 1025, "N": 8192, "K": 8192}, dtype="bfloat16", world_size=4)
+    assert space.violations(dict(ll, mode="two_shot"), many, limits) == [
+        'transport: "ll" is not allowed for M=1025 rows; allowed: M <= 1024 (its words carry two values in 8 bytes); '
+        '"push" or "pull" above'
     ]
     assert "tiles_per_flag only exists when" in space.violations(dict(ll, tiles_per_flag=1), problem, limits)[0]
     with pytest.raises(SpaceError, match="K=8190 must be divisible by it"):

@@ -63,15 +63,15 @@ def test_a_reader_waits_for_its_tag_between_processes_in_the_interpreter(tmp_pat
 
 @pytest.mark.timeout(600)
 def test_the_ll_form_of_gemm_ar_compiles_to_strong_stores_with_no_fence():
-    """With the GPU image's Triton (3.6) where `make test` installed it: GEMM+AR's one-shot LL call (the tile GEMM;
-    cuBLAS's copied tiles with the RMSNorm epilogue) and GEMM+RS's tiles over every rank's rows with LL words store
-    their words with st.relaxed.sys and have no system-scope fence (nothing is flagged), where the same calls with
-    flags have their fence and no such store (the control).
+    """With the GPU image's Triton (3.6) where `make test` installed it: GEMM+AR's one-shot and two-shot LL calls (the
+    tile GEMM; cuBLAS's copied tiles with the RMSNorm epilogue) and GEMM+RS's tiles over every rank's rows with LL
+    words store their words with st.relaxed.sys and have no system-scope fence (nothing is flagged), where the same
+    calls with flags have their fence and no such store (the control).
     That the reader's volatile polls see the words is checked where they run: between processes above, on GPUs by
     bench/ops/ll_litmus.py and gemm_ar_check.py."""
     out = run_in_session([sys.executable, __file__, "compile"], child_env(str(gpu_image_triton())), timeout=500)
     facts = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert len(facts) == 10
+    assert len(facts) == 14
     for f in facts:
         if f["transport"] == "ll":
             assert f["strong_word_stores"] > 0 and f["sys_fences"] == 0, f
@@ -113,7 +113,7 @@ def _pingpong(folder: Path) -> None:
 
 
 def _compile() -> None:
-    """Lower two LL configs of GEMM+AR for sm_90 and print what their PTX holds."""
+    """Lower GEMM+AR's and GEMM+RS's LL configs (and their flagged controls) for sm_90; print what their PTX holds."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from aot_compile import config_launches, lower
 
@@ -125,6 +125,11 @@ def _compile() -> None:
             dict(family="gemm_ar", shape=dict(M=8, N=8192, K=8192), world_size=4, mode="one_shot", gemm="triton",
                  transport=transport, comm_sms=0, **tile, **flags),
             dict(family="gemm_ar_rmsnorm", shape=dict(M=8, N=5120, K=8192), world_size=2, mode="one_shot",
+                 gemm="cublas", transport=transport, comm_sms=64, **flags),
+            # two-shot: words to the owners and back (the tile GEMM; cuBLAS's copied tiles with the RMSNorm epilogue)
+            dict(family="gemm_ar", shape=dict(M=32, N=8192, K=8192), world_size=4, mode="two_shot", gemm="triton",
+                 transport=transport, comm_sms=0, **dict(tile, BLOCK_M=32), **flags),
+            dict(family="gemm_ar_rmsnorm", shape=dict(M=64, N=8192, K=8192), world_size=4, mode="two_shot",
                  gemm="cublas", transport=transport, comm_sms=64, **flags),
             dict(family="gemm_rs", shape=dict(M=64, N=8192, K=8192), world_size=2, mode="push", reduce_by="tile",
                  handoff="ll" if transport == "ll" else "flag", **dict(tile, BLOCK_M=64)),

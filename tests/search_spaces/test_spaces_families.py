@@ -122,12 +122,13 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
         # revision 3 (heads_per_program any divisor of G up to 16; the default's tiles) from 42db48894d7e; revision 4
         # (the baseline's collective) from c3312b6eea52
         "flash_decode": "4beb3717f120",
-        # revision 2 (transport "ll", one-shot only; tiles_per_flag only with flags) changed it from ed68e81be065
-        "gemm_ar": "30f8cca2577b",
+        # revision 2 (transport "ll", one-shot only; tiles_per_flag only with flags) changed it from ed68e81be065;
+        # revision 3 ("ll" in two-shot too; ll_rows) from 30f8cca2577b
+        "gemm_ar": "ac291fea8f7a",
     }
     assert get_space("gemm_rs").revision == 7
     assert get_space("flash_decode").revision == 4
-    assert get_space("gemm_ar").revision == 2
+    assert get_space("gemm_ar").revision == 3
 
 
 def _rebuild(space: Space, **changes) -> Space:

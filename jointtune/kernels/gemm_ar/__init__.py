@@ -16,7 +16,7 @@ and one more grid-wide wait per call (a flag round trip, the dominant cost at de
 its row reads every tile of it once and normalises in place; two-shot's owners already hold whole rows.
 
 The config's `mode` (see `search_spaces.gemm_ar` and `plans`): `one_shot`, `two_shot` (each with the tile GEMM in
-the same launch, or cuBLAS before it; push or pull, and for one-shot LL words that carry their flag) or `baseline`
+the same launch, or cuBLAS before it; push or pull, or LL words that carry their flag) or `baseline`
 (cuBLAS + the all-reduce variant, then torch).
 Every call of one (world, shapes, dtype, epilogue, config) runs a plan built once, and nothing a later call needs
 comes from the host: the op is correct under CUDA-graph capture and replay (capture after one eager call).

@@ -78,20 +78,27 @@ def send(val, offs_m, offs_n, mmask, nmask, send_ptr, send_deltas_ptr, half, N, 
 
 
 @triton.jit
-def send_ll(val, pm, pn, M, N, send_ptr, send_deltas_ptr, half, rank, tag, WORLD: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    # One-shot with flags in the data (`runtime.ll`): a finished tile [BLOCK_M, BLOCK_N] (16-bit values) as words
-    # into every rank's inbox, slot `rank` (the peers first, this rank's own last), nothing to release after. Row m's
+def send_ll(val, pm, pn, M, N, send_ptr, send_deltas_ptr, half, rank, tag, rows_per_owner, row_lo, row_hi,
+            WORLD: tl.constexpr, TWO_SHOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    # Flags in the data (`runtime.ll`): a finished tile [BLOCK_M, BLOCK_N] (16-bit values) as words, nothing to release
+    # after. One-shot: into every rank's inbox, slot `rank` (the peers first, this rank's own last); two-shot: each
+    # owner's rows [row_lo, row_hi] of the tile into its inbox, slot `rank`, rows counted from its first. Row m's
     # columns 2j and 2j + 1 share word j of the row's cdiv(N, 2) (a tile starts at an even column: no word straddles
-    # two tiles).
+    # two tiles). Offsets are exact (`ll.word_deltas`).
     row_words = (N + 1) // 2
     words = ll_pack16(val, tag, BLOCK_M, BLOCK_N)
     rows = pm * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pn * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     mask = (rows < M)[:, None] & (cols < row_words)[None, :]
-    at = rows.to(tl.int64)[:, None] * row_words + cols[None, :]
-    for j in range(1, WORLD + 1):  # exact offsets (`ll.word_deltas`)
-        ll_store(send_ptr + half + tl.load(send_deltas_ptr + (rank + j) % WORLD) + at, words, mask)
+    if TWO_SHOT:
+        owner = rows // rows_per_owner
+        for o in range(row_lo // rows_per_owner, row_hi // rows_per_owner + 1):
+            at = (rows - o * rows_per_owner).to(tl.int64)[:, None] * row_words + cols[None, :]
+            ll_store(send_ptr + half + tl.load(send_deltas_ptr + o) + at, words, mask & (owner == o)[:, None])
+    else:
+        at = rows.to(tl.int64)[:, None] * row_words + cols[None, :]
+        for j in range(1, WORLD + 1):
+            ll_store(send_ptr + half + tl.load(send_deltas_ptr + (rank + j) % WORLD) + at, words, mask)
 
 
 @triton.jit

@@ -10,17 +10,20 @@ launch one after another runs them as three launches per rank (every rank's firs
   pull into this rank's own buffer. Consecutive tiles (TILES_PER_FLAG, in tile order) share a flag; the tile that
   completes the count releases it to every reader, at system scope, carrying the call's epoch. Copied tiles with a
   flag each are flagged together once their program has sent them all. Compiled, a release to W readers is one
-  system-scope fence and W relaxed flag writes (`runtime.signals.release_ranks`). LL (one-shot, `transport="ll"`):
-  the tile goes out as 64-bit words, two values and the call's tag each (`runtime.ll`), and nothing is flagged.
+  system-scope fence and W relaxed flag writes (`runtime.signals.release_ranks`). LL (`transport="ll"`): the tile goes
+  out as 64-bit words, two values and the call's tag each (`runtime.ll`), to every rank (one-shot) or its rows to their
+  owners (two-shot), and nothing is flagged.
   Producing never waits.
 - reduce: this rank's items (one-shot: every row; two-shot: the rows it owns) wait for the flags of every source's tiles
   under them (LL: for every source's words under them to carry the call's tag), then sum the W sources in rank order in
   float32 (this rank's own partial read back as rounded, so every rank adds the same values in the same order:
   bit-identical outputs), add the residual, store. With NORM an item is one whole row: pass 1 sums, stores the new
   residual h (rounded) and accumulates h^2; pass 2 scales. In two-shot the owner also hands each item to the other
-  ranks (the reduced rows; with NORM the rows of h and their 1/rms, float32) and releases the item's gather flag.
-- gather (two-shot): every item another rank owns, once its gather flag is in, is copied into the outputs (with NORM:
-  normed = h * 1/rms * weight, computed from the owner's h and 1/rms, so every rank gets the owner's bits).
+  ranks (the reduced rows; with NORM the rows of h and their 1/rms, float32) and releases the item's gather flag;
+  with LL it hands them out as words (1/rms as one word of its float32 bits) and releases nothing.
+- gather (two-shot): every item another rank owns, once its gather flag is in (LL: once its words carry the call's
+  tag), is copied into the outputs (with NORM: normed = h * 1/rms * weight, computed from the owner's h and 1/rms, so
+  every rank gets the owner's bits).
 
 Who waits on whom: producing waits on nothing; a reduce item waits on produced tiles only; a gather item on reduce
 items only. Programs take their work in that order (the GEMM programs' reduce after their last tile, or `comm`
@@ -40,7 +43,7 @@ import triton
 import triton.language as tl
 
 from jointtune.kernels.gemm_ar.exchange import finish_tile, release_tiles, send, send_ll, wait_sources
-from jointtune.kernels.gemm_ar.reduce import gather_row, reduce_block, reduce_row
+from jointtune.kernels.gemm_ar.reduce import gather_block_ll, gather_row, gather_row_ll, reduce_block, reduce_row
 from jointtune.kernels.runtime.signals import call_epoch, open_call, publish_call, release_ranks, wait_flag
 from jointtune.kernels.runtime.tiles import grouped_tile, split_product
 
@@ -155,12 +158,12 @@ def gemm_ar_kernel(
                     at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
                     acc = tl.load(part_ptr + at, mask=mmask[:, None] & nmask[None, :], other=0.0)
                     finished = True
+                first_row = pm * BLOCK_M
+                last_row = tl.minimum(M, first_row + BLOCK_M) - 1
                 if finished and LL:  # words that carry their flag: nothing to count or release
                     send_ll(acc.to(a_ptr.dtype.element_ty), pm, pn, M, N, send_ptr, send_deltas_ptr, half, rank, tag,
-                            WORLD, BLOCK_M, BLOCK_N)  # fmt: skip
+                            rows_per_owner, first_row, last_row, WORLD, TWO_SHOT, BLOCK_M, BLOCK_N)  # fmt: skip
                 elif finished:
-                    first_row = pm * BLOCK_M
-                    last_row = tl.minimum(M, first_row + BLOCK_M) - 1
                     send(acc.to(send_ptr.dtype.element_ty), offs_m, offs_n, mmask, nmask, send_ptr,
                           send_deltas_ptr, half, N, rank, rows_per_owner, first_row, last_row, WORLD, TWO_SHOT,
                           PUSH)  # fmt: skip
@@ -199,7 +202,7 @@ def gemm_ar_kernel(
                     reduce_block(kr, kc, M, N, row_lo, row_hi, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr,
                                   out_ptr, gat_ptr, gat_deltas_ptr, parity * ghalf_stride, rank, tag, WORLD, RED_M,
                                   RED_N, RESIDUAL, TWO_SHOT, PUSH, LL)  # fmt: skip
-                    if TWO_SHOT:
+                    if TWO_SHOT and not LL:
                         item_flag = rank * flag_stride + n_chunks + i
                         release_ranks(flag_ptrs_ptr, item_flag, epoch, 0, WORLD - 1, rank)
     if GATHER:  # noqa: SIM102 (constexpr)
@@ -217,23 +220,31 @@ def gemm_ar_kernel(
                 else:
                     count = tl.where(o_hi > o_lo, ((o_hi - 1) // RED_M - o_lo // RED_M + 1) * col_blocks, 0)
                 if (o != rank) & (i < count):
-                    wait_flag(flags_ptr + o * flag_stride + n_chunks + i, epoch)
-                    src = gat_ptr + ghalf
-                    if not PUSH:
-                        src += (tl.load(gat_deltas_ptr + o) // 16) * 16
-                    if NORM:
-                        m = o_lo + i
-                        inv_at = rms_ptr + parity * rhalf_stride + m
-                        if not PUSH:
-                            inv_at += (tl.load(rms_deltas_ptr + o) // 16) * 16
-                        gather_row(m, N, src, tl.load(inv_at), w_ptr, out_ptr, hout_ptr, RED_N)
+                    if LL:  # the owner's words, each read once it carries the call's tag
+                        if NORM:
+                            gather_row_ll(o_lo + i, N, gat_ptr + ghalf, rms_ptr + parity * rhalf_stride, w_ptr,
+                                          out_ptr, hout_ptr, tag, RED_N)  # fmt: skip
+                        else:
+                            gather_block_ll(o_lo // RED_M + i // col_blocks, i % col_blocks, o_lo, o_hi, N,
+                                            gat_ptr + ghalf, out_ptr, tag, RED_M, RED_N)  # fmt: skip
                     else:
-                        kr = o_lo // RED_M + i // col_blocks
-                        rws = kr * RED_M + tl.arange(0, RED_M)
-                        cols = (i % col_blocks) * RED_N + tl.arange(0, RED_N)
-                        mask = ((rws >= o_lo) & (rws < o_hi))[:, None] & (cols < N)[None, :]
-                        at = rws.to(tl.int64)[:, None] * N + cols[None, :]
-                        tl.store(out_ptr + at, tl.load(src + at, mask=mask, other=0.0), mask=mask)
+                        wait_flag(flags_ptr + o * flag_stride + n_chunks + i, epoch)
+                        src = gat_ptr + ghalf
+                        if not PUSH:
+                            src += (tl.load(gat_deltas_ptr + o) // 16) * 16
+                        if NORM:
+                            m = o_lo + i
+                            inv_at = rms_ptr + parity * rhalf_stride + m
+                            if not PUSH:
+                                inv_at += (tl.load(rms_deltas_ptr + o) // 16) * 16
+                            gather_row(m, N, src, tl.load(inv_at), w_ptr, out_ptr, hout_ptr, RED_N)
+                        else:
+                            kr = o_lo // RED_M + i // col_blocks
+                            rws = kr * RED_M + tl.arange(0, RED_M)
+                            cols = (i % col_blocks) * RED_N + tl.arange(0, RED_N)
+                            mask = ((rws >= o_lo) & (rws < o_hi))[:, None] & (cols < N)[None, :]
+                            at = rws.to(tl.int64)[:, None] * N + cols[None, :]
+                            tl.store(out_ptr + at, tl.load(src + at, mask=mask, other=0.0), mask=mask)
     if EPOCH == 1:
         publish_call(state_ptr, epoch, num_programs)
 

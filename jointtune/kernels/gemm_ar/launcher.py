@@ -209,9 +209,11 @@ def standin_launches(cfg: GemmArConfig, *, M: int, N: int, K: int, world_size: i
     t = torch.empty(1, dtype=s.dtype, device=device)
     i64, i32, f32 = (torch.zeros(1, dtype=d, device=device) for d in (torch.int64, torch.int32, torch.float32))
     two_shot = cfg.mode == "two_shot"
-    inbox = i64 if cfg.transport == "ll" else t  # LL words
+    ll = cfg.transport == "ll"
+    inbox = i64 if ll else t  # LL words; two-shot's gathered rows (and with the norm their 1/rms) are words too
+    gat, rms = (i64, i64 if norm else f32) if ll and two_shot else (t, f32)
     args = kernel_args(cfg, s, w, a=t, b=t, part=t, res=t, weight=t, out=t, hout=t, send=inbox, send_deltas=i64,
-                       recv=inbox, recv_deltas=i64, gat=t, gat_deltas=i64, rms=f32, rms_deltas=i64, flags_local=i64,
+                       recv=inbox, recv_deltas=i64, gat=gat, gat_deltas=i64, rms=rms, rms_deltas=i64, flags_local=i64,
                        flag_ptrs=i64, done=i32, state=i64, ws=f32, counts=i32, half_stride=16, ghalf_stride=16,
                        rhalf_stride=16, rank=0, produce=True, reduce=True, gather=two_shot, epoch=1, grid=w.grid,
                        comm_lo=w.comm_lo, comm=w.comm, eps=EPS)  # fmt: skip

@@ -88,9 +88,11 @@ class FusedPlan:
         w = Work.of(cfg, s, num_sms(world.device))
         two_shot, push = cfg.mode == "two_shot", cfg.transport in ("push", "ll")
         dev = world.device
-        if cfg.transport == "ll":  # one-shot's inbox of words that carry their flag (`runtime.ll`): two values a word,
-            # zeroed once (no word carries a call's tag before that call writes it)
-            slot = slot_elems(M, cdiv(N, 2))
+        ll = cfg.transport == "ll"
+        if ll:  # an inbox of words that carry their flag (`runtime.ll`): two values a word, zeroed once (no word
+            # carries a call's tag before that call writes it); slot p holds rank p's partial (two-shot: of the
+            # owner's rows only)
+            slot = slot_elems(s.rows_per_owner if two_shot else M, cdiv(N, 2))
             buf, half_stride = _halved(world, "gemm_ar.ll_inbox", W * slot, torch.int64, zero=True)
         elif push:  # inbox: slot p holds rank p's partial (two-shot: of the owner's rows only)
             slot = slot_elems(s.rows_per_owner if two_shot else M, N)
@@ -100,7 +102,11 @@ class FusedPlan:
             buf, half_stride = _halved(world, "gemm_ar.partial", slot, s.dtype)
         gather = rms = None
         ghalf = rhalf = 0
-        if two_shot:
+        if two_shot and ll:  # the owners' rows as words (and each row's 1/rms as one word: its float32 bits)
+            gather, ghalf = _halved(world, "gemm_ar.ll_gather", slot_elems(M, cdiv(N, 2)), torch.int64, zero=True)
+            if s.norm:
+                rms, rhalf = _halved(world, "gemm_ar.ll_rms", slot_elems(M, 1), torch.int64, zero=True)
+        elif two_shot:
             gather, ghalf = _halved(world, "gemm_ar.gather", slot_elems(M, N), s.dtype)
             if s.norm:
                 rms, rhalf = _halved(world, "gemm_ar.rms", slot_elems(M, 1), torch.float32)
@@ -123,7 +129,7 @@ class FusedPlan:
             stand_in = torch.empty(1, dtype=s.dtype, device=dev)
             a = torch.empty((1, 1), dtype=s.dtype, device=dev)
             b = torch.empty_strided((1, 1), s.b_stride, dtype=s.dtype, device=dev)
-            if cfg.transport == "ll":  # words, read at exact offsets
+            if ll:  # words, read at exact offsets
                 send_deltas = word_deltas(world, buf, i, r * slot)
                 recv_deltas = world.int_table(tuple(p * slot for p in range(W)))
             elif push:
@@ -132,8 +138,9 @@ class FusedPlan:
             else:
                 send_deltas, recv_deltas = dummy, peer_deltas(world, buf, i)
             ws, counts = self._split_k(world, w, i)
-            gat_deltas = peer_deltas(world, gather, i) if gather else dummy
-            rms_deltas = peer_deltas(world, rms, i) if rms else dummy
+            deltas = word_deltas if ll else peer_deltas  # the owners' words are written at exact offsets
+            gat_deltas = deltas(world, gather, i) if gather else dummy
+            rms_deltas = deltas(world, rms, i) if rms else dummy
             done = world.scratch("gemm_ar.done", w.n_chunks, torch.int32)[i]
             for n, (produce, reduce, gathers, epoch, grid, comm_lo, comm) in enumerate(steps):
                 args = kernel_args(
