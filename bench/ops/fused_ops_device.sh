@@ -153,13 +153,14 @@ for phase in "$@"; do
       echo "exit $? after: rms_norm_anchor"; cat "$WORK/rms_norm_anchor.log"; pack ;;
     ar4ll)  # one call's worth (about 9 minutes on 4x H100) for two-shot's LL words at W=4: gemm_ar_check first (two
       # two-shot LL configs among the fused ones), then both forms at Llama-3-70B's o_proj shapes (--per-mode 3 takes
-      # two-shot's first three seeds: its LL words among them), then the anatomy (two two-shot LL configs)
-      CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 150 torchrun --nproc-per-node=4 --master-port=29534 bench/ops/gemm_ar_check.py \
+      # two-shot's first three seeds: its LL words among them), then the anatomy (two two-shot LL configs, 23 fused
+      # configs a row); it writes the names archeck, ar4, arn4 and aranat write: run it in a call of its own
+      CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 120 torchrun --nproc-per-node=4 --master-port=29534 bench/ops/gemm_ar_check.py \
         --shapes 32x8192x2048 --out "$WORK/gemm_ar_check_w4.json" > "$WORK/gemm_ar_check_w4.log" 2>&1
       echo "exit $? after: gemm_ar_check w4"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w4.log" | head -20; pack
-      fo 170 4 gemm_ar_rmsnorm "$(ar_shapes 8192 2048 4)" gemm_ar_rmsnorm_w4_o.json --per-mode 3 --stress 100
-      fo 150 4 gemm_ar "$(ar_shapes 8192 2048 4)" gemm_ar_w4_o.json --per-mode 3 --stress 0
-      timeout 90 torchrun --nproc-per-node=4 --master-port=29541 bench/ops/gemm_ar_anatomy.py \
+      fo 160 4 gemm_ar_rmsnorm "$(ar_shapes 8192 2048 4)" gemm_ar_rmsnorm_w4_o.json --per-mode 3 --stress 100
+      fo 130 4 gemm_ar "$(ar_shapes 8192 2048 4)" gemm_ar_w4_o.json --per-mode 3 --stress 0
+      timeout 140 torchrun --nproc-per-node=4 --master-port=29541 bench/ops/gemm_ar_anatomy.py \
         --out "$WORK/gemm_ar_anatomy_after.json" > "$WORK/gemm_ar_anatomy_after.log" 2>&1
       echo "exit $? after: gemm_ar_anatomy"; grep -E '^\{|^wrote' "$WORK/gemm_ar_anatomy_after.log"; pack ;;
     fence4) fence_trees 4 0,1,2,3 29561 ;;

@@ -49,7 +49,8 @@ COMM_SMS = (0, 4, 8, 16, 32, 64, 128)
 #: columns of one copied tile when cuBLAS computed the partial
 COPY_N = 256
 #: rows up to which the seeds lead with LL words (bench/README.md, "Flags carried in the data": LL won at 1-32 rows of
-#: every measured shape, lost at 64 and 128)
+#: every shape measured at W=2 and of most at W=4, where the flagged push was 0.3-1.1 µs ahead in two; it lost at 64
+#: and 128)
 LL_SEED_ROWS = 32
 #: rows from which, at W >= 4, the seeds alternate one-shot and two-shot (`_seeds`)
 TWO_SHOT_SEED_ROWS = 32
@@ -143,7 +144,7 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     the tile GEMM pushing and pulling, and cuBLAS followed by a pushed exchange on half the SMs. Up to 128 rows one row
     tile over every row (the weight is read once; split-K only where the column tiles leave SMs idle: `row_tile`),
     one-shot first, led up to LL_SEED_ROWS rows by the tile GEMM pushing LL words (the handoff is latency there, not
-    bytes: LL won every measured shape at 1-32 rows and lost at 64-128); from 256 rows 128 x 128 tiles grouped for L2
+    bytes: LL won most measured shapes at 1-32 rows and lost at 64-128); from 256 rows 128 x 128 tiles grouped for L2
     reuse of the weight, two-shot first (half the bytes of one-shot).
 
     From TWO_SHOT_SEED_ROWS rows at W >= 4, where two-shot moves 2/W of one-shot's bytes, the two exchanges alternate,

@@ -78,7 +78,8 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     if ctx["M"] <= 128:
         tile = row_tile(ctx["M"], ctx, cols="N", depth="K_r")
         # LL words first: they beat the flagged push at 64-128 rows of every measured shape at W=4 (by 1.2-6.1 µs)
-        # and tied or won at W=2 (bench/README.md, "GEMM + all-reduce at four GPUs"); the flagged push stays second
+        # and in three of four at W=2 (0.6 µs behind in the fourth; bench/README.md, "GEMM + all-reduce at four
+        # GPUs"); the flagged push stays second
         return [
             {"mode": "push", "reduce_by": "tile", "handoff": "ll", **tile},
             {"mode": "push", "reduce_by": "tile", "handoff": "flag", **tile},

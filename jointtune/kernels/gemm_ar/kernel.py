@@ -206,7 +206,8 @@ def gemm_ar_kernel(
                         item_flag = rank * flag_stride + n_chunks + i
                         release_ranks(flag_ptrs_ptr, item_flag, epoch, 0, WORLD - 1, rank)
     if GATHER:  # noqa: SIM102 (constexpr)
-        # ---- gather (two-shot): every item another rank owns, once the owner released it ----
+        # ---- gather (two-shot): every item another rank owns, once the owner released it (LL: once its words carry
+        # the call's tag) ----
         if pid >= comm_lo:
             cid = pid - comm_lo
             ghalf = parity * ghalf_stride
