@@ -12,7 +12,7 @@
 #   prefill4           prefill of 4096 tokens, TP=4
 #   bench2             TP=2: the decode cells on GPUs 0,1 and the prefill on GPUs 2,3, at once
 #   compile4 | compile2  torch.compile(fullgraph=True) of the stack, a decode step in each layout
-#   mini4              the standard layout's row-parallel shapes only (bench/e2e/decode_mini/MODEL_tpW.yaml, 8 trials a
+#   mini4              the standard layout's row-parallel shapes only (bench/e2e/decode_mini/MODEL_tpW.yaml, 8-12 trials a
 #                      shape) at TP=4, then the decode cells at 4K KV with the per-op breakdown, from that store
 #   mini2              the same at TP=2: Llama-3-70B on GPUs 0,1 and Qwen2.5-32B on GPUs 2,3, at once
 #   rest2              2-GPU machine: $MODEL at TP=2 from its decode_mini store (swept first where missing): prefill of
