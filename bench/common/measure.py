@@ -303,18 +303,22 @@ def compiled_call_check(rig, call) -> dict:
     return {"compile_s": compile_s, "eager_error": eager_err, "replay_error": replay_err, "replays": 5}
 
 
-def run_header(world, script: str) -> dict:
-    """What every result file of these benchmarks starts with: device, versions, date, the exact command."""
+def provenance(world, script: str) -> dict:
+    """Where a result came from: versions, date and the exact command (`run_header` has them too)."""
     import triton
 
     return {
-        "device": device_label(world.world_size),
         "versions": {"torch": torch.__version__, "triton": triton.__version__,
                      "nccl": ".".join(map(str, torch.cuda.nccl.version())), "python": platform.python_version()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": f"torchrun --nproc-per-node={world.world_size} {script} " + " ".join(sys.argv[1:]),
-        "dtype": "bfloat16", "calls_per_graph": CALLS, "shapes": [],
     }  # fmt: skip
+
+
+def run_header(world, script: str) -> dict:
+    """What every result file of these benchmarks starts with: device, versions, date, the exact command."""
+    return {"device": device_label(world.world_size), **provenance(world, script), "dtype": "bfloat16",
+            "calls_per_graph": CALLS, "shapes": []}  # fmt: skip
 
 
 def save_result(world, result: dict, out: str, **extra) -> None:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: `common` and every folder import as packages
 from common.cuda import device_label, init_cuda_world
-from common.measure import run_header
+from common.measure import provenance
 
 from jointtune import gemm_ar, gemm_ar_rmsnorm
 from jointtune.errors import SpaceError
@@ -193,11 +193,10 @@ def main() -> None:
                 results.append(entry)
                 if rank == 0:
                     print(json.dumps(entry), flush=True)
-    header = run_header(world, "bench/ops/gemm_ar_check.py")
     summary = {"device": device_label(W), "world_size": W, "cases": sum("ok" in r for r in results), "failed": failed,
                "skipped": sum("skipped" in r for r in results), "seconds": round(time.time() - started, 1),
                "collectives": list(limits.collectives),
-               **{k: header[k] for k in ("versions", "date", "command")}}  # fmt: skip
+               **provenance(world, "bench/ops/gemm_ar_check.py")}  # fmt: skip
     if rank == 0:
         Path(args.out).write_text(json.dumps({"summary": summary, "results": results}, indent=1))
         print("summary:", json.dumps(summary), flush=True)

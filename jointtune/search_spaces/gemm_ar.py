@@ -28,7 +28,7 @@ knob (the `gemm_ar_rmsnorm` kernel tunes the same space under its own records).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from itertools import zip_longest
 
 from jointtune.search_spaces._collectives import ALL_REDUCE, collective_param
@@ -115,22 +115,22 @@ def _comm_sms(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     )
 
 
-def _one_shot_rows(cfg: Mapping[str, Value], ctx: Context) -> str | None:
-    if cfg["mode"] != "one_shot" or ctx["M"] <= ONE_SHOT_MAX_ROWS:
-        return None
-    return (
-        f'mode: "one_shot" is not allowed for M={ctx["M"]} rows; allowed: M <= {ONE_SHOT_MAX_ROWS} (its inbox holds '
-        'every rank\'s whole partial); "two_shot" or "baseline" above'
-    )
+def _rows_cap(
+    field: str, value: str, limit: int, why: str, above: str
+) -> Callable[[Mapping[str, Value], Context], str | None]:
+    """A rule: `field == value` only up to `limit` rows (why, and what to use above, in its message)."""
+
+    def check(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+        if cfg[field] != value or ctx["M"] <= limit:
+            return None
+        return f'{field}: "{value}" is not allowed for M={ctx["M"]} rows; allowed: M <= {limit} ({why}); {above} above'
+
+    return check
 
 
-def _ll_rows(cfg: Mapping[str, Value], ctx: Context) -> str | None:
-    if cfg["transport"] != "ll" or ctx["M"] <= LL_MAX_ROWS:
-        return None
-    return (
-        f'transport: "ll" is not allowed for M={ctx["M"]} rows; allowed: M <= {LL_MAX_ROWS} (its words carry two '
-        'values in 8 bytes); "push" or "pull" above'
-    )
+_one_shot_rows = _rows_cap("mode", "one_shot", ONE_SHOT_MAX_ROWS, "its inbox holds every rank's whole partial",
+                           '"two_shot" or "baseline"')  # fmt: skip
+_ll_rows = _rows_cap("transport", "ll", LL_MAX_ROWS, "its words carry two values in 8 bytes", '"push" or "pull"')
 
 
 def _default(ctx: Context) -> dict[str, Value]:

@@ -108,11 +108,9 @@ def reduce_row(m, N, eps, recv_ptr, recv_deltas_ptr, half, recv_row0, res_ptr, w
             total += tl.load(res_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
         h = total.to(hout_ptr.dtype.element_ty)
         tl.store(hout_ptr + row + cols, h, mask=mask)
-        if TWO_SHOT and LL:
-            hw = tl.reshape(h, (1, RED_N))
-            _hand_out_ll(hw, tl.zeros((1,), tl.int32) + m, c0 // 2 + tl.arange(0, RED_N // 2),
-                         (c0 // 2 + tl.arange(0, RED_N // 2) < row_words)[None, :], N, gat_ptr, gat_deltas_ptr, ghalf,
-                         rank, tag, WORLD, 1, RED_N)  # fmt: skip
+        if TWO_SHOT and LL:  # the step's words, as its sources' (wcols, wmask)
+            _hand_out_ll(tl.reshape(h, (1, RED_N)), tl.zeros((1,), tl.int32) + m, wcols, wmask, N, gat_ptr,
+                         gat_deltas_ptr, ghalf, rank, tag, WORLD, 1, RED_N)  # fmt: skip
         elif TWO_SHOT:
             _hand_out(h, row + cols, mask, gat_ptr, gat_deltas_ptr, ghalf, rank, WORLD, PUSH)
         hf = h.to(tl.float32)
