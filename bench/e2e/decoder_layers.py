@@ -18,8 +18,9 @@ faster in that cell; both times are reported):
   symmetric-memory one-shot all-reduce); the faster is the standard layer's time;
 - `async_tp`: the sequence-parallel layer in torch, compiled with micro-pipeline TP (torch's async-TP), where the
   tokens divide by W.
-Each step is timed as replays of a CUDA graph (the slowest rank's median, `timing.py`); tokens/s = tokens / step.
-The per-op breakdown times each op of one layer alone, in a graph, per path. Every path's output is compared with
+Each step is timed as replays of a CUDA graph (the slowest rank's median, `timing.py`), a cell's paths in the same
+rounds (`interleaved_us`); tokens/s = tokens / step. The per-op breakdown times each op of one layer alone, in a graph,
+both paths' ops in the same rounds. Every path's output is compared with
 the single-GPU float32 reference on rank 0 (norm-wise relative error of the layers' change to the residual, < 2e-2, or
 within 0.005 of the same layers run unsharded in bf16 on one GPU: `single_gpu_bf16_error`, the precision floor).
 
@@ -53,7 +54,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import barrier, step_us
+from timing import barrier, interleaved_us
 from torch_tp import AllReduce, TorchStandardLayer, add_rms_norm, attend, compile_async_tp
 
 from jointtune import create_world
@@ -282,6 +283,7 @@ class Bench:
                                "paths": {}, "errors": {}, "single_gpu_bf16_error": floor}  # fmt: skip
         out["attention"] = self._choose_attention(cell, caches, reset)
         runs = self._paths(cell, xs, caches, reset, step)
+        checked = {}
         for name, fn in runs.items():
             try:
                 with torch.no_grad():
@@ -289,11 +291,17 @@ class Bench:
                     got = fn()
                     if want is not None:
                         out["errors"][name] = rel_error(got.float() - x.float(), want - x.float())
-                    out["paths"][name] = step_us(lambda fn=fn: (reset(), fn()), world, iters=self.args.iters,
-                                                 warmup=self.args.warmup)  # fmt: skip
+                    checked[name] = lambda fn=fn: (reset(), fn())
             except Exception:  # a path that can't run here is a result, not the end of the run
                 out.setdefault("failed", {})[name] = traceback.format_exc(limit=4)
             barrier(world)
+        with torch.no_grad():  # every path in the same rounds: a card's clock drift falls on all of them alike
+            timed = interleaved_us(checked, world, iters=self.args.iters, warmup=self.args.warmup)
+        for name, us in timed.items():
+            if isinstance(us, float):
+                out["paths"][name] = us
+            else:
+                out.setdefault("failed", {})[name] = us
         jt = {k: v for k, v in out["paths"].items() if k.startswith("jointtune/")}
         if len(jt) == 2:
             out["layout_measured"] = {k.split("/")[1]: v for k, v in jt.items()}
@@ -352,14 +360,15 @@ class Bench:
         if cell.phase == "prefill":
             self._set_attention("sdpa")
             return {"kernel": "sdpa", "note": "prefill: causal SDPA (our kernel is decode-only)"}
-        times = {}
+        ops = {}
         for kernel in ("flash_decode", "sdpa"):
-            self._set_attention(kernel)
-            fn = self._attention_op(cell, caches, reset)
+            ops[kernel] = self._attention_op(cell, caches, reset, kernel)
             with torch.no_grad():
-                fn()
-                times[kernel] = step_us(fn, self.world, iters=self.args.iters, warmup=self.args.warmup)
-        chosen = self.args.attn if self.args.attn != "auto" else min(times, key=times.get)
+                ops[kernel]()
+        with torch.no_grad():
+            times = interleaved_us(ops, self.world, iters=self.args.iters, warmup=self.args.warmup)
+        ran = {k: v for k, v in times.items() if isinstance(v, float)}
+        chosen = self.args.attn if self.args.attn != "auto" or not ran else min(ran, key=ran.get)
         self._set_attention(chosen)
         return {"kernel": chosen, "us_per_layer": times}
 
@@ -367,8 +376,9 @@ class Bench:
         for layer in self.layers:
             layer.attn.attn_kernel = kernel
 
-    def _attention_op(self, cell: Cell, caches: list[Any], reset: Any) -> Any:
-        """One layer's attention alone (RoPE'd q, k, v in; cache write and attention), per local rank."""
+    def _attention_op(self, cell: Cell, caches: list[Any], reset: Any, kernel: str | None = None) -> Any:
+        """One layer's attention alone (RoPE'd q, k, v in; cache write and attention), per local rank, with `kernel`
+        (default: the layers' own)."""
         layer, world = self.layers[0], self.world
         T, L = cell.tokens, cell.tokens // cell.batch
         gen = _gen(world, 5)
@@ -378,8 +388,13 @@ class Bench:
 
         def run() -> None:
             reset()
-            for i in range(len(world.local_ranks)):
-                attend(layer, i, q, kv, kv, caches[0], phase=cell.phase, batch=cell.batch, L=L)
+            own = layer.attn.attn_kernel
+            layer.attn.attn_kernel = kernel or own  # `attend` reads it when called (a graph captures that branch)
+            try:
+                for i in range(len(world.local_ranks)):
+                    attend(layer, i, q, kv, kv, caches[0], phase=cell.phase, batch=cell.batch, L=L)
+            finally:
+                layer.attn.attn_kernel = own
 
         return run
 
@@ -426,16 +441,24 @@ class Bench:
         }  # fmt: skip
         attention = self._attention_op(cell, caches, reset)
         out: dict[str, Any] = {"layout": layout, "jointtune_kernels": layer_kernels(layout, next_norm is not None)}
+        # both paths' ops in the same rounds (an op beside its torch counterparts: clock drift falls on both alike)
+        checked: dict[str, Any] = {}
         for path, path_ops in ops.items():
-            timed = {}
+            out[path] = {}
             for name, fn in {**path_ops, "attention": attention}.items():
                 try:
                     with torch.no_grad():
                         fn()
-                        timed[name] = step_us(fn, world, iters=self.args.iters, warmup=self.args.warmup)
+                    checked[f"{path}/{name}"] = fn
                 except Exception as exc:
-                    timed[name] = f"failed: {type(exc).__name__}: {exc}"[:300]
-            out[path] = timed
+                    out[path][name] = f"failed: {type(exc).__name__}: {exc}"[:300]
+        with torch.no_grad():
+            timed = interleaved_us(checked, world, iters=self.args.iters, warmup=self.args.warmup)
+        for key, us in timed.items():
+            path, name = key.split("/", 1)
+            out[path][name] = us
+        for path, path_ops in ops.items():  # in the ops' own order
+            out[path] = {name: out[path][name] for name in [*path_ops, "attention"]}
         return out
 
     # ---- whole run ----------------------------------------------------------------------------

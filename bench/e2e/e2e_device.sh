@@ -53,7 +53,7 @@ e2e() { # SECONDS W NAME PORT ARGS...: one run of decoder_layers.py (4 layers, C
     if [ ! -f "${from[1]}" ]; then echo "no bundle ${from[1]}: run tune$2 first (or set BUNDLE)"; return; fi
   fi
   timeout "$1" torchrun --nproc-per-node="$2" --master-port="$4" bench/e2e/decoder_layers.py --model "$MODEL" \
-    "${from[@]}" --iters 10 --warmup 3 --out "$out" "${@:5}" > "$WORK/e2e_${MODEL}_tp$2_$3.log" 2>&1
+    "${from[@]}" --iters 20 --warmup 3 --out "$out" "${@:5}" > "$WORK/e2e_${MODEL}_tp$2_$3.log" 2>&1
   echo "exit $? after: e2e $MODEL tp$2 $3 (${from[*]})"
   grep -E '^\{"cell"|cells,|FAILED' "$WORK/e2e_${MODEL}_tp$2_$3.log" | cut -c1-400
   pack

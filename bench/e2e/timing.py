@@ -3,14 +3,19 @@
 A step is captured once (after warm-up calls on a side stream, as torch's CUDA-graph recipe asks), then replayed
 `warmup` times untimed and `iters` times between CUDA events; each rank's median is all-reduced with MAX, since a
 tensor-parallel step is as slow as its slowest rank. Without a GPU (`--cpu`, simulated ranks in Triton's
-interpreter) the same function times eager calls by wall clock: those numbers only show the script runs.
+interpreter) eager calls are timed by wall clock: those numbers only show the script runs.
+
+Steps that are compared with each other (a cell's paths, an op and its torch counterparts) are timed together
+(`interleaved_us`): every graph is captured first, then each round replays every one once, in an order that
+rotates. A card's clock drifts as it heats and cools, so steps timed one after the other can differ by more than the
+gains compared; in the same rounds, the drift falls on every step alike.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -35,39 +40,94 @@ def barrier(world: Any) -> None:
         dist.barrier(group=world.group)
 
 
-def step_us(fn: Callable[[], Any], world: Any, *, iters: int, warmup: int) -> float:
-    """Median µs of `fn()` per call: CUDA-graph replays on a GPU, eager wall time on the CPU; slowest rank's."""
-    if world.device.type != "cuda":
-        for _ in range(max(1, warmup)):
-            fn()
-        samples = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e6)
-        return slowest_rank(world, statistics.median(samples))
-    barrier(world)
+def _capture(fn: Callable[[], Any]) -> Any:
+    """A CUDA graph of `fn()`, after two warm-up calls on a side stream."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(2):
             fn()
     torch.cuda.current_stream().wait_stream(side)
-    barrier(world)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    return graph
+
+
+def _agree_on_failures(world: Any, failed: list[bool]) -> list[bool]:
+    """Every rank's failures OR-ed: a step one rank could not capture is dropped on all, so that every rank replays
+    the same graphs (each holds collectives) in the same order."""
+    if world.kind == "local" or world.world_size == 1 or not failed:
+        return failed
+    import torch.distributed as dist
+
+    t = torch.tensor([float(f) for f in failed], device=world.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=world.group)
+    return [bool(v) for v in t.tolist()]
+
+
+def interleaved_us(fns: Mapping[str, Callable[[], Any]], world: Any, *, iters: int, warmup: int,
+                   burst: int = 3) -> dict[str, float | str]:  # fmt: skip
+    """The slowest rank's median µs per call of each step, all timed together: `iters` rounds, each giving every step
+    a burst (`_burst_us`), the order rotated by one per round. A step that fails to capture or run is given as
+    "failed: ..." and the others are still timed."""
+    names = list(fns)
+    out: dict[str, float | str] = {}
+    runners: dict[str, Callable[[], None]] = {}
+    graphs: list[Any] = []
+    errors: dict[str, str] = {}
+    for name in names:
+        try:
+            if world.device.type == "cuda":
+                barrier(world)
+                graph = _capture(fns[name])
+                graphs.append(graph)
+                runners[name] = graph.replay
+            else:
+                fns[name]()  # as a capture runs it: a step that fails here fails before the rounds
+                runners[name] = fns[name]
+        except Exception as exc:
+            errors[name] = f"failed: {type(exc).__name__}: {exc}"[:300]
+    dropped = _agree_on_failures(world, [n not in runners for n in names])
+    live = [n for n, gone in zip(names, dropped) if not gone]
+    for n in names:
+        if n not in live:
+            out[n] = errors.get(n, "failed on another rank")
     barrier(world)
     for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for n in live:
+            runners[n]()
+    if world.device.type == "cuda":
+        torch.cuda.synchronize()
+    samples: dict[str, list[float]] = {n: [] for n in live}
+    for i in range(iters if live else 0):
+        turn = i % len(live)
+        for n in live[turn:] + live[:turn]:
+            samples[n] += _burst_us(runners[n], world, burst)
+    for n in live:
+        out[n] = slowest_rank(world, statistics.median(samples[n]))
+    del graphs
+    return {n: out[n] for n in names}
+
+
+def _burst_us(run: Callable[[], Any], world: Any, n: int) -> list[float]:
+    """µs of each of `n` back-to-back calls after one untimed call: between CUDA events on a GPU (a call is a graph
+    replay; one synchronize after the last), by wall clock elsewhere. The untimed call takes the ranks' skew: a step
+    with a collective waits there for the last rank to arrive, and ranks reach a step at different times after the
+    host synchronizes (seen on 4x H100: an all-reduce that took 18 µs in back-to-back replays measured 70-80 in
+    rounds of one replay per step)."""
+    run()
+    if world.device.type != "cuda":
+        out = []
+        for _ in range(n):
+            start = time.perf_counter()
+            run()
+            out.append((time.perf_counter() - start) * 1e6)
+        return out
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for start, end in events:
         start.record()
-        graph.replay()
+        run()
         end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    del graph
-    return slowest_rank(world, statistics.median(samples))
+    events[-1][1].synchronize()
+    return [start.elapsed_time(end) * 1e3 for start, end in events]

@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
+#   flashlong2 prefill4 tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -65,6 +65,11 @@ for phase in "$@"; do
     large4)
       fo 150 4 ag_gemm "$LARGE" ag_gemm_large_w4.json --per-mode 2 --stress 0 --item-timeout 40
       fo 150 4 gemm_rs "$LARGE" gemm_rs_large_w4.json --per-mode 2 --stress 0 --item-timeout 40 ;;
+    prefill4)  # Llama-3-70B's sequence-parallel prefill shapes at TP=4 (4096 tokens: qkv and gate_up by AG+GEMM, o_proj
+      # and down by GEMM+RS), every mode against the unfused paths and torch's fused ops, the pieces of async-TP's step
+      # (bench/e2e/README.md: the prefill loses to async-TP, and gate_up's gather is barely hidden)
+      fo 240 4 ag_gemm 4096x10240x8192,4096x57344x8192 ag_gemm_prefill_w4.json --per-mode 2 --stress 0 --item-timeout 60
+      fo 240 4 gemm_rs 4096x8192x8192,4096x8192x28672 gemm_rs_prefill_w4.json --per-mode 2 --stress 0 --item-timeout 60 ;;
     tune)  # the tuner on this machine, graph policy, at W=2 and W=4: the baseline in each variant first
       for w in 2 4; do tn 200 tune_w$w gemm_rs 128x8192x8192 $w 12 tune.db --report "$WORK/tune_w$w"; done ;;
     smoke)  # the user's paths (decorator, cache, graph, drop-in) at W=4 and W=2, and a process that exits cleanly after
@@ -151,9 +156,9 @@ for phase in "$@"; do
       CUDA_VISIBLE_DEVICES=0 timeout 100 python3 bench/ops/rms_norm_anchor.py --out "$WORK/rms_norm_anchor.json" \
         > "$WORK/rms_norm_anchor.log" 2>&1
       echo "exit $? after: rms_norm_anchor"; cat "$WORK/rms_norm_anchor.log"; pack ;;
-    ar4ll)  # one call's worth (about 9 minutes on 4x H100) for two-shot's LL words at W=4: gemm_ar_check first (two
-      # two-shot LL configs among the fused ones), then both forms at Llama-3-70B's o_proj shapes (--per-mode 3 takes
-      # two-shot's first three seeds: its LL words among them), then the anatomy (two two-shot LL configs, 23 fused
+    ar4ll)  # one call (4.5 minutes on 4x H100) for two-shot's LL words at W=4: gemm_ar_check first (two two-shot LL
+      # configs among the fused ones), then both forms at Llama-3-70B's o_proj shapes (--per-mode 3 takes two-shot's
+      # first three seeds: its LL words among them up to 32 rows), then the anatomy (two two-shot LL configs, 23 fused
       # configs a row); it writes the names archeck, ar4, arn4 and aranat write: run it in a call of its own
       CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 120 torchrun --nproc-per-node=4 --master-port=29534 bench/ops/gemm_ar_check.py \
         --shapes 32x8192x2048 --out "$WORK/gemm_ar_check_w4.json" > "$WORK/gemm_ar_check_w4.log" 2>&1

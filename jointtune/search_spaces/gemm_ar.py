@@ -150,7 +150,10 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     From TWO_SHOT_SEED_ROWS rows at W >= 4, where two-shot moves 2/W of one-shot's bytes, the two exchanges alternate,
     two-shot's cuBLAS form first: at W=4 each won there in one form (one-shot the plain sum, two-shot the RMSNorm form;
     bench/README.md, "GEMM + all-reduce at four GPUs"), and a short study (the baseline's variants, then a few seeds)
-    would otherwise time no two-shot at all. Up to 128 rows two-shot's LL words follow its first seed, in its GEMM."""
+    would otherwise time no two-shot at all. Up to LL_SEED_ROWS rows two-shot's LL words follow its first seed, in its
+    GEMM: on 4x H100 they beat two-shot's flags at 1-32 rows of the plain sum and lost from 64 rows at W=4 (in the
+    RMSNorm form, whose h and 1/rms go as words, they lost at every size at W=4; bench/README.md, "Two-shot with LL
+    words on GPUs")."""
     if ctx["W"] == 1:
         return []
     if ctx["M"] <= 128:
@@ -170,11 +173,11 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
         if mode == "one_shot":
             ll = {"mode": mode, "gemm": "triton", "transport": "ll", "comm_sms": 0, **tile}
             seeds = [ll, *first] if ctx["M"] <= LL_SEED_ROWS else first
-        else:  # two-shot's LL words after its first seed, in the same GEMM (not yet measured on a GPU)
+        else:  # two-shot's LL words after its first seed, in the same GEMM
             ll = {"mode": mode, "gemm": first[0]["gemm"], "transport": "ll", "comm_sms": first[0]["comm_sms"]}
             if first[0]["gemm"] == "triton":
                 ll.update(tile)
-            seeds = [first[0], ll, *first[1:]] if ctx["M"] <= 128 else first
+            seeds = [first[0], ll, *first[1:]] if ctx["M"] <= LL_SEED_ROWS else first
         by_mode.append([*seeds, {**fused, "gemm": "triton", "transport": "pull", "comm_sms": 0, **tile}])
     if not alternate:
         return [seed for seeds in by_mode for seed in seeds]

@@ -437,12 +437,12 @@ def test_space_defaults_seeds_and_rules():
         problem = Problem.of(shape, dtype="bfloat16", world_size=W)
         assert space.default(problem, limits) == {"mode": "baseline", "collective": "nccl"}
         seeds = space.seeds(problem, limits)
-        # one-shot's LL up to 32 rows, two-shot's up to 128; every seed valid here
-        assert len(seeds) == (0 if W == 1 else 8 if shape["M"] <= 32 else 7 if shape["M"] <= 128 else 6), shape
+        # one-shot's and two-shot's LL up to 32 rows; every seed valid here
+        assert len(seeds) == (0 if W == 1 else 8 if shape["M"] <= 32 else 6), shape
         assert [s["mode"] for s in seeds[:1]] == ([] if W == 1 else ["one_shot" if shape["M"] <= 128 else "two_shot"])
         # LL words lead where the handoff is latency (up to 32 rows); none where bytes dominate (from 256 rows)
         assert [s["transport"] == "ll" for s in seeds[:1]] == ([] if W == 1 else [shape["M"] <= 32])
-        assert all(shape["M"] <= 128 for s in seeds if s.get("transport") == "ll")
+        assert all(shape["M"] <= 32 for s in seeds if s.get("transport") == "ll")
 
     # from 32 rows at W >= 4 (two-shot moves 2/W of one-shot's bytes) the exchanges alternate, two-shot's cuBLAS form
     # first; at W=2, or fewer rows, every one-shot seed comes first
@@ -454,7 +454,7 @@ def test_space_defaults_seeds_and_rules():
                             ("one_shot", "triton", "push"), ("two_shot", "cublas", "ll"),
                             ("one_shot", "cublas", "push"), ("two_shot", "triton", "push"),
                             ("one_shot", "triton", "pull"), ("two_shot", "triton", "pull")]  # fmt: skip
-    assert [m for m, _, _ in modes(64, 8)] == ["one_shot", "two_shot"] * 3 + ["two_shot"]
+    assert [m for m, _, _ in modes(64, 8)] == ["one_shot", "two_shot"] * 3
     assert modes(8, 2)[4:6] == [("two_shot", "triton", "push"), ("two_shot", "triton", "ll")]
     assert [m for m, _, _ in modes(128, 4)][:2] == ["one_shot", "two_shot"]
     for M, W in ((8, 4), (64, 2), (128, 3)):
