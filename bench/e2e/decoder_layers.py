@@ -314,7 +314,9 @@ class Bench:
             us = out[f"{key}_us"]
             out[f"{key}_tokens_per_s"] = None if not us else T / us * 1e6
         if not self.args.no_breakdown:
-            out["breakdown"] = self._breakdown(cell, caches, reset, out["jointtune_layout"] or "standard")
+            fastest = min(std, key=std.get).split("/", 1)[1] if std else "nccl"  # the torch step's all-reduce
+            out["breakdown"] = self._breakdown(cell, caches, reset, out["jointtune_layout"] or "standard", fastest)
+            out["breakdown"]["outside_ops_per_layer"] = outside_ops(out, self.args.layers)
         return out
 
     def _paths(self, cell: Cell, xs: list[torch.Tensor], caches: list[Any], reset: Any,
@@ -398,10 +400,12 @@ class Bench:
 
         return run
 
-    def _breakdown(self, cell: Cell, caches: list[Any], reset: Any, layout: str) -> dict[str, Any]:
+    def _breakdown(self, cell: Cell, caches: list[Any], reset: Any, layout: str,
+                   variant: str = "nccl") -> dict[str, Any]:  # fmt: skip
         """µs of each op of one layer alone, per path (jointtune in its chosen layout, as the stack calls it: the
-        row-parallel ops with their residual + RMSNorm epilogues; the standard torch layer), and which kernel each of
-        jointtune's ops ran (`jointtune_kernels`: in the standard layout the GEMM + all-reduce forms)."""
+        row-parallel ops with their residual + RMSNorm epilogues; the standard torch layer, its all-reduce the
+        `variant` its faster step ran), and which kernel each of jointtune's ops ran (`jointtune_kernels`: in the
+        standard layout the GEMM + all-reduce forms)."""
         world, layer, W = self.world, self.layers[0], self.world.world_size
         T = cell.tokens
         rows = T // W if layout == "sp" else T
@@ -419,7 +423,7 @@ class Bench:
         x_full, y_full = rand(T, hidden), rand(T, hidden)
         # down's epilogue as the stack runs layer 0's: + the residual, + layer 1's input RMSNorm where there is one
         next_norm = list(self.layers[1].input_norm) if len(self.layers) > 1 else None
-        ar = AllReduce(world, "nccl")
+        ar = AllReduce(world, variant)
         scratch = [y.clone() for y in y_full]
         ops = {
             "jointtune": {
@@ -440,7 +444,8 @@ class Bench:
             },
         }  # fmt: skip
         attention = self._attention_op(cell, caches, reset)
-        out: dict[str, Any] = {"layout": layout, "jointtune_kernels": layer_kernels(layout, next_norm is not None)}
+        out: dict[str, Any] = {"layout": layout, "jointtune_kernels": layer_kernels(layout, next_norm is not None),
+                               "torch_all_reduce": variant}  # fmt: skip
         # both paths' ops in the same rounds (an op beside its torch counterparts: clock drift falls on both alike)
         checked: dict[str, Any] = {}
         for path, path_ops in ops.items():
@@ -567,6 +572,23 @@ def _collective_share(c: dict[str, Any], layers: int) -> float | None:
     return 2 * layers * ar / c["torch_standard_us"]
 
 
+def outside_ops(c: dict[str, Any], layers: int) -> dict[str, float | None]:
+    """µs per layer of each path's step that its timed ops leave out (the input norm, RoPE, the cache write, SiLU x
+    up, and how the ops overlap in the step): the step over the layers less its ops' sum, the torch layer's
+    all-reduce (the variant of its faster step) and add + RMSNorm counted twice. None where the step or an op has no
+    time."""
+    b = c["breakdown"]
+    twice = {"torch_standard": ("all_reduce", "add_rms_norm"), "jointtune": ()}
+    out: dict[str, float | None] = {}
+    for path, step in (("jointtune", c.get("jointtune_us")), ("torch_standard", c.get("torch_standard_us"))):
+        ops = b.get(path, {})
+        if not step or not ops or not all(isinstance(us, float) for us in ops.values()):
+            out[path] = None
+            continue
+        out[path] = step / layers - sum(us * (2 if op in twice[path] else 1) for op, us in ops.items())
+    return out
+
+
 def _holds_back(c: dict[str, Any], layers: int) -> str:
     """Which op of jointtune's layer costs most over the standard torch layer's (per-op breakdown)."""
     b = c.get("breakdown")
@@ -583,10 +605,13 @@ def _holds_back(c: dict[str, Any], layers: int) -> str:
             excess[op] = jt[op] - sum(std[t] for t in theirs)
     if not excess:
         return "breakdown incomplete"
+    outside = b.get("outside_ops_per_layer") or {}
+    if isinstance(outside.get("jointtune"), float) and isinstance(outside.get("torch_standard"), float):
+        excess["outside the timed ops"] = outside["jointtune"] - outside["torch_standard"]
     worst = max(excess, key=excess.get)
     kernel = b.get("jointtune_kernels", {}).get(worst, "")
-    return (f"{worst} ({kernel}): {excess[worst]:+.1f} us per layer against the standard layer's "
-            f"({b['layout']} layout)")  # fmt: skip
+    return (f"{worst}{f' ({kernel})' if kernel else ''}: {excess[worst]:+.1f} us per layer against the standard "
+            f"layer's ({b['layout']} layout)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,9 @@ def test_the_benchmark_runs_every_path_on_simulated_ranks_and_writes_its_result(
         assert set(breakdown["jointtune"]) == {"qkv", "o_proj", "gate_up", "down", "attention"}
         assert all(isinstance(us, float) for us in breakdown["jointtune"].values()), breakdown["jointtune"]
         assert all(isinstance(breakdown["torch_standard"][op], float) for op in ("all_reduce", "add_rms_norm"))
+        # what each path's step spends outside its timed ops, per layer (a number: every op and step was timed)
+        assert all(isinstance(us, float) for us in breakdown["outside_ops_per_layer"].values())
+        assert set(breakdown["outside_ops_per_layer"]) == {"jointtune", "torch_standard"}
         # the op each timed entry ran, in the layout the cell chose (the faster one: either may win here)
         fused = breakdown["layout"] == "standard"
         assert breakdown["jointtune_kernels"]["o_proj"].startswith("gemm_ar_rmsnorm" if fused else "gemm_rs")
