@@ -404,8 +404,9 @@ class Bench:
                    variant: str = "nccl") -> dict[str, Any]:  # fmt: skip
         """µs of each op of one layer alone, per path (jointtune in its chosen layout, as the stack calls it: the
         row-parallel ops with their residual + RMSNorm epilogues; the standard torch layer, its all-reduce the
-        `variant` its faster step ran), and which kernel each of jointtune's ops ran (`jointtune_kernels`: in the
-        standard layout the GEMM + all-reduce forms)."""
+        `variant` its faster step ran), each timed cold (the L2 written over first, as in a step of several layers:
+        a 32 MB weight stays in a warm L2 across repeated calls), and which kernel each of jointtune's ops ran
+        (`jointtune_kernels`: in the standard layout the GEMM + all-reduce forms)."""
         world, layer, W = self.world, self.layers[0], self.world.world_size
         T = cell.tokens
         rows = T // W if layout == "sp" else T
@@ -445,7 +446,7 @@ class Bench:
         }  # fmt: skip
         attention = self._attention_op(cell, caches, reset)
         out: dict[str, Any] = {"layout": layout, "jointtune_kernels": layer_kernels(layout, next_norm is not None),
-                               "torch_all_reduce": variant}  # fmt: skip
+                               "torch_all_reduce": variant, "l2": "flushed before each timed call"}  # fmt: skip
         # both paths' ops in the same rounds (an op beside its torch counterparts: clock drift falls on both alike)
         checked: dict[str, Any] = {}
         for path, path_ops in ops.items():
@@ -457,8 +458,8 @@ class Bench:
                     checked[f"{path}/{name}"] = fn
                 except Exception as exc:
                     out[path][name] = f"failed: {type(exc).__name__}: {exc}"[:300]
-        with torch.no_grad():
-            timed = interleaved_us(checked, world, iters=self.args.iters, warmup=self.args.warmup)
+        with torch.no_grad():  # cold: in a step each op's weight was evicted by the other layers'
+            timed = interleaved_us(checked, world, iters=self.args.iters, warmup=self.args.warmup, cold=True)
         for key, us in timed.items():
             path, name = key.split("/", 1)
             out[path][name] = us

@@ -20,6 +20,9 @@ from typing import Any
 
 import torch
 
+#: bytes written over before each timed call of a cold op: more than any current GPU's L2 (H100 and H200: 50 MB)
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
 
 def slowest_rank(world: Any, us: float) -> float:
     """MAX over the ranks of this rank's number (the number itself on a local world)."""
@@ -66,12 +69,16 @@ def _agree_on_failures(world: Any, failed: list[bool]) -> list[bool]:
     return [bool(v) for v in t.tolist()]
 
 
-def interleaved_us(fns: Mapping[str, Callable[[], Any]], world: Any, *, iters: int, warmup: int,
-                   burst: int = 3) -> dict[str, float | str]:  # fmt: skip
+def interleaved_us(fns: Mapping[str, Callable[[], Any]], world: Any, *, iters: int, warmup: int, burst: int = 3,
+                   cold: bool = False) -> dict[str, float | str]:  # fmt: skip
     """The slowest rank's median µs per call of each step, all timed together: `iters` rounds, each giving every step
-    a burst (`_burst_us`), the order rotated by one per round. A step that fails to capture or run is given as
-    "failed: ..." and the others are still timed."""
+    a burst (`_burst_us`), the order rotated by one per round. `cold`: the L2 is written over before each timed call
+    (on a GPU), as an op in a model's step finds it: its weight evicted by the other layers'. A step that fails to
+    capture or run is given as "failed: ..." and the others are still timed."""
     names = list(fns)
+    flush = None
+    if cold and world.device.type == "cuda":
+        flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=world.device).zero_
     out: dict[str, float | str] = {}
     runners: dict[str, Callable[[], None]] = {}
     graphs: list[Any] = []
@@ -103,29 +110,33 @@ def interleaved_us(fns: Mapping[str, Callable[[], Any]], world: Any, *, iters: i
     for i in range(iters if live else 0):
         turn = i % len(live)
         for n in live[turn:] + live[:turn]:
-            samples[n] += _burst_us(runners[n], world, burst)
+            samples[n] += _burst_us(runners[n], world, burst, flush)
     for n in live:
         out[n] = slowest_rank(world, statistics.median(samples[n]))
     del graphs
     return {n: out[n] for n in names}
 
 
-def _burst_us(run: Callable[[], Any], world: Any, n: int) -> list[float]:
+def _burst_us(run: Callable[[], Any], world: Any, n: int, flush: Callable[[], Any] | None = None) -> list[float]:
     """µs of each of `n` back-to-back calls after one untimed call: between CUDA events on a GPU (a call is a graph
     replay; one synchronize after the last), by wall clock elsewhere. The untimed call takes the ranks' skew: a step
     with a collective waits there for the last rank to arrive, and ranks reach a step at different times after the
     host synchronizes (seen on 4x H100: an all-reduce that took 18 µs in back-to-back replays measured 70-80 in
-    rounds of one replay per step)."""
+    rounds of one replay per step). `flush` runs before each timed call, outside its events."""
     run()
     if world.device.type != "cuda":
         out = []
         for _ in range(n):
+            if flush is not None:
+                flush()
             start = time.perf_counter()
             run()
             out.append((time.perf_counter() - start) * 1e6)
         return out
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
     for start, end in events:
+        if flush is not None:
+            flush()
         start.record()
         run()
         end.record()

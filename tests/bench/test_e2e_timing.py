@@ -41,3 +41,11 @@ def test_steps_are_timed_in_rotating_rounds_and_a_failing_step_does_not_stop_the
     # each timed round starts one later; a step's burst is an untimed call, then two timed ones
     assert "".join(calls[6:]) == "aaabbbccc" + "bbbcccaaa" + "cccaaabbb"
     assert timing.interleaved_us({}, world, iters=3, warmup=1) == {}
+
+
+def test_a_cold_burst_writes_over_the_cache_before_each_timed_call_and_not_before_the_untimed_one():
+    timing = _timing()
+    world = SimpleNamespace(kind="local", world_size=1, device=torch.device("cpu"))
+    calls: list[str] = []
+    took = timing._burst_us(lambda: calls.append("run"), world, 2, flush=lambda: calls.append("flush"))
+    assert calls == ["run", "flush", "run", "flush", "run"] and len(took) == 2
