@@ -6,9 +6,9 @@ tensor-parallel step is as slow as its slowest rank. Without a GPU (`--cpu`, sim
 interpreter) eager calls are timed by wall clock: those numbers only show the script runs.
 
 Steps that are compared with each other (a cell's paths, an op and its torch counterparts) are timed together
-(`interleaved_us`): every graph is captured first, then each round replays every one once, in an order that
-rotates. A card's clock drifts as it heats and cools, so steps timed one after the other can differ by more than the
-gains compared; in the same rounds, the drift falls on every step alike.
+(`interleaved_us`): every graph is captured first, then each round gives every one a burst (an untimed replay, then
+timed ones back to back), in an order that rotates. A card's clock drifts as it heats and cools, so steps timed one
+after the other can differ by more than the gains compared; in the same rounds, the drift falls on every step alike.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _burst_us(run: Callable[[], Any], world: Any, n: int, flush: Callable[[], An
     """µs of each of `n` back-to-back calls after one untimed call: between CUDA events on a GPU (a call is a graph
     replay; one synchronize after the last), by wall clock elsewhere. The untimed call takes the ranks' skew: a step
     with a collective waits there for the last rank to arrive, and ranks reach a step at different times after the
-    host synchronizes (seen on 4x H100: an all-reduce that took 18 µs in back-to-back replays measured 70-80 in
+    host synchronizes (seen at TP=4 on 4x H100: the torch layer's all-reduce timed 26-30 µs in bursts, 70-81 in
     rounds of one replay per step). `flush` runs before each timed call, outside its events."""
     run()
     if world.device.type != "cuda":
