@@ -48,9 +48,10 @@ TILES_PER_FLAG = (1, 2, 4, 8, 16, 32)
 COMM_SMS = (0, 4, 8, 16, 32, 64, 128)
 #: columns of one copied tile when cuBLAS computed the partial
 COPY_N = 256
-#: rows up to which the seeds lead with LL words (bench/README.md, "Flags carried in the data": LL won at 1-32 rows of
-#: every shape measured at W=2 and of most at W=4, where the flagged push was 0.3-1.1 µs ahead in two; it lost at 64
-#: and 128)
+#: rows up to which the seeds lead one-shot with LL words and follow two-shot's first seed with them (bench/README.md,
+#: "Flags carried in the data": one-shot's LL won at 1-32 rows of every shape measured at W=2 and of most at W=4, where
+#: the flagged push was 0.3-1.1 µs ahead in two, and lost at 64 and 128; "Two-shot with LL words on GPUs": two-shot's
+#: won at 1-32 rows of the plain sum and lost from 64 at W=4)
 LL_SEED_ROWS = 32
 #: rows from which, at W >= 4, the seeds alternate one-shot and two-shot (`_seeds`)
 TWO_SHOT_SEED_ROWS = 32
