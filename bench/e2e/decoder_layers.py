@@ -283,8 +283,9 @@ class Bench:
                                "paths": {}, "errors": {}, "single_gpu_bf16_error": floor}  # fmt: skip
         out["attention"] = self._choose_attention(cell, caches, reset)
         runs = self._paths(cell, xs, caches, reset, step)
-        checked = {}
+        checked: dict[str, Any] = {}  # every path, None where its check raised here (the ranks agree before timing)
         for name, fn in runs.items():
+            checked[name] = None
             try:
                 with torch.no_grad():
                     reset()
@@ -301,7 +302,7 @@ class Bench:
             if isinstance(us, float):
                 out["paths"][name] = us
             else:
-                out.setdefault("failed", {})[name] = us
+                out.setdefault("failed", {}).setdefault(name, us)
         jt = {k: v for k, v in out["paths"].items() if k.startswith("jointtune/")}
         if len(jt) == 2:
             out["layout_measured"] = {k.split("/")[1]: v for k, v in jt.items()}
@@ -315,8 +316,11 @@ class Bench:
             out[f"{key}_tokens_per_s"] = None if not us else T / us * 1e6
         if not self.args.no_breakdown:
             fastest = min(std, key=std.get).split("/", 1)[1] if std else "nccl"  # the torch step's all-reduce
-            out["breakdown"] = self._breakdown(cell, caches, reset, out["jointtune_layout"] or "standard", fastest)
-            out["breakdown"]["outside_ops_per_layer"] = outside_ops(out, self.args.layers)
+            try:  # the cell's steps are measured: a breakdown that fails is recorded, not the cell lost
+                out["breakdown"] = self._breakdown(cell, caches, reset, out["jointtune_layout"] or "standard", fastest)
+                out["breakdown"]["outside_ops_per_layer"] = outside_ops(out, self.args.layers)
+            except Exception:
+                out["breakdown_error"] = traceback.format_exc(limit=4)
         return out
 
     def _paths(self, cell: Cell, xs: list[torch.Tensor], caches: list[Any], reset: Any,
@@ -362,11 +366,14 @@ class Bench:
         if cell.phase == "prefill":
             self._set_attention("sdpa")
             return {"kernel": "sdpa", "note": "prefill: causal SDPA (our kernel is decode-only)"}
-        ops = {}
+        ops: dict[str, Any] = {}
         for kernel in ("flash_decode", "sdpa"):
             ops[kernel] = self._attention_op(cell, caches, reset, kernel)
-            with torch.no_grad():
-                ops[kernel]()
+            try:
+                with torch.no_grad():
+                    ops[kernel]()
+            except Exception:  # None: the ranks agree to drop it before timing
+                ops[kernel] = None
         with torch.no_grad():
             times = interleaved_us(ops, self.world, iters=self.args.iters, warmup=self.args.warmup)
         ran = {k: v for k, v in times.items() if isinstance(v, float)}
@@ -404,7 +411,7 @@ class Bench:
                    variant: str = "nccl") -> dict[str, Any]:  # fmt: skip
         """µs of each op of one layer alone, per path (jointtune in its chosen layout, as the stack calls it: the
         row-parallel ops with their residual + RMSNorm epilogues; the standard torch layer, its all-reduce the
-        `variant` its faster step ran), each timed cold (the L2 written over first, as in a step of several layers:
+        `variant` its faster step ran), each timed cold (the L2 read over first, as in a step of several layers:
         a 32 MB weight stays in a warm L2 across repeated calls), and which kernel each of jointtune's ops ran
         (`jointtune_kernels`: in the standard layout the GEMM + all-reduce forms)."""
         world, layer, W = self.world, self.layers[0], self.world.world_size
@@ -446,23 +453,26 @@ class Bench:
         }  # fmt: skip
         attention = self._attention_op(cell, caches, reset)
         out: dict[str, Any] = {"layout": layout, "jointtune_kernels": layer_kernels(layout, next_norm is not None),
-                               "torch_all_reduce": variant, "l2": "flushed before each timed call"}  # fmt: skip
+                               "torch_all_reduce": variant, "l2": "read over before each timed call"}  # fmt: skip
         # both paths' ops in the same rounds (an op beside its torch counterparts: clock drift falls on both alike)
-        checked: dict[str, Any] = {}
+        checked: dict[str, Any] = {}  # every op, None where its check raised here (the ranks agree before timing)
+        raised: dict[str, str] = {}
         for path, path_ops in ops.items():
             out[path] = {}
             for name, fn in {**path_ops, "attention": attention}.items():
+                key = f"{path}/{name}"
+                checked[key] = None
                 try:
                     with torch.no_grad():
                         fn()
-                    checked[f"{path}/{name}"] = fn
+                    checked[key] = fn
                 except Exception as exc:
-                    out[path][name] = f"failed: {type(exc).__name__}: {exc}"[:300]
+                    raised[key] = f"failed: {type(exc).__name__}: {exc}"[:300]
         with torch.no_grad():  # cold: in a step each op's weight was evicted by the other layers'
             timed = interleaved_us(checked, world, iters=self.args.iters, warmup=self.args.warmup, cold=True)
         for key, us in timed.items():
             path, name = key.split("/", 1)
-            out[path][name] = us
+            out[path][name] = raised.get(key, us)
         for path, path_ops in ops.items():  # in the ops' own order
             out[path] = {name: out[path][name] for name in [*path_ops, "attention"]}
         return out

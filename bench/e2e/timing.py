@@ -1,14 +1,13 @@
 """How the end-to-end benchmark times a step: replays of a CUDA graph of it, the slowest rank's median.
 
-A step is captured once (after warm-up calls on a side stream, as torch's CUDA-graph recipe asks), then replayed
-`warmup` times untimed and `iters` times between CUDA events; each rank's median is all-reduced with MAX, since a
-tensor-parallel step is as slow as its slowest rank. Without a GPU (`--cpu`, simulated ranks in Triton's
-interpreter) eager calls are timed by wall clock: those numbers only show the script runs.
-
-Steps that are compared with each other (a cell's paths, an op and its torch counterparts) are timed together
-(`interleaved_us`): every graph is captured first, then each round gives every one a burst (an untimed replay, then
-timed ones back to back), in an order that rotates. A card's clock drifts as it heats and cools, so steps timed one
-after the other can differ by more than the gains compared; in the same rounds, the drift falls on every step alike.
+A step is captured once (after warm-up calls on a side stream, as torch's CUDA-graph recipe asks). Steps that are
+compared with each other (a cell's paths, an op and its torch counterparts) are timed together (`interleaved_us`):
+every graph is captured first, replayed in `warmup` untimed rounds, then `iters` rounds each give every one a burst
+(an untimed replay, then `burst` timed ones back to back between CUDA events), in an order that rotates. A card's
+clock drifts as it heats and cools, so steps timed one after the other can differ by more than the gains compared; in
+the same rounds, the drift falls on every step alike. Each rank's median is all-reduced with MAX, since a
+tensor-parallel step is as slow as its slowest rank. Without a GPU (`--cpu`, simulated ranks in Triton's interpreter)
+eager calls are timed by wall clock: those numbers only show the script runs.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Any
 
 import torch
 
-#: bytes written over before each timed call of a cold op: more than any current GPU's L2 (H100 and H200: 50 MB)
+#: bytes read before each timed call of a cold op: more than any current GPU's L2 (H100 and H200: 50 MB)
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 
@@ -44,22 +43,27 @@ def barrier(world: Any) -> None:
 
 
 def _capture(fn: Callable[[], Any]) -> Any:
-    """A CUDA graph of `fn()`, after two warm-up calls on a side stream."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
+    """A CUDA graph of `fn()`, after two warm-up calls on a side stream. A capture that fails leaves this thread on
+    the stream it started on (torch's graph context does not restore it when the capture's end raises)."""
+    stream = torch.cuda.current_stream()
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(stream)
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        stream.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
+        return graph
+    finally:
+        torch.cuda.set_stream(stream)
 
 
 def _agree_on_failures(world: Any, failed: list[bool]) -> list[bool]:
-    """Every rank's failures OR-ed: a step one rank could not capture is dropped on all, so that every rank replays
-    the same graphs (each holds collectives) in the same order."""
+    """Every rank's failures OR-ed: a step one rank could not check or capture is dropped on all, so that every rank
+    replays the same graphs (each holds collectives) in the same order. Every rank passes the same steps."""
     if world.kind == "local" or world.world_size == 1 or not failed:
         return failed
     import torch.distributed as dist
@@ -69,30 +73,45 @@ def _agree_on_failures(world: Any, failed: list[bool]) -> list[bool]:
     return [bool(v) for v in t.tolist()]
 
 
-def interleaved_us(fns: Mapping[str, Callable[[], Any]], world: Any, *, iters: int, warmup: int, burst: int = 3,
-                   cold: bool = False) -> dict[str, float | str]:  # fmt: skip
-    """The slowest rank's median µs per call of each step, all timed together: `iters` rounds, each giving every step
-    a burst (`_burst_us`), the order rotated by one per round. `cold`: the L2 is written over before each timed call
-    (on a GPU), as an op in a model's step finds it: its weight evicted by the other layers'. A step that fails to
-    capture or run is given as "failed: ..." and the others are still timed."""
+def _cache_flush(world: Any) -> Callable[[], Any] | None:
+    """A read over more memory than any L2 (a sum: the lines it leaves are clean, so the timed call after it pays no
+    write-back, as it would after a zero fill); None off the GPU, or where the buffer can't be had."""
+    if world.device.type != "cuda":
+        return None
+    try:
+        buf = torch.ones(L2_FLUSH_BYTES // 4, dtype=torch.float32, device=world.device)
+    except torch.OutOfMemoryError:
+        return None
+    return buf.sum
+
+
+def interleaved_us(fns: Mapping[str, Callable[[], Any] | None], world: Any, *, iters: int, warmup: int,
+                   burst: int = 3, cold: bool = False) -> dict[str, float | str]:  # fmt: skip
+    """The slowest rank's median µs per call of each step, all timed together: `warmup` untimed rounds, then `iters`
+    rounds each giving every step a burst (`_burst_us`), the order rotated by one per round. Every rank passes the
+    same names, a step that failed its check here as None. `cold`: the L2 is read over before each timed call (on a
+    GPU), as an op in a model's step finds it: its weight evicted by the other layers'. A step that failed its check
+    or its capture on any rank is given as "failed: ..." and the others are still timed."""
     names = list(fns)
-    flush = None
-    if cold and world.device.type == "cuda":
-        flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=world.device).zero_
+    flush = _cache_flush(world) if cold else None
     out: dict[str, float | str] = {}
     runners: dict[str, Callable[[], None]] = {}
     graphs: list[Any] = []
     errors: dict[str, str] = {}
     for name in names:
+        fn = fns[name]
+        if fn is None:
+            errors[name] = "failed: its check raised (see the cell's errors)"
+            continue
         try:
             if world.device.type == "cuda":
                 barrier(world)
-                graph = _capture(fns[name])
+                graph = _capture(fn)
                 graphs.append(graph)
                 runners[name] = graph.replay
             else:
-                fns[name]()  # as a capture runs it: a step that fails here fails before the rounds
-                runners[name] = fns[name]
+                fn()  # as a capture runs it: a step that fails here fails before the rounds
+                runners[name] = fn
         except Exception as exc:
             errors[name] = f"failed: {type(exc).__name__}: {exc}"[:300]
     dropped = _agree_on_failures(world, [n not in runners for n in names])
@@ -112,7 +131,7 @@ def interleaved_us(fns: Mapping[str, Callable[[], Any]], world: Any, *, iters: i
         for n in live[turn:] + live[:turn]:
             samples[n] += _burst_us(runners[n], world, burst, flush)
     for n in live:
-        out[n] = slowest_rank(world, statistics.median(samples[n]))
+        out[n] = slowest_rank(world, statistics.median(samples[n])) if samples[n] else "failed: no timed rounds"
     del graphs
     return {n: out[n] for n in names}
 

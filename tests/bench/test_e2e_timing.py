@@ -41,6 +41,11 @@ def test_steps_are_timed_in_rotating_rounds_and_a_failing_step_does_not_stop_the
     # each timed round starts one later; a step's burst is an untimed call, then two timed ones
     assert "".join(calls[6:]) == "aaabbbccc" + "bbbcccaaa" + "cccaaabbb"
     assert timing.interleaved_us({}, world, iters=3, warmup=1) == {}
+    # a step whose check raised on this rank is passed as None (every rank passes the same names): given as failed
+    calls.clear()
+    timed = timing.interleaved_us({"a": step("a"), "checked_out": None}, world, iters=2, warmup=0, burst=1)
+    assert timed["checked_out"].startswith("failed: its check raised") and isinstance(timed["a"], float)
+    assert calls == ["a"] + ["a", "a"] * 2  # run once before the rounds, then each round's untimed and timed call
 
 
 def test_a_cold_burst_writes_over_the_cache_before_each_timed_call_and_not_before_the_untimed_one():
