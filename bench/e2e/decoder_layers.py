@@ -470,11 +470,9 @@ class Bench:
                     raised[key] = f"failed: {type(exc).__name__}: {exc}"[:300]
         with torch.no_grad():  # cold: in a step each op's weight was evicted by the other layers'
             timed = interleaved_us(checked, world, iters=self.args.iters, warmup=self.args.warmup, cold=True)
-        for key, us in timed.items():
+        for key, us in timed.items():  # in the ops' own order, as `checked` has them
             path, name = key.split("/", 1)
             out[path][name] = raised.get(key, us)
-        for path, path_ops in ops.items():  # in the ops' own order
-            out[path] = {name: out[path][name] for name in [*path_ops, "attention"]}
         return out
 
     # ---- whole run ----------------------------------------------------------------------------
@@ -589,14 +587,14 @@ def outside_ops(c: dict[str, Any], layers: int) -> dict[str, float | None]:
     all-reduce (the variant of its faster step) and add + RMSNorm counted twice. None where the step or an op has no
     time."""
     b = c["breakdown"]
-    twice = {"torch_standard": ("all_reduce", "add_rms_norm"), "jointtune": ()}
+    twice = ("torch_standard/all_reduce", "torch_standard/add_rms_norm")
     out: dict[str, float | None] = {}
     for path, step in (("jointtune", c.get("jointtune_us")), ("torch_standard", c.get("torch_standard_us"))):
         ops = b.get(path, {})
         if not step or not ops or not all(isinstance(us, float) for us in ops.values()):
             out[path] = None
             continue
-        out[path] = step / layers - sum(us * (2 if op in twice[path] else 1) for op, us in ops.items())
+        out[path] = step / layers - sum(us * (2 if f"{path}/{op}" in twice else 1) for op, us in ops.items())
     return out
 
 

@@ -48,7 +48,7 @@ def test_steps_are_timed_in_rotating_rounds_and_a_failing_step_does_not_stop_the
     assert calls == ["a"] + ["a", "a"] * 2  # run once before the rounds, then each round's untimed and timed call
 
 
-def test_a_cold_burst_writes_over_the_cache_before_each_timed_call_and_not_before_the_untimed_one():
+def test_a_cold_burst_reads_over_the_cache_before_each_timed_call_and_not_before_the_untimed_one():
     timing = _timing()
     world = SimpleNamespace(kind="local", world_size=1, device=torch.device("cpu"))
     calls: list[str] = []
