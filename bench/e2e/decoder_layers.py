@@ -54,6 +54,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from step_kernels import step_kernels
 from timing import barrier, interleaved_us
 from torch_tp import AllReduce, TorchStandardLayer, add_rms_norm, attend, compile_async_tp
 
@@ -108,6 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--attn", default="auto", choices=("auto", "sdpa", "flash_decode"))
     ap.add_argument("--paths", default="jointtune,torch,async_tp")
     ap.add_argument("--no-breakdown", action="store_true")
+    ap.add_argument("--kernels", action="store_true", help="each path's step profiled: its GPU kernels and their µs")
     ap.add_argument("--no-compile-check", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="simulated ranks in the interpreter: checks the script")
     ap.add_argument("--world-size", type=int, default=2, help="simulated ranks (--cpu)")
@@ -303,6 +305,9 @@ class Bench:
                 out["paths"][name] = us
             else:
                 out.setdefault("failed", {}).setdefault(name, us)
+        if self.args.kernels:  # where a step's time goes, kernel by kernel (`step_kernels`)
+            with torch.no_grad():
+                out["kernels"] = step_kernels(checked, world)
         jt = {k: v for k, v in out["paths"].items() if k.startswith("jointtune/")}
         if len(jt) == 2:
             out["layout_measured"] = {k.split("/")[1]: v for k, v in jt.items()}
@@ -640,7 +645,8 @@ def main(argv: list[str] | None = None) -> int:
             result["cells"].append({"cell": cell.name, "error": traceback.format_exc(limit=6)})
         barrier(world)
         if world.rank == 0:
-            print(json.dumps({k: v for k, v in result["cells"][-1].items() if k != "breakdown"}), flush=True)
+            brief = {k: v for k, v in result["cells"][-1].items() if k not in ("breakdown", "kernels")}
+            print(json.dumps(brief), flush=True)
     compiled = None if args.no_compile_check else bench.compile_check()
     measured = {c["tokens"]: c["layout_measured"] for c in result["cells"] if "layout_measured" in c}
     result["layout_rule"] = LayoutRule.from_measurements(measured).to_json()

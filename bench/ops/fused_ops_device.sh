@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 prefill4 tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
+#   flashlong2 prefill4 probe arbarrier4 tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -70,6 +70,20 @@ for phase in "$@"; do
       # (bench/e2e/README.md: the prefill loses to async-TP, and gate_up's gather is barely hidden)
       fo 240 4 ag_gemm 4096x10240x8192,4096x57344x8192 ag_gemm_prefill_w4.json --per-mode 2 --stress 0 --item-timeout 60
       fo 240 4 gemm_rs 4096x8192x8192,4096x8192x28672 gemm_rs_prefill_w4.json --per-mode 2 --stress 0 --item-timeout 60 ;;
+    probe)  # torch's in-place two-shot all-reduce written plainly in Triton, beside torch's own (two_shot_probe.py):
+      # W=4, then W=2 on GPUs 0,1
+      for w in 4 2; do
+        CUDA_VISIBLE_DEVICES=$( [ $w = 4 ] && echo 0,1,2,3 || echo 0,1 ) timeout 150 torchrun --nproc-per-node=$w \
+          --master-port=2954$w bench/ops/two_shot_probe.py --out "$WORK/two_shot_probe_w$w.json" > "$WORK/two_shot_probe_w$w.log" 2>&1
+        echo "exit $? after: two_shot_probe w$w"; grep -E '^\{|Error|error' "$WORK/two_shot_probe_w$w.log" | head -12; pack
+      done ;;
+    arbarrier4)  # the barrier exchange at W=4: gemm_ar_check (its configs among the fused ones), then the RMSNorm form
+      # at Llama-3-70B's o_proj shapes with a short stress (--per-mode 3: two-shot's first three seeds, the barrier
+      # exchange first from 32 rows)
+      CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 120 torchrun --nproc-per-node=4 --master-port=29534 bench/ops/gemm_ar_check.py \
+        --shapes 32x8192x2048,9x5120x1728 --out "$WORK/gemm_ar_check_w4.json" > "$WORK/gemm_ar_check_w4.log" 2>&1
+      echo "exit $? after: gemm_ar_check w4"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w4.log" | head -20; pack
+      fo 200 4 gemm_ar_rmsnorm "$(ar_shapes 8192 2048 4)" gemm_ar_rmsnorm_w4_o.json --per-mode 3 --stress 25 ;;
     tune)  # the tuner on this machine, graph policy, at W=2 and W=4: the baseline in each variant first
       for w in 2 4; do tn 200 tune_w$w gemm_rs 128x8192x8192 $w 12 tune.db --report "$WORK/tune_w$w"; done ;;
     smoke)  # the user's paths (decorator, cache, graph, drop-in) at W=4 and W=2, and a process that exits cleanly after

@@ -16,8 +16,8 @@ of three timings of a graph of 4 calls replayed 20 times (`common.measure.graph_
   the all-reduce's buffer, the sum in place, no copy into an output);
 - `baseline:<variant>`: `gemm_ar` in its baseline mode (cuBLAS, then that all-reduce, then a copy into the output);
 - `ours:<name>`: `gemm_ar` in fused configs: cuBLAS then our exchange launch (one-shot / two-shot, push / pull, a few
-  comm program counts; LL words) and the one-launch tile-GEMM form (split-K 4, as the space's seeds, and none; pushed
-  and as LL words, one-shot and two-shot); with
+  comm program counts; LL words; the barrier exchange) and the one-launch tile-GEMM form (split-K 4, as the space's
+  seeds, and none; pushed and as LL words, one-shot and two-shot); with
   `exchange_us` = the cuBLAS form's time minus `cublas_alone`, the exchange launch's share (it is not reachable alone
   through the public API).
 Every `gemm_ar` config is checked first: its output against the float32 reference and the same bits on every rank.
@@ -73,6 +73,10 @@ def fused_configs(M: int) -> dict[str, dict[str, Any]]:
     out["two_shot_cublas_pull_c64"] = dict(mode="two_shot", gemm="cublas", transport="pull", tiles_per_flag=1,
                                            comm_sms=64)  # fmt: skip
     out["two_shot_cublas_ll_c64"] = dict(mode="two_shot", gemm="cublas", transport="ll", comm_sms=64)
+    for comm in (16, 32, 64, 128):
+        out[f"two_shot_cublas_barrier_c{comm}"] = dict(mode="two_shot", gemm="cublas", transport="barrier",
+                                                       comm_sms=comm)  # fmt: skip
+    out["one_shot_cublas_barrier_c64"] = dict(mode="one_shot", gemm="cublas", transport="barrier", comm_sms=64)
     out["one_shot_triton_push_split4"] = dict(mode="one_shot", gemm="triton", transport="push", tiles_per_flag=1,
                                               comm_sms=0, **tile)  # fmt: skip
     # no split-K: 128 column tiles of 64, each program streams its whole K_r (no workspace merge)

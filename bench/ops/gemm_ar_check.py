@@ -6,8 +6,8 @@ Launch on W GPUs: `torchrun --nproc-per-node=W bench/ops/gemm_ar_check.py --out 
 (`bench/ops/fused_ops_device.sh archeck`).
 
 Per shape (decode sizes by default) and config (each fused exchange: one-shot and two-shot, the tile GEMM and cuBLAS,
-push, pull and LL words, several flag granularities and comm programs; and the baseline in every all-reduce variant
-the device runs), in each form (the sum; + residual; + residual and RMSNorm):
+push, pull, LL words and the barrier exchange, several flag granularities and comm programs; and the baseline in every
+all-reduce variant the device runs), in each form (the sum; + residual; + residual and RMSNorm):
 - an eager call on fresh random data, outputs poisoned with NaN first, against the float32 reference;
 - every rank's outputs gathered and compared bit for bit (replicated activations must not drift between ranks);
 - a CUDA graph of one call, replayed `--replays` times with fresh data copied into its inputs, an eager call of another
@@ -66,6 +66,9 @@ def configs(M: int, collectives: tuple[str, ...]) -> list[dict[str, Any]]:
         dict(mode="two_shot", gemm="cublas", transport="pull", tiles_per_flag=4, comm_sms=128),
         dict(mode="two_shot", gemm="triton", transport="ll", comm_sms=0, SPLIT_K=1, **t),
         dict(mode="two_shot", gemm="cublas", transport="ll", comm_sms=64),
+        dict(mode="two_shot", gemm="cublas", transport="barrier", comm_sms=64),
+        dict(mode="two_shot", gemm="cublas", transport="barrier", comm_sms=8),
+        dict(mode="one_shot", gemm="cublas", transport="barrier", comm_sms=32),
     ]
     variants = [c for c in ("nccl", "nccl_symm", "torch_two_shot", "torch_one_shot") if c in collectives]
     return fused + [dict(mode="baseline", collective=c) for c in variants]

@@ -18,7 +18,12 @@ per call), or cuBLAS followed by one launch that copies its tiles out and exchan
 is push, pull, or `ll`: pushed 64-bit words that carry the call's tag beside two values, so a reader polls the data
 itself and nothing is fenced or flagged (`kernels.runtime.ll`): one NVLink latency per handoff instead of a fence and
 a flag (1.8 against 5.3 µs a round trip on H100s), for twice the bytes (two-shot's two handoffs both: the tiles to
-their owners, the reduced rows to every rank, with a row's 1/rms as one word); `tiles_per_flag` is the flag
+their owners, the reduced rows to every rank, with a row's 1/rms as one word); or `barrier` (cuBLAS only): cuBLAS
+writes the partial straight into symmetric memory, and one launch meets the peers (a signal each way per program),
+reads every rank's rows over NVLink, sums them (two-shot: pushes the sums back into the peers' partials) and meets
+them again, with no tiles, flags or inboxes (the pattern of torch's symmetric-memory all-reduce: on 4x H100 a plain
+Triton two-shot of it ran within 0.1-1.7 µs of torch's where our flagged exchange lost 9-12 µs at 64-128 rows,
+bench/ops/two_shot_probe.py); `tiles_per_flag` is the flag
 granularity of push and pull (consecutive tiles of the partial per flag); `comm_sms` the
 programs given to the exchange: beside the tile GEMM, programs that only sum (0: the GEMM programs sum after their
 last tile); after cuBLAS, the programs of the exchange launch. Tiles are ag_gemm's; `SPLIT_K` splits the local k loop
@@ -42,7 +47,7 @@ MODES = ("one_shot", "two_shot", "baseline")
 _FUSED = when(mode=("one_shot", "two_shot"))
 _TILES = when(mode=("one_shot", "two_shot"), gemm="triton")
 _FLAGGED = when(mode=("one_shot", "two_shot"), transport=("push", "pull"))
-TRANSPORTS = ("push", "pull", "ll")
+TRANSPORTS = ("push", "pull", "ll", "barrier")
 #: the flag granularities offered: consecutive tiles of the partial per flag
 TILES_PER_FLAG = (1, 2, 4, 8, 16, 32)
 COMM_SMS = (0, 4, 8, 16, 32, 64, 128)
@@ -134,6 +139,15 @@ _one_shot_rows = _rows_cap("mode", "one_shot", ONE_SHOT_MAX_ROWS, "its inbox hol
 _ll_rows = _rows_cap("transport", "ll", LL_MAX_ROWS, "its words carry two values in 8 bytes", '"push" or "pull"')
 
 
+def _barrier_cublas(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    if cfg["transport"] != "barrier" or cfg["gemm"] == "cublas":
+        return None
+    return (
+        'transport: "barrier" is not allowed with gemm="triton"; allowed: gemm="cublas" (cuBLAS writes the partial '
+        "into the symmetric buffer the launch meets its peers over)"
+    )
+
+
 def _default(ctx: Context) -> dict[str, Value]:
     """cuBLAS + NCCL's all-reduce, valid for any shape: no fused mode has been measured on a GPU yet, so none is served
     before a tuner has timed it against the baseline (the seeds below are its first candidates)."""
@@ -154,7 +168,11 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     would otherwise time no two-shot at all. Up to LL_SEED_ROWS rows two-shot's LL words follow its first seed, in its
     GEMM: on 4x H100 they beat two-shot's flags at 1-32 rows of the plain sum and lost from 64 rows at W=4 (in the
     RMSNorm form, whose h and 1/rms go as words, they lost at every size at W=4; bench/README.md, "Two-shot with LL
-    words on GPUs")."""
+    words on GPUs").
+
+    Two-shot's barrier exchange after cuBLAS leads from TWO_SHOT_SEED_ROWS rows and closes the list below: its two
+    meetings cost more than LL's one handoff at a few rows, and the probe of its pattern (bench/ops/two_shot_probe.py)
+    ran within 0.1-1.7 µs of torch's two-shot at 64 and 128 rows where the flagged exchange lost 9-12 µs."""
     if ctx["W"] == 1:
         return []
     if ctx["M"] <= 128:
@@ -180,9 +198,12 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
                 ll.update(tile)
             seeds = [first[0], ll, *first[1:]] if ctx["M"] <= LL_SEED_ROWS else first
         by_mode.append([*seeds, {**fused, "gemm": "triton", "transport": "pull", "comm_sms": 0, **tile}])
+    barrier = {"mode": "two_shot", "gemm": "cublas", "transport": "barrier", "comm_sms": comm}
     if not alternate:
-        return [seed for seeds in by_mode for seed in seeds]
-    return [seed for pair in zip_longest(*by_mode) for seed in pair if seed is not None]
+        seeds = [seed for seeds in by_mode for seed in seeds]
+    else:
+        seeds = [seed for pair in zip_longest(*by_mode) for seed in pair if seed is not None]
+    return [barrier, *seeds] if ctx["M"] >= TWO_SHOT_SEED_ROWS else [*seeds, barrier]
 
 
 def _starts(ctx: Context) -> list[dict[str, Value]]:
@@ -199,7 +220,7 @@ GEMM_AR = family_space(
     "gemm_ar",
     dims=("M", "N", "K"),
     example=(64, 8192, 8192),
-    revision=3,  # 2: transport "ll" (one-shot), tiles_per_flag only with flags; 3: "ll" in two-shot too
+    revision=4,  # 2: transport "ll" (one-shot), tiles_per_flag only with flags; 3: "ll" in two-shot too; 4: "barrier"
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         categorical(
@@ -216,7 +237,8 @@ GEMM_AR = family_space(
             "transport",
             TRANSPORTS,
             when=_FUSED,
-            doc="partials written into peers, read from them, or pushed as words that carry their flag",
+            doc="partials written into peers, read from them, pushed as words that carry their flag, or read between "
+            "two meetings of the ranks (cuBLAS only)",
         ),
         *tile_params(_TILES),
         choice("tiles_per_flag", TILES_PER_FLAG, when=_FLAGGED, doc="consecutive tiles of the partial per flag"),
@@ -249,6 +271,7 @@ GEMM_AR = family_space(
         ),
         Constraint("one_shot_rows", ("mode",), f"mode != one_shot or M <= {ONE_SHOT_MAX_ROWS}", _one_shot_rows),
         Constraint("ll_rows", ("transport",), f"transport != ll or M <= {LL_MAX_ROWS}", _ll_rows),
+        Constraint("barrier_cublas", ("transport", "gemm"), "transport != barrier or gemm == cublas", _barrier_cublas),
     ],
     derive=_derive,
     check_problem=_check_problem,

@@ -50,9 +50,13 @@ CONFIGS = {
     # two-shot with words both ways (the tiles to their owners, the reduced rows and 1/rms to every rank)
     "two_shot_ll": dict(mode="two_shot", gemm="triton", transport="ll", comm_sms=0, **TILES),
     "two_shot_cublas_ll": dict(mode="two_shot", gemm="cublas", transport="ll", comm_sms=4),
+    # cuBLAS into symmetric memory, one launch between two meetings of the ranks (`kernels.gemm_ar.meet`)
+    "two_shot_barrier": dict(mode="two_shot", gemm="cublas", transport="barrier", comm_sms=4),
+    "one_shot_barrier": dict(mode="one_shot", gemm="cublas", transport="barrier", comm_sms=8),
 }
 LL = {name for name, c in CONFIGS.items() if c.get("transport") == "ll"}
-FLAGGED = set(CONFIGS) - {"baseline"} - LL
+BARRIER = {name for name, c in CONFIGS.items() if c.get("transport") == "barrier"}
+FLAGGED = set(CONFIGS) - {"baseline"} - LL - BARRIER
 #: (M, N, K_r): rows no tile, owner or world size divides (a tile holds several owners' rows); N and K_r not multiples
 #: of the blocks
 SHAPE = (21, 40, 40)
@@ -139,7 +143,15 @@ CASES = (
     [(name, 3) for name in CONFIGS]
     + [
         (name, 2)
-        for name in ("baseline", "one_shot_push", "two_shot_pull", "one_shot_cublas_pull", "one_shot_ll", "two_shot_ll")
+        for name in (
+            "baseline",
+            "one_shot_push",
+            "two_shot_pull",
+            "one_shot_cublas_pull",
+            "one_shot_ll",
+            "two_shot_ll",
+            "two_shot_barrier",
+        )
     ]
     + [
         (name, 4)
@@ -152,6 +164,8 @@ CASES = (
             "one_shot_cublas_ll",
             "two_shot_ll",
             "two_shot_cublas_ll",
+            "two_shot_barrier",
+            "one_shot_barrier",
         )
     ]
 )
@@ -208,7 +222,14 @@ def test_fewer_rows_than_ranks(M, W):
     # two-shot: the last ranks own no rows, they only send and copy
     world = LocalWorld(world_size=W)
     call = Call(world, M, 40, 24, seed=M)
-    for name in ("two_shot_pull", "two_shot_cublas_push", "one_shot_push", "one_shot_ll", "two_shot_ll"):
+    for name in (
+        "two_shot_pull",
+        "two_shot_cublas_push",
+        "one_shot_push",
+        "one_shot_ll",
+        "two_shot_ll",
+        "two_shot_barrier",
+    ):
         config = CONFIGS[name]
         call.fresh()
         call.norm(config)
@@ -248,7 +269,8 @@ def test_copied_tiles_flagged_together_once_their_program_sent_them_all(mode, tr
 #: other configs)
 REPLAYS = [("baseline", 4, True), ("one_shot_pull_split_k", 3, False), ("two_shot_push_grouped", 4, False),
            ("two_shot_pull", 3, True), ("two_shot_cublas_push", 2, True), ("one_shot_ll", 3, True),
-           ("one_shot_cublas_ll", 2, False), ("two_shot_ll", 4, True), ("two_shot_cublas_ll", 3, False)]  # fmt: skip
+           ("one_shot_cublas_ll", 2, False), ("two_shot_ll", 4, True), ("two_shot_cublas_ll", 3, False),
+           ("two_shot_barrier", 4, True), ("one_shot_barrier", 2, False)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "W", "norm"), REPLAYS)
@@ -336,7 +358,9 @@ def test_ll_rows_normed_in_more_than_one_step_with_an_odd_width():
 
 
 @pytest.mark.parametrize("norm", [False, True])
-@pytest.mark.parametrize("name", ["one_shot_push", "two_shot_pull", "one_shot_ll", "two_shot_ll", "two_shot_cublas_ll"])
+@pytest.mark.parametrize(
+    "name", ["one_shot_push", "two_shot_pull", "one_shot_ll", "two_shot_ll", "two_shot_cublas_ll", "two_shot_barrier"]
+)
 def test_the_precompile_specialises_on_the_pointer_types_the_plan_passes(name, norm):
     # the tuner's precompile (`standin_launches`) builds the kernel a call launches only if every pointer has the
     # call's type: Triton compiles anew per pointer type
@@ -383,6 +407,8 @@ def test_bad_calls_name_the_argument():
         gemm_ar(a, b, world=world, config=dict(cfg, comm_sms=64))
     with pytest.raises(SpaceError, match='comm_sms: 0 is not allowed with gemm="cublas"'):
         gemm_ar(a, b, world=world, config=dict(CONFIGS["one_shot_cublas_pull"], comm_sms=0))
+    with pytest.raises(SpaceError, match='transport: "barrier" is not allowed with gemm="triton"'):
+        gemm_ar(a, b, world=world, config=dict(CONFIGS["one_shot_ll"], transport="barrier"))
     with pytest.raises(SpaceError, match="tiles_per_flag: 32 is not allowed for 1 tiles"):
         gemm_ar(a, b, world=world, config=dict(cfg, tiles_per_flag=32))
     weights = [x.clone().requires_grad_() for x in b]
@@ -437,9 +463,12 @@ def test_space_defaults_seeds_and_rules():
         problem = Problem.of(shape, dtype="bfloat16", world_size=W)
         assert space.default(problem, limits) == {"mode": "baseline", "collective": "nccl"}
         seeds = space.seeds(problem, limits)
-        # one-shot's and two-shot's LL up to 32 rows; every seed valid here
-        assert len(seeds) == (0 if W == 1 else 8 if shape["M"] <= 32 else 6), shape
-        assert [s["mode"] for s in seeds[:1]] == ([] if W == 1 else ["one_shot" if shape["M"] <= 128 else "two_shot"])
+        # one-shot's and two-shot's LL up to 32 rows, two-shot's barrier exchange everywhere; every seed valid here
+        assert len(seeds) == (0 if W == 1 else 9 if shape["M"] <= 32 else 7), shape
+        assert [s["mode"] for s in seeds[:1]] == ([] if W == 1 else ["one_shot" if shape["M"] < 32 else "two_shot"])
+        # the barrier exchange leads from 32 rows and closes the list below
+        barrier = [i for i, s in enumerate(seeds) if s["transport"] == "barrier"]
+        assert barrier == ([] if W == 1 else [0] if shape["M"] >= 32 else [len(seeds) - 1]), shape
         # LL words lead where the handoff is latency (up to 32 rows); none where bytes dominate (from 256 rows)
         assert [s["transport"] == "ll" for s in seeds[:1]] == ([] if W == 1 else [shape["M"] <= 32])
         assert all(shape["M"] <= 32 for s in seeds if s.get("transport") == "ll")
@@ -450,15 +479,17 @@ def test_space_defaults_seeds_and_rules():
         problem = Problem.of({"M": M, "N": 8192, "K": 8190 if W == 3 else 8192}, dtype="bfloat16", world_size=W)
         return [(s["mode"], s["gemm"], s["transport"]) for s in space.seeds(problem, limits)]
 
-    assert modes(32, 4) == [("one_shot", "triton", "ll"), ("two_shot", "cublas", "push"),
-                            ("one_shot", "triton", "push"), ("two_shot", "cublas", "ll"),
-                            ("one_shot", "cublas", "push"), ("two_shot", "triton", "push"),
-                            ("one_shot", "triton", "pull"), ("two_shot", "triton", "pull")]  # fmt: skip
-    assert [m for m, _, _ in modes(64, 8)] == ["one_shot", "two_shot"] * 3
+    assert modes(32, 4) == [("two_shot", "cublas", "barrier"), ("one_shot", "triton", "ll"),
+                            ("two_shot", "cublas", "push"), ("one_shot", "triton", "push"),
+                            ("two_shot", "cublas", "ll"), ("one_shot", "cublas", "push"),
+                            ("two_shot", "triton", "push"), ("one_shot", "triton", "pull"),
+                            ("two_shot", "triton", "pull")]  # fmt: skip
+    assert [m for m, _, _ in modes(64, 8)] == ["two_shot"] + ["one_shot", "two_shot"] * 3
     assert modes(8, 2)[4:6] == [("two_shot", "triton", "push"), ("two_shot", "triton", "ll")]
-    assert [m for m, _, _ in modes(128, 4)][:2] == ["one_shot", "two_shot"]
-    for M, W in ((8, 4), (64, 2), (128, 3)):
-        assert [m for m, _, _ in modes(M, W)] == sorted(m for m, _, _ in modes(M, W)), (M, W)  # one-shot first
+    assert [m for m, _, _ in modes(128, 4)][:3] == ["two_shot", "one_shot", "two_shot"]
+    for M, W in ((8, 4), (64, 2), (128, 3)):  # one-shot first, after the barrier exchange
+        flagged = [m for m, _, t in modes(M, W) if t != "barrier"]
+        assert flagged == sorted(flagged), (M, W)
     assert modes(256, 4)[0][0] == "two_shot"
     # split-K only where the column tiles leave three quarters of the SMs idle: none at N=8192 (128 tiles of 64) or
     # 4096 (64 tiles), 4 at N=2048

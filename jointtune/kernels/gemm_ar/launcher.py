@@ -200,6 +200,8 @@ def standin_launches(cfg: GemmArConfig, *, M: int, N: int, K: int, world_size: i
     integers (as the plan builds them)."""
     if cfg.mode == "baseline":
         return []
+    if cfg.transport == "barrier":
+        return _meet_standin(cfg, M=M, N=N, world_size=world_size, dtype=dtype, device=device, norm=norm)
     from jointtune.kernels.gemm_ar.kernel import gemm_ar_kernel
     from jointtune.kernels.runtime.device import num_sms
     from jointtune.kernels.runtime.launch import split_options
@@ -218,6 +220,23 @@ def standin_launches(cfg: GemmArConfig, *, M: int, N: int, K: int, world_size: i
                        rhalf_stride=16, rank=0, produce=True, reduce=True, gather=two_shot, epoch=1, grid=w.grid,
                        comm_lo=w.comm_lo, comm=w.comm, eps=EPS)  # fmt: skip
     return [(gemm_ar_kernel, *split_options(args))]
+
+
+def _meet_standin(cfg: GemmArConfig, *, M: int, N: int, world_size: int, dtype: torch.dtype, device: torch.device,
+                  norm: bool) -> list[StandinLaunch]:  # fmt: skip
+    """`standin_launches` of transport="barrier": the meet launch as `plans.MeetPlan` builds it."""
+    from jointtune.kernels.gemm_ar.plans import meet_args
+
+    s = ArShape(world_size, M, 1, N, dtype, (N, 1), norm, norm)
+    t = torch.empty(1, dtype=dtype, device=device)
+    i64 = torch.zeros(1, dtype=torch.int64, device=device)
+    args = meet_args(cfg, s, buf=t, deltas=i64, rms=torch.zeros(1, dtype=torch.float32, device=device),
+                     rms_deltas=i64, signals=torch.zeros(1, dtype=torch.int32, device=device), signal_deltas=i64,
+                     stand_in=t, rank=0, reduce=True, gather=cfg.mode == "two_shot", meet=True, eps=EPS)  # fmt: skip
+    from jointtune.kernels.gemm_ar.meet import gemm_ar_meet_kernel
+    from jointtune.kernels.runtime.launch import split_options
+
+    return [(gemm_ar_meet_kernel, *split_options(args))]
 
 
 @dataclass

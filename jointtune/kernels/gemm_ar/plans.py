@@ -9,6 +9,9 @@
   does the rest (`gemm=cublas`). Its buffers alternate halves by the device epoch, so nothing is handed back between
   calls and a captured call replays correctly. On a world whose ranks launch one after another, every rank's produce
   launch comes before any rank's reduce launch, and every reduce before any gather (two-shot).
+- `transport="barrier"` (`MeetPlan`): cuBLAS straight into a symmetric partial, then one `gemm_ar_meet_kernel` launch
+  that meets the peers, sums (and hands out, two-shot) and meets them again (`meet`): no halves, no epochs; on a world
+  whose ranks launch one after another, every rank's reduce launch before any rank's gather launch.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import triton
 
-from jointtune.kernels.gemm_ar.args import ArShape, GemmArConfig, Work, kernel_args
+from jointtune.kernels.gemm_ar.args import NORM_PER_THREAD, ArShape, GemmArConfig, Work, kernel_args
 from jointtune.kernels.gemm_ar.kernel import gemm_ar_kernel
+from jointtune.kernels.gemm_ar.meet import SLOTS, gemm_ar_meet_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.launch import Launch
 from jointtune.kernels.runtime.ll import word_deltas
@@ -27,6 +32,11 @@ from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, peer_
 from jointtune.kernels.runtime.world import SymmetricBuffer, World
 
 Tensors = list[torch.Tensor]
+#: the barrier exchange: warps a program, and values a thread per block of the plain sum (one 16-byte vector of
+#: 16-bit values from each source: two_shot_probe.py's best block at 64 and 128 rows of 8192 was 2048 or 4096
+#: values); with the norm a row step is NORM_PER_THREAD values a thread, so 8 warps take a row of 8192 in one step
+#: (two owners' rows a program is all two-shot has at W=4 and 32-64 rows: each step is a dependent round trip)
+MEET_WARPS, MEET_VALUES = 8, 8
 
 
 def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -179,8 +189,75 @@ class FusedPlan:
                 launch(*values)
 
 
-def build_plan(world: World, s: ArShape, cfg: GemmArConfig, eps: float) -> BaselinePlan | FusedPlan:
+class MeetPlan:
+    """transport="barrier": cuBLAS writes this rank's partial into its symmetric buffer; one launch meets the peers,
+    sums every rank's partial of this rank's rows (two-shot) or of every row (one-shot), and meets them again."""
+
+    def __init__(self, world: World, s: ArShape, cfg: GemmArConfig, eps: float) -> None:
+        W, M, N = s.W, s.M, s.N
+        two_shot = cfg.mode == "two_shot"
+        data = world.symmetric("gemm_ar.meet_partial", (slot_elems(M, N),), s.dtype)
+        rms = world.symmetric("gemm_ar.meet_rms", (slot_elems(M, 1),), torch.float32) if two_shot and s.norm \
+            else None  # fmt: skip
+        signals = world.symmetric("gemm_ar.meet_signals", (2 * SLOTS * W,), torch.int32, zero=True)
+        self.partials = [data.view(i, (M, N)) for i in range(len(world.local_ranks))]
+        stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
+        steps = [(True, two_shot, True)]  # (REDUCE, GATHER, MEET) of each launch per rank
+        if not world.concurrent:
+            steps = [(True, False, False)] + ([(False, True, False)] if two_shot else [])
+        self.slots = ("out_ptr", *(("res_ptr",) if s.residual else ()), *(("w_ptr", "hout_ptr") if s.norm else ()))
+        self.phases: list[list[Launch]] = [[] for _ in steps]
+        for i, r in enumerate(world.local_ranks):
+            for n, (reduce, gathers, meet) in enumerate(steps):
+                args = meet_args(
+                    cfg, s, buf=data.tensors[i], deltas=peer_deltas(world, data, i),
+                    rms=rms.tensors[i] if rms else stand_in.float(),
+                    rms_deltas=peer_deltas(world, rms, i) if rms else world.int_table((0,)), signals=signals.tensors[i],
+                    signal_deltas=_exact_deltas(world, signals, i), stand_in=stand_in, rank=r, reduce=reduce,
+                    gather=gathers, meet=meet, eps=eps,
+                )  # fmt: skip
+                self.phases[n].append(Launch(gemm_ar_meet_kernel, cfg.comm_sms, args, slots=self.slots))
+
+    def __call__(self, a: Tensors, b: Tensors, out: Tensors, res: Tensors | None, weight: Tensors | None,
+                 h_out: Tensors | None) -> None:  # fmt: skip
+        for ai, bi, pi in zip(a, b, self.partials):
+            torch.mm(ai, bi, out=pi)
+        for phase in self.phases:
+            for i, launch in enumerate(phase):
+                values: list[Any] = [out[i]]
+                if res is not None:
+                    values.append(res[i])
+                if weight is not None and h_out is not None:
+                    values += [weight[i], h_out[i]]
+                launch(*values)
+
+
+def meet_args(cfg: GemmArConfig, s: ArShape, *, buf: Any, deltas: Any, rms: Any, rms_deltas: Any, signals: Any,
+              signal_deltas: Any, stand_in: Any, rank: int, reduce: bool, gather: bool, meet: bool,
+              eps: float) -> dict[str, Any]:  # fmt: skip
+    """`gemm_ar_meet_kernel`'s arguments by name, with the launch options (the call's tensors as `stand_in`)."""
+    warps = MEET_WARPS
+    return dict(
+        buf_ptr=buf, deltas_ptr=deltas, rms_ptr=rms, rms_deltas_ptr=rms_deltas, sig_ptr=signals,
+        sig_deltas_ptr=signal_deltas, res_ptr=stand_in, w_ptr=stand_in, out_ptr=stand_in, hout_ptr=stand_in, M=s.M,
+        N=s.N, eps=float(eps), rank=rank, rows_per_owner=s.rows_per_owner, WORLD=s.W,
+        WORLD_P2=max(2, triton.next_power_of_2(s.W)), TWO_SHOT=cfg.mode == "two_shot", RESIDUAL=s.residual,
+        NORM=s.norm, BLOCK=32 * warps * MEET_VALUES,
+        RED_N=min(NORM_PER_THREAD * 32 * warps, max(16, triton.next_power_of_2(s.N))), REDUCE=reduce,
+        GATHER=gather, MEET=meet, num_warps=warps, num_stages=1,
+    )  # fmt: skip
+
+
+def _exact_deltas(world: World, buf: SymmetricBuffer, i: int) -> torch.Tensor:
+    """Element offsets from local rank index i's copy of `buf` to every rank's, unrounded (signals: no vectors)."""
+    own, elem = buf.tensors[i].data_ptr(), buf.tensors[i].element_size()
+    return world.int_table(tuple((buf.peers[i][p].data_ptr() - own) // elem for p in range(world.world_size)))
+
+
+def build_plan(world: World, s: ArShape, cfg: GemmArConfig, eps: float) -> BaselinePlan | FusedPlan | MeetPlan:
     """The plan of `cfg`'s mode for shape `s` (and its epilogue) on `world`."""
     if cfg.mode == "baseline":
         return BaselinePlan(world, s, cfg.collective, eps)
+    if cfg.transport == "barrier":
+        return MeetPlan(world, s, cfg, eps)
     return FusedPlan(world, s, cfg, eps)
