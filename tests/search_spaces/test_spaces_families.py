@@ -123,12 +123,13 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
         # (the baseline's collective) from c3312b6eea52
         "flash_decode": "4beb3717f120",
         # revision 2 (transport "ll", one-shot only; tiles_per_flag only with flags) changed it from ed68e81be065;
-        # revision 3 ("ll" in two-shot too; ll_rows) from 30f8cca2577b
-        "gemm_ar": "ac291fea8f7a",
+        # revision 3 ("ll" in two-shot too; ll_rows) from 30f8cca2577b; revision 4 (transport "barrier";
+        # barrier_cublas) from ac291fea8f7a
+        "gemm_ar": "27c06bd44870",
     }
     assert get_space("gemm_rs").revision == 7
     assert get_space("flash_decode").revision == 4
-    assert get_space("gemm_ar").revision == 3
+    assert get_space("gemm_ar").revision == 4
 
 
 def _rebuild(space: Space, **changes) -> Space:

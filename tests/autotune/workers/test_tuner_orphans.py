@@ -27,9 +27,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]
 MARKER = "JOINTTUNE_TEST_RUN"
 GROUPS = 2
-# M=32000: each of a trial's runs sleeps 0.5 to 4.5 s, so the run is still well under way when the
-# test kills it, however busy the machine.
-TUNE = ["tune", "--kernel", "jt_sleep", "--shape", "32000", "--dtype", "fp32", "--world-size", "2", "--trials", "12",
+# M=32000: each of a trial's runs sleeps 0.5 to 4.5 s, and 200 trials keep the run under way when the test kills
+# it, however busy the machine: with 12 a run on two cores shared with another pytest finished in 38 s before the
+# test's poll had caught a trial's process alive (2026-11-27).
+TUNE = ["tune", "--kernel", "jt_sleep", "--shape", "32000", "--dtype", "fp32", "--world-size", "2", "--trials", "200",
         "--warmup", "0", "--iters", "2", "--groups", str(GROUPS), "--import", "jt_families"]  # fmt: skip
 
 
