@@ -12,8 +12,9 @@
 #   prefill4           prefill of 4096 tokens, TP=4
 #   bench2             TP=2: the decode cells on GPUs 0,1 and the prefill on GPUs 2,3, at once
 #   compile4 | compile2  torch.compile(fullgraph=True) of the stack, a decode step in each layout
-#   kernels4           decode cells at 4K KV, TP=4, from $BUNDLE (default: the committed decode_mini one), each path's
-#                      step profiled kernel by kernel (--kernels: step_kernels.py), no breakdown
+#   kernels4           decode cells at 4K KV, TP=4, from $BUNDLE (default: the committed barrier decode_mini one), each
+#                      path's step profiled kernel by kernel (--kernels: step_kernels.py), no breakdown; BATCHES and
+#                      PATHS (decoder_layers.py's --batches, --paths) narrow it, LIMIT (s) bounds it
 #   mini4              the standard layout's row-parallel shapes only (bench/e2e/decode_mini/MODEL_tpW.yaml, 8-12 trials a
 #                      shape) at TP=4, then the decode cells at 4K KV with the per-op breakdown, from that store
 #   mini2              the same at TP=2: Llama-3-70B on GPUs 0,1 and Qwen2.5-32B on GPUs 2,3, at once
@@ -96,9 +97,9 @@ for phase in "$@"; do
       wait ;;
     compile4) e2e 300 4 compile 29706 --prefill 0 --batches '' --paths jointtune ;;
     compile2) CUDA_VISIBLE_DEVICES=0,1 e2e 300 2 compile 29707 --prefill 0 --batches '' --paths jointtune ;;
-    kernels4) BUNDLE=${BUNDLE:-bench/results/tuned_llama-3-70b_tp4_decode_mini_h100_2026-11-26.json} \
-      e2e 345 4 decode_kernels 29716 --prefill 0 --batches 1,8,32 --kv-lens 4096 --no-compile-check --no-breakdown \
-      --kernels ;;
+    kernels4) BUNDLE=${BUNDLE:-bench/results/tuned_llama-3-70b_tp4_decode_mini_barrier_h100_2026-11-27.json} \
+      e2e ${LIMIT:-345} 4 decode_kernels 29716 --prefill 0 --batches ${BATCHES:-1,8,32} --kv-lens 4096 --no-compile-check \
+      --no-breakdown --kernels --paths ${PATHS:-jointtune,torch,async_tp} ;;
     mini4) mini llama-3-70b 4 0,1,2,3 29708 ;;
     mini2)
       mini llama-3-70b 2 0,1 29709 &

@@ -9,6 +9,7 @@ collectives). Off the GPU it returns nothing: the interpreter's kernels say noth
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,9 +22,11 @@ TOP = 24
 
 def step_kernels(fns: Mapping[str, Callable[[], Any] | None], world: Any, *,
                  replays: int = 3) -> dict[str, Any]:  # fmt: skip
-    """Per step name: {"busy_us", "span_us", "kernels": count per step, "top": [[name, count, µs], ...]}, this rank's
-    (busy and span also as the slowest rank's, `*_max`). Every rank passes the same names; a step given as None, or
-    one that can't be captured on any rank, is left out on all (reported as "failed")."""
+    """Per step name: {"busy_us", "span_us", "kernels": count per step, "top": [[name, count, µs, median µs a call],
+    ...]}, this rank's (busy and span also as the slowest rank's, `*_max`). A collective's calls include their waits
+    for the other ranks, and the first replay's take the ranks' skew in starting the profiler (seen at TP=4: one
+    all-gather call of 259 ms): its median a call is the figure to read, not its total. Every rank passes the same
+    names; a step given as None, or one that can't be captured on any rank, is left out on all ("failed")."""
     if world.device.type != "cuda":
         return {}
     from torch.autograd import DeviceType
@@ -55,11 +58,12 @@ def step_kernels(fns: Mapping[str, Callable[[], Any] | None], world: Any, *,
         busy = sum(sum(v) for v in by_name.values()) / replays
         span = (max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)) / replays
         top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
-        rows = [[k, round(len(v) / replays, 2), round(sum(v) / replays, 2)] for k, v in top[:TOP]]
+        rows = [[k, round(len(v) / replays, 2), round(sum(v) / replays, 2), round(statistics.median(v), 2)]
+                for k, v in top[:TOP]]  # fmt: skip
         rest = top[TOP:]
         if rest:
             rows.append(["others", round(sum(len(v) for _, v in rest) / replays, 2),
-                         round(sum(sum(v) for _, v in rest) / replays, 2)])  # fmt: skip
+                         round(sum(sum(v) for _, v in rest) / replays, 2), None])  # fmt: skip
         out[name] = {"busy_us": round(busy, 2), "span_us": round(span, 2), "kernels": round(len(kernels) / replays, 2),
                      "busy_us_max": round(slowest_rank(world, busy), 2),
                      "span_us_max": round(slowest_rank(world, span), 2), "top": rows}  # fmt: skip
