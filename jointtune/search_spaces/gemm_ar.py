@@ -60,6 +60,9 @@ COPY_N = 256
 LL_SEED_ROWS = 32
 #: rows from which, at W >= 4, the seeds alternate one-shot and two-shot (`_seeds`)
 TWO_SHOT_SEED_ROWS = 32
+#: rows up to which two-shot's barrier exchange leads the seeds (from TWO_SHOT_SEED_ROWS): measured to 1024 rows at W=4
+#: (bench/README.md, "GEMM + all-reduce's barrier exchange"); above, cuBLAS then the exchange, unoverlapped, is a guess
+BARRIER_SEED_MAX_ROWS = 1024
 #: one-shot's inbox holds every rank's whole partial (W * M * N elements per half): past this many rows its bytes, and
 #: its memory, grow W-fold for nothing two-shot or the baseline don't do better
 ONE_SHOT_MAX_ROWS = 2048
@@ -155,7 +158,7 @@ def _default(ctx: Context) -> dict[str, Value]:
 
 
 def _seeds(ctx: Context) -> list[dict[str, Value]]:
-    """One-launch candidates for a tuner's first trials (and a benchmark's per mode) where W > 1, in both exchanges:
+    """Fused candidates for a tuner's first trials (and a benchmark's per mode) where W > 1, in both exchanges:
     the tile GEMM pushing and pulling, and cuBLAS followed by a pushed exchange on half the SMs. Up to 128 rows one row
     tile over every row (the weight is read once; split-K only where the column tiles leave SMs idle: `row_tile`),
     one-shot first, led up to LL_SEED_ROWS rows by the tile GEMM pushing LL words (the handoff is latency there, not
@@ -170,9 +173,10 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     RMSNorm form, whose h and 1/rms go as words, they lost at every size at W=4; bench/README.md, "Two-shot with LL
     words on GPUs").
 
-    Two-shot's barrier exchange after cuBLAS leads from TWO_SHOT_SEED_ROWS rows and closes the list below: its two
-    meetings cost more than LL's one handoff at a few rows, and the probe of its pattern (bench/ops/two_shot_probe.py)
-    ran within 0.1-1.7 µs of torch's two-shot at 64 and 128 rows where the flagged exchange lost 9-12 µs."""
+    Two-shot's barrier exchange after cuBLAS (two launches) leads from TWO_SHOT_SEED_ROWS to BARRIER_SEED_MAX_ROWS
+    rows and closes the list elsewhere: its two meetings cost more than LL's one handoff at a few rows; the probe of
+    its pattern (bench/ops/two_shot_probe.py) ran within 0.1-1.7 µs of torch's two-shot at 64 and 128 rows at W=2 and
+    4, where the flagged exchange lost 9-12 µs, and at W=4 it was our best call at 32-1024 rows in both forms."""
     if ctx["W"] == 1:
         return []
     if ctx["M"] <= 128:
@@ -203,7 +207,8 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
         seeds = [seed for seeds in by_mode for seed in seeds]
     else:
         seeds = [seed for pair in zip_longest(*by_mode) for seed in pair if seed is not None]
-    return [barrier, *seeds] if ctx["M"] >= TWO_SHOT_SEED_ROWS else [*seeds, barrier]
+    lead = TWO_SHOT_SEED_ROWS <= ctx["M"] <= BARRIER_SEED_MAX_ROWS
+    return [barrier, *seeds] if lead else [*seeds, barrier]
 
 
 def _starts(ctx: Context) -> list[dict[str, Value]]:

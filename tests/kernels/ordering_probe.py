@@ -16,7 +16,8 @@ every relaxed flag write.
     python tests/kernels/ordering_probe.py '[{"family": "gemm_rs", "mode": "atomic", ...}, ...]'
 
 prints one JSON line per compiled kernel: its spins (volatile polling loads), acquiring reads of an int64
-flag, the zeroing stores not preceded by a barrier, and the handoffs without their barrier. Configs are given as
+flag, the zeroing stores not preceded by a barrier, the handoffs without their barrier, and its system-scope CAS
+(the barrier exchange's meetings) with whether each result reaches every thread. Configs are given as
 for `aot_compile.py`.
 """
 
@@ -36,6 +37,31 @@ import triton
 from ttgir_checks import unbarriered_handoffs, unfenced_flag_writes, unfenced_zeroing
 
 _FLAG_ACQUIRE = re.compile(r"\b(ld|atom)\.global\.\S*acquire\S*\.[bsu]64\b")  # flags and epochs are int64
+_SYS_CAS = re.compile(r"\batom\.global\.(\w+)\.sys\.cas\.b32\s+(%r\d+),")
+
+
+def sys_cas(instructions: list[str]) -> list[list]:
+    """[semantics, handed out] of every system-scope CAS (the barrier exchange's meetings, `gemm_ar.meet`): handed
+    out when its result goes through shared memory and a barrier before any thread reads it. A CAS on a vector has
+    each element in several threads and only one of them performs it; were the others to read a register of their
+    own, warps would leave the spin loop apart and meet different barriers (a hang)."""
+    out = []
+    for i, line in enumerate(instructions):
+        found = _SYS_CAS.search(line)
+        if not found:
+            continue
+        sem, reg = found.groups()
+        stored = re.compile(r"\bst\.shared\S*\s+\[[^\]]*\],\s*" + re.escape(reg) + ";")  # st.shared(::cta).b32
+        st = bar = ld = -1
+        for j, x in enumerate(instructions[i + 1 : i + 8]):
+            if st < 0 and stored.search(x):
+                st = j
+            elif bar < 0 and x.startswith("bar.sync"):
+                bar = j
+            elif ld < 0 and x.startswith("ld.shared"):
+                ld = j
+        out.append([sem, 0 <= st < bar < ld])
+    return out
 
 
 def facts(name: str, compiled) -> dict:
@@ -49,6 +75,7 @@ def facts(name: str, compiled) -> dict:
         "unbarriered_handoffs": unbarriered_handoffs(compiled.asm["ttgir"]),
         "unfenced_flag_writes": unfenced_flag_writes(compiled.asm["ttgir"]),
         "sys_fences": sum(ln.startswith("fence.acq_rel.sys") for ln in instructions),
+        "sys_cas": sys_cas(instructions),
     }
 
 

@@ -466,9 +466,9 @@ def test_space_defaults_seeds_and_rules():
         # one-shot's and two-shot's LL up to 32 rows, two-shot's barrier exchange everywhere; every seed valid here
         assert len(seeds) == (0 if W == 1 else 9 if shape["M"] <= 32 else 7), shape
         assert [s["mode"] for s in seeds[:1]] == ([] if W == 1 else ["one_shot" if shape["M"] < 32 else "two_shot"])
-        # the barrier exchange leads from 32 rows and closes the list below
+        # the barrier exchange leads from 32 to 1024 rows and closes the list elsewhere
         barrier = [i for i, s in enumerate(seeds) if s["transport"] == "barrier"]
-        assert barrier == ([] if W == 1 else [0] if shape["M"] >= 32 else [len(seeds) - 1]), shape
+        assert barrier == ([] if W == 1 else [0] if 32 <= shape["M"] <= 1024 else [len(seeds) - 1]), shape
         # LL words lead where the handoff is latency (up to 32 rows); none where bytes dominate (from 256 rows)
         assert [s["transport"] == "ll" for s in seeds[:1]] == ([] if W == 1 else [shape["M"] <= 32])
         assert all(shape["M"] <= 32 for s in seeds if s.get("transport") == "ll")
@@ -490,7 +490,8 @@ def test_space_defaults_seeds_and_rules():
     for M, W in ((8, 4), (64, 2), (128, 3)):  # one-shot first, after the barrier exchange
         flagged = [m for m, _, t in modes(M, W) if t != "barrier"]
         assert flagged == sorted(flagged), (M, W)
-    assert modes(256, 4)[0][0] == "two_shot"
+    assert modes(256, 4)[0] == ("two_shot", "cublas", "barrier")
+    assert modes(4096, 4)[0] == ("two_shot", "triton", "push") and modes(4096, 4)[-1][2] == "barrier"
     # split-K only where the column tiles leave three quarters of the SMs idle: none at N=8192 (128 tiles of 64) or
     # 4096 (64 tiles), 4 at N=2048
     for N, split in ((8192, 1), (5120, 1), (4096, 1), (2048, 4)):

@@ -42,6 +42,11 @@ CONFIGS = [
     # the decode form: one fence, then a relaxed flag write per rank, for every released tile
     dict(family="gemm_ar", shape=dict(M=8, N=8192, K=8192), world_size=4, mode="one_shot", gemm="cublas",
          transport="push", tiles_per_flag=1, comm_sms=64),
+    # the barrier exchange: meetings of CAS loops on vectors of W lanes, both forms
+    dict(family="gemm_ar_rmsnorm", shape=dict(M=64, N=8192, K=8192), world_size=4, mode="two_shot", gemm="cublas",
+         transport="barrier", comm_sms=64),
+    dict(family="gemm_ar", shape=dict(M=64, N=8192, K=8192), world_size=4, mode="one_shot", gemm="cublas",
+         transport="barrier", comm_sms=64),
 ]  # fmt: skip
 
 
@@ -67,6 +72,14 @@ def _check(facts: list[dict]) -> None:
     # interpreter keeps release exchanges): every kernel that releases to every peer has its fence
     fenced = {"gemm_ar_kernel", "allgather_push_kernel", "release_chunk_kernel", "open_call_kernel"}
     assert all(f["sys_fences"] >= 1 for f in facts if f["kernel"] in fenced)
+    # the barrier exchange meets twice a call, each meeting a release CAS then an acquire CAS, and every CAS result
+    # is handed to every thread of the program (through shared memory and a barrier) before the spin loop reads it
+    meets = [f for f in facts if f["kernel"] == "gemm_ar_meet_kernel"]
+    assert len(meets) == 2
+    for f in meets:
+        sems = [sem for sem, _ in f["sys_cas"]]
+        assert sems.count("release") >= 2 and sems.count("acquire") >= 2, f"{f['config']}: {f['sys_cas']}"
+        assert all(handed for _, handed in f["sys_cas"]), f"{f['config']}: a CAS result one thread alone holds"
     by_mode = {((f["config"] or {}).get("family"), (f["config"] or {}).get("mode")): f for f in facts}
     assert by_mode[("ag_gemm", "push")]["sys_fences"] >= 1
     assert by_mode[("flash_decode", "fused")]["sys_fences"] >= 1
