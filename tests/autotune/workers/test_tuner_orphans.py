@@ -27,10 +27,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]
 MARKER = "JOINTTUNE_TEST_RUN"
 GROUPS = 2
-# M=32000: each of a trial's runs sleeps 0.5 to 4.5 s, and 200 trials keep the run under way when the test kills
-# it, however busy the machine: with 12 a run on two cores shared with another pytest finished in 38 s before the
-# test's poll had caught a trial's process alive (2026-11-27).
-TUNE = ["tune", "--kernel", "jt_sleep", "--shape", "32000", "--dtype", "fp32", "--world-size", "2", "--trials", "200",
+# M=64000: each of a trial's runs sleeps 1 to 9 s, so the run (the space's 13 configs) is still well under way when
+# the test kills it, however busy the machine: at M=32000 a whole run ended in 39 s in `make test` on two cores, twice
+# on 2026-11-27, before the poll below had seen its processes (the failure now says what it last saw).
+TUNE = ["tune", "--kernel", "jt_sleep", "--shape", "64000", "--dtype", "fp32", "--world-size", "2", "--trials", "12",
         "--warmup", "0", "--iters", "2", "--groups", str(GROUPS), "--import", "jt_families"]  # fmt: skip
 
 
@@ -63,14 +63,19 @@ def test_a_killed_cli_leaves_no_process_of_its_run(tmp_path, subprocess_env, how
         cli = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120  # two ranks importing torch on two busy cores
+        seen = ""
         while True:
-            assert cli.poll() is None, log.read_text()
-            ranks = [pid for pid in children(cli.pid) if "multiprocessing.spawn" in cmdline(pid)]
+            assert cli.poll() is None, f"last seen: {seen}\n{log.read_text()}"
+            kids = children(cli.pid)
+            ranks = [pid for pid in kids if "multiprocessing.spawn" in cmdline(pid)]
             started = _pids(grandchildren)
             # the marker finds them all (a process shows its environment only once its exec is done)
-            if len(ranks) == GROUPS and started and {cli.pid, *ranks, *started} <= set(marked(MARKER, marker)):
+            found = set(marked(MARKER, marker))
+            if len(ranks) == GROUPS and started and {cli.pid, *ranks, *started} <= found:
                 break
-            assert time.monotonic() < deadline, f"no trial started in 120 s: {log.read_text()}"
+            seen = (f"children {describe(kids)}; grandchildren {started}; not marked "
+                    f"{sorted({cli.pid, *ranks, *started} - found)}")  # fmt: skip
+            assert time.monotonic() < deadline, f"no trial started in 120 s: {seen}\n{log.read_text()}"
             time.sleep(0.1)
         assert {parent(pid) for pid in started} <= set(ranks)  # the CLI's grandchildren, not its children
 
