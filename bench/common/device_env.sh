@@ -11,10 +11,6 @@ if [ -d .whl ]; then
   SITE=$(mktemp -d)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl
   export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-  # the bundle import (`--bundle`) goes through jointtune.server, whose app needs fastapi-offline: the shared wheel
-  # script leaves it out unless asked (`bash ../shared/tools/device-wheels.sh fastapi-offline`)
-  ls .whl | grep -qi '^fastapi_offline' || echo "device_env: .whl lacks fastapi-offline: --bundle imports will fail" \
-    "(run ../shared/tools/device-wheels.sh fastapi-offline here first)"
 fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}

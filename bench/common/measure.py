@@ -91,6 +91,21 @@ def graph_ms(graph, world, replays: int, calls: int = CALLS) -> float:
     return _replays_ms(graph, replays) / calls
 
 
+def best_graph_us(world, fn, *, calls: int = CALLS, replays: int = 20, rounds: int = 3) -> float:
+    """µs per call of `fn` under graph replay, max over ranks: one eager call, a graph of `calls` calls, the best of
+    `rounds` timings of `replays` replays each (`graph_ms`), rounded to 0.01."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    best = min(graph_ms(graph, world, replays, calls) for _ in range(rounds))
+    del graph
+    return round(max_over_ranks([best * 1e3])[0], 2)
+
+
 def launch_ms(world, launch, launches: int) -> list[float]:
     """GPU time of each of `launches` calls of `launch` (one kernel launch of a ping-pong, say), max over ranks; each
     starts behind a device barrier, so every rank's launch starts within a round trip of the others'. A rank where

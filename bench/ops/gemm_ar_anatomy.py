@@ -40,7 +40,7 @@ from common import checkout  # first: it picks the checkout whose jointtune is r
 import torch
 import torch.distributed as dist
 from common.cuda import device_label, init_cuda_world, spin_up
-from common.measure import graph_ms, provenance
+from common.measure import best_graph_us, provenance
 
 from jointtune import gemm_ar
 from jointtune.errors import SpaceError
@@ -96,16 +96,7 @@ def _max(values: list[float]) -> list[float]:
 
 def graph_us(world: Any, fn: Any) -> float:
     """GPU time per call under graph replay, best of ROUNDS, max over ranks (µs)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    torch.cuda.synchronize()
-    best = min(graph_ms(graph, world, REPLAYS, CALLS) for _ in range(ROUNDS))
-    del graph
-    return round(_max([best * 1e3])[0], 2)
+    return best_graph_us(world, fn, calls=CALLS, replays=REPLAYS, rounds=ROUNDS)
 
 
 class Shape:

@@ -35,7 +35,7 @@ import torch.distributed._symmetric_memory as symm_mem
 import triton
 import triton.language as tl
 from common.cuda import device_label, init_cuda_world, spin_up
-from common.measure import graph_ms, provenance
+from common.measure import best_graph_us, provenance
 
 N = 8192
 CALLS, REPLAYS, ROUNDS = 4, 20, 3
@@ -138,18 +138,7 @@ class Probe:
 
 
 def graph_us(world: Any, fn: Any) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    torch.cuda.synchronize()
-    best = min(graph_ms(graph, world, REPLAYS, CALLS) for _ in range(ROUNDS))
-    del graph
-    t = torch.tensor([best * 1e3], dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return round(t.item(), 2)
+    return best_graph_us(world, fn, calls=CALLS, replays=REPLAYS, rounds=ROUNDS)
 
 
 def main() -> None:
