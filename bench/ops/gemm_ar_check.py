@@ -69,6 +69,10 @@ def configs(M: int, collectives: tuple[str, ...]) -> list[dict[str, Any]]:
         dict(mode="two_shot", gemm="cublas", transport="barrier", comm_sms=64),
         dict(mode="two_shot", gemm="cublas", transport="barrier", comm_sms=8),
         dict(mode="one_shot", gemm="cublas", transport="barrier", comm_sms=32),
+        # the GEMM in column chunks beside the exchange (a side stream), each chunk signalled to every rank
+        dict(mode="two_shot", gemm="cublas", transport="barrier", chunks=2, comm_sms=32),
+        dict(mode="two_shot", gemm="cublas", transport="barrier", chunks=4, comm_sms=8),
+        dict(mode="one_shot", gemm="cublas", transport="barrier", chunks=2, comm_sms=16),
     ]
     variants = [c for c in ("nccl", "nccl_symm", "torch_two_shot", "torch_one_shot") if c in collectives]
     return fused + [dict(mode="baseline", collective=c) for c in variants]
@@ -165,6 +169,7 @@ def main() -> None:
                     help="MxNxK_r (K per rank), comma-separated; every shape compiles every config anew")  # fmt: skip
     ap.add_argument("--forms", default="sum,norm", help=f"comma-separated, of {', '.join(FORMS)}")
     ap.add_argument("--replays", type=int, default=12)
+    ap.add_argument("--transports", default="", help="comma-separated: only fused configs of these (and the baseline)")
     ap.add_argument("--out", default="gemm_ar_check.json")
     args = ap.parse_args()
     world = init_cuda_world()
@@ -172,6 +177,7 @@ def main() -> None:
     limits = current_limits()
     space = get_space("gemm_ar")
     results, failed = [], 0
+    only = set(filter(None, args.transports.split(",")))
     started = time.time()
     for shape in args.shapes.split(","):
         M, N, K_r = (int(x) for x in shape.split("x"))
@@ -179,6 +185,8 @@ def main() -> None:
         site, other = Site(W, rank, M, N, K_r), Site(W, rank, M, N, K_r)
         cases = []
         for config in configs(M, limits.collectives):
+            if only and config["mode"] != "baseline" and config["transport"] not in only:
+                continue
             try:
                 space.validate(config, problem, limits)
                 cases.append(config)
