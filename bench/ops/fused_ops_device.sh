@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 prefill4 probe arbarrier4 archunk tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
+#   flashlong2 prefill4 probe arbarrier4 arbarrier2 sideprobe tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -84,19 +84,22 @@ for phase in "$@"; do
         --shapes 32x8192x2048,9x5120x1728 --out "$WORK/gemm_ar_check_w4.json" > "$WORK/gemm_ar_check_w4.log" 2>&1
       echo "exit $? after: gemm_ar_check w4"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w4.log" | head -20; pack
       fo 200 4 gemm_ar_rmsnorm "$(ar_shapes 8192 2048 4)" gemm_ar_rmsnorm_w4_o.json --per-mode 3 --stress 25 ;;
-    archunk)  # the barrier exchange with the GEMM in column chunks: a side-stream probe on GPU 0, gemm_ar_check of the
-      # barrier configs (one chunk and chunked, both forms) at W=4, then both forms at Llama-3-70B's o_proj shapes, W=4,
-      # two-shot and the baseline (--per-mode 3: the barrier exchange in one chunk, then in two from 64 rows)
+    sideprobe)  # does cuBLAS finish beside a kernel that waits for a flag its stream sets after it? (GPU 0)
       CUDA_VISIBLE_DEVICES=0 timeout 120 python3 bench/ops/side_stream_probe.py --out "$WORK/side_stream_probe.json" \
         > "$WORK/side_stream_probe.log" 2>&1
-      echo "exit $? after: side_stream_probe"; cat "$WORK/side_stream_probe.log"; pack
-      CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 120 torchrun --nproc-per-node=4 --master-port=29534 bench/ops/gemm_ar_check.py \
-        --transports barrier --shapes 64x8192x2048,9x5120x1728 --out "$WORK/gemm_ar_check_w4.json" \
-        > "$WORK/gemm_ar_check_w4.log" 2>&1
-      echo "exit $? after: gemm_ar_check w4"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w4.log" | head -20; pack
-      fo 130 4 gemm_ar_rmsnorm "$(ar_shapes 8192 2048 4)" gemm_ar_rmsnorm_w4_o.json --per-mode 3 --stress 25 \
-        --modes two_shot,baseline
-      fo 130 4 gemm_ar "$(ar_shapes 8192 2048 4)" gemm_ar_w4_o.json --per-mode 3 --stress 25 --modes two_shot,baseline ;;
+      echo "exit $? after: side_stream_probe"; cat "$WORK/side_stream_probe.log"; pack ;;
+    arbarrier2)  # the barrier exchange at W=2: gemm_ar_check of the barrier configs on GPUs 0,1, then both forms at
+      # Llama-3-70B's o_proj shapes side by side (GPUs 0,1 and 2,3; --per-mode 3: one-shot's and two-shot's first
+      # three seeds, the barrier exchange first from 32 rows)
+      CUDA_VISIBLE_DEVICES=0,1 timeout 70 torchrun --nproc-per-node=2 --master-port=29532 bench/ops/gemm_ar_check.py \
+        --transports barrier --shapes 64x8192x2048,9x5120x1728 --out "$WORK/gemm_ar_check_w2.json" \
+        > "$WORK/gemm_ar_check_w2.log" 2>&1
+      echo "exit $? after: gemm_ar_check w2"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w2.log" | head -20; pack
+      CUDA_VISIBLE_DEVICES=0,1 fo 150 2 gemm_ar "$(ar_shapes 8192 2048 2)" gemm_ar_w2_o.json --per-mode 3 --stress 50 \
+        --port 29521 &
+      CUDA_VISIBLE_DEVICES=2,3 fo 150 2 gemm_ar_rmsnorm "$(ar_shapes 8192 2048 2)" gemm_ar_rmsnorm_w2_o.json --per-mode 3 \
+        --stress 50 --port 29522 &
+      wait ;;
     tune)  # the tuner on this machine, graph policy, at W=2 and W=4: the baseline in each variant first
       for w in 2 4; do tn 200 tune_w$w gemm_rs 128x8192x8192 $w 12 tune.db --report "$WORK/tune_w$w"; done ;;
     smoke)  # the user's paths (decorator, cache, graph, drop-in) at W=4 and W=2, and a process that exits cleanly after

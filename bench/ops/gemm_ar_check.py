@@ -69,10 +69,6 @@ def configs(M: int, collectives: tuple[str, ...]) -> list[dict[str, Any]]:
         dict(mode="two_shot", gemm="cublas", transport="barrier", comm_sms=64),
         dict(mode="two_shot", gemm="cublas", transport="barrier", comm_sms=8),
         dict(mode="one_shot", gemm="cublas", transport="barrier", comm_sms=32),
-        # the GEMM in column chunks beside the exchange (a side stream), each chunk signalled to every rank
-        dict(mode="two_shot", gemm="cublas", transport="barrier", chunks=2, comm_sms=32),
-        dict(mode="two_shot", gemm="cublas", transport="barrier", chunks=4, comm_sms=8),
-        dict(mode="one_shot", gemm="cublas", transport="barrier", chunks=2, comm_sms=16),
     ]
     variants = [c for c in ("nccl", "nccl_symm", "torch_two_shot", "torch_one_shot") if c in collectives]
     return fused + [dict(mode="baseline", collective=c) for c in variants]

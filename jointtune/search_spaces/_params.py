@@ -154,11 +154,9 @@ def pow2(name: str, lo: int, hi: int, *, when: Condition | None = None, doc: str
     return Param(name, tuple(1 << e for e in range(lo.bit_length() - 1, hi.bit_length())), when, "pow2", doc)
 
 
-def choice(
-    name: str, values: Iterable[Value], *, when: Condition | None = None, doc: str = "", implied: Value | None = None
-) -> Param:
-    """An explicit, ordered list of numeric (or other) choices (`implied`: what a config without it means)."""
-    return Param(name, tuple(values), when, "choice", doc, implied)
+def choice(name: str, values: Iterable[Value], *, when: Condition | None = None, doc: str = "") -> Param:
+    """An explicit, ordered list of numeric (or other) choices."""
+    return Param(name, tuple(values), when, "choice", doc)
 
 
 def categorical(

@@ -23,9 +23,8 @@ writes the partial straight into symmetric memory, and one launch meets the peer
 reads every rank's rows over NVLink, sums them (two-shot: pushes the sums back into the peers' partials) and meets
 them again, with no tiles, flags or inboxes (the pattern of torch's symmetric-memory all-reduce: on 4x H100 a plain
 Triton two-shot of it ran within 0.1-1.7 µs of torch's where our flagged exchange lost 9-12 µs at 64-128 rows,
-bench/ops/two_shot_probe.py); its `chunks` cut the partial into column chunks, each summed once every rank has
-written it, so cuBLAS computes one while the exchange sums the one before. `tiles_per_flag` is the flag granularity
-of push and pull (consecutive tiles of the partial per flag); `comm_sms` the
+bench/ops/two_shot_probe.py); `tiles_per_flag` is the flag
+granularity of push and pull (consecutive tiles of the partial per flag); `comm_sms` the
 programs given to the exchange: beside the tile GEMM, programs that only sum (0: the GEMM programs sum after their
 last tile); after cuBLAS, the programs of the exchange launch. Tiles are ag_gemm's; `SPLIT_K` splits the local k loop
 over K_r, each split at least two BLOCK_K steps deep. A residual add and RMSNorm epilogue is part of the call, never a
@@ -52,10 +51,6 @@ TRANSPORTS = ("push", "pull", "ll", "barrier")
 #: the flag granularities offered: consecutive tiles of the partial per flag
 TILES_PER_FLAG = (1, 2, 4, 8, 16, 32)
 COMM_SMS = (0, 4, 8, 16, 32, 64, 128)
-#: column chunks the barrier exchange's cuBLAS partial is written in: more than one overlaps the GEMM with the exchange
-CHUNKS = (1, 2, 4)
-#: columns each chunk has at least (a narrower GEMM leaves cuBLAS too little to do)
-CHUNK_MIN_COLS = 512
 #: columns of one copied tile when cuBLAS computed the partial
 COPY_N = 256
 #: rows up to which the seeds lead one-shot with LL words and follow two-shot's first seed with them (bench/README.md,
@@ -68,9 +63,6 @@ TWO_SHOT_SEED_ROWS = 32
 #: rows up to which two-shot's barrier exchange leads the seeds (from TWO_SHOT_SEED_ROWS): measured to 1024 rows at W=4
 #: (bench/README.md, "GEMM + all-reduce's barrier exchange"); above, cuBLAS then the exchange, unoverlapped, is a guess
 BARRIER_SEED_MAX_ROWS = 1024
-#: rows from which the barrier exchange in two chunks follows it in the seeds: where cuBLAS's share of the call (about
-#: 10 µs at 64 rows of 8192 x 2048 on an H100) is worth overlapping; not yet measured (a guess)
-CHUNKED_SEED_ROWS = 64
 #: one-shot's inbox holds every rank's whole partial (W * M * N elements per half): past this many rows its bytes, and
 #: its memory, grow W-fold for nothing two-shot or the baseline don't do better
 ONE_SHOT_MAX_ROWS = 2048
@@ -159,23 +151,6 @@ def _barrier_cublas(cfg: Mapping[str, Value], ctx: Context) -> str | None:
     )
 
 
-def _chunks(cfg: Mapping[str, Value], ctx: Context) -> str | None:
-    chunks, sms, limit = int(cfg["chunks"]), int(cfg["comm_sms"]), ctx["num_sms"]
-    if chunks == 1:
-        return None
-    if ctx["N"] < chunks * CHUNK_MIN_COLS:
-        return (
-            f"chunks: {chunks} is not allowed for N={ctx['N']} columns; allowed: chunks * {CHUNK_MIN_COLS} <= N "
-            "(each chunk is one cuBLAS GEMM), or chunks=1"
-        )
-    if sms > limit // 4:
-        return (
-            f"chunks: {chunks} is not allowed with comm_sms={sms} and num_sms={limit}; allowed: comm_sms <= num_sms "
-            f"// 4 = {limit // 4} (the exchange waits beside the chunks' GEMMs, holding its SMs), or chunks=1"
-        )
-    return None
-
-
 def _default(ctx: Context) -> dict[str, Value]:
     """cuBLAS + NCCL's all-reduce, valid for any shape: no fused mode has been measured on a GPU yet, so none is served
     before a tuner has timed it against the baseline (the seeds below are its first candidates)."""
@@ -201,9 +176,7 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     Two-shot's barrier exchange after cuBLAS (two launches) leads from TWO_SHOT_SEED_ROWS to BARRIER_SEED_MAX_ROWS
     rows and closes the list elsewhere: its two meetings cost more than LL's one handoff at a few rows; the probe of
     its pattern (bench/ops/two_shot_probe.py) ran within 0.1-1.7 µs of torch's two-shot at 64 and 128 rows at W=2 and
-    4, where the flagged exchange lost 9-12 µs, and at W=4 it was our best call at 32-1024 rows in both forms. From
-    CHUNKED_SEED_ROWS rows the same exchange in two column chunks (the GEMM of one overlapping the exchange of the
-    other) follows it, on a quarter of the SMs."""
+    4, where the flagged exchange lost 9-12 µs, and at W=4 it was our best call at 32-1024 rows in both forms."""
     if ctx["W"] == 1:
         return []
     if ctx["M"] <= 128:
@@ -229,17 +202,13 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
                 ll.update(tile)
             seeds = [first[0], ll, *first[1:]] if ctx["M"] <= LL_SEED_ROWS else first
         by_mode.append([*seeds, {**fused, "gemm": "triton", "transport": "pull", "comm_sms": 0, **tile}])
-    barrier = {"mode": "two_shot", "gemm": "cublas", "transport": "barrier", "chunks": 1, "comm_sms": comm}
-    barriers = [barrier]
-    overlap = {**barrier, "chunks": 2, "comm_sms": 1 << (max(1, ctx["num_sms"] // 4).bit_length() - 1)}
-    if ctx["M"] >= CHUNKED_SEED_ROWS and not _chunks(overlap, ctx):
-        barriers.append(overlap)
+    barrier = {"mode": "two_shot", "gemm": "cublas", "transport": "barrier", "comm_sms": comm}
     if not alternate:
         seeds = [seed for seeds in by_mode for seed in seeds]
     else:
         seeds = [seed for pair in zip_longest(*by_mode) for seed in pair if seed is not None]
     lead = TWO_SHOT_SEED_ROWS <= ctx["M"] <= BARRIER_SEED_MAX_ROWS
-    return [*barriers, *seeds] if lead else [*seeds, *barriers]
+    return [barrier, *seeds] if lead else [*seeds, barrier]
 
 
 def _starts(ctx: Context) -> list[dict[str, Value]]:
@@ -256,8 +225,7 @@ GEMM_AR = family_space(
     "gemm_ar",
     dims=("M", "N", "K"),
     example=(64, 8192, 8192),
-    revision=5,  # 2: transport "ll" (one-shot), tiles_per_flag only with flags; 3: "ll" in two-shot too; 4: "barrier";
-    # 5: the barrier exchange's `chunks`
+    revision=4,  # 2: transport "ll" (one-shot), tiles_per_flag only with flags; 3: "ll" in two-shot too; 4: "barrier"
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         categorical(
@@ -279,14 +247,6 @@ GEMM_AR = family_space(
         ),
         *tile_params(_TILES),
         choice("tiles_per_flag", TILES_PER_FLAG, when=_FLAGGED, doc="consecutive tiles of the partial per flag"),
-        choice(
-            "chunks",
-            CHUNKS,
-            when=when(mode=("one_shot", "two_shot"), transport="barrier"),
-            implied=1,  # what a barrier config meant before the knob existed
-            doc="column chunks cuBLAS writes the partial in, each summed once every rank wrote it (GEMM and "
-            "exchange overlap)",
-        ),
         choice(
             "comm_sms",
             COMM_SMS,
@@ -317,12 +277,6 @@ GEMM_AR = family_space(
         Constraint("one_shot_rows", ("mode",), f"mode != one_shot or M <= {ONE_SHOT_MAX_ROWS}", _one_shot_rows),
         Constraint("ll_rows", ("transport",), f"transport != ll or M <= {LL_MAX_ROWS}", _ll_rows),
         Constraint("barrier_cublas", ("transport", "gemm"), "transport != barrier or gemm == cublas", _barrier_cublas),
-        Constraint(
-            "chunks_fit",
-            ("chunks", "comm_sms"),
-            f"chunks == 1 or (chunks * {CHUNK_MIN_COLS} <= N and comm_sms <= num_sms // 4)",
-            _chunks,
-        ),
     ],
     derive=_derive,
     check_problem=_check_problem,

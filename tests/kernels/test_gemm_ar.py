@@ -375,6 +375,23 @@ def test_the_precompile_specialises_on_the_pointer_types_the_plan_passes(name, n
     assert pointers == {arg: planned[arg].dtype for arg in pointers}
 
 
+def test_the_barrier_exchange_launches_no_program_that_would_only_meet():
+    # a program per item (a row with the norm, a 2048-value block of the rows one rank sums without), at most
+    # comm_sms; every rank launches as many (two-shot: for the most rows any rank owns), so namesakes exist to meet
+    def programs(mode, M, N, W, norm, comm_sms=64):
+        cfg = GemmArConfig.of(dict(mode=mode, gemm="cublas", transport="barrier", comm_sms=comm_sms))
+        return plans.meet_programs(cfg, ArShape(W, M, 1, N, torch.bfloat16, (N, 1), norm, norm))
+
+    assert programs("two_shot", 32, 8192, 4, norm=True) == 8  # 8 rows a rank
+    assert programs("two_shot", 33, 8192, 4, norm=True) == 9  # rank 3 owns 6 rows, every rank launches 9
+    assert programs("two_shot", 32, 8192, 4, norm=False) == 32  # 8 x 8192 values a rank
+    assert programs("two_shot", 1024, 8192, 4, norm=False) == 64  # comm_sms caps it
+    assert programs("one_shot", 1, 8192, 4, norm=False) == 4  # every row on every rank
+    assert programs("two_shot", 1, 8192, 4, norm=True) == 1  # ranks without rows still meet
+    with pytest.raises(SpaceError, match="comm_sms: 300 is not allowed"):  # past the exchange's signal slots
+        programs("two_shot", 1024, 8192, 4, norm=False, comm_sms=300)
+
+
 def test_float16():
     world = LocalWorld(world_size=2)
     call = Call(world, 21, 48, 40, seed=7, dtype=torch.float16)

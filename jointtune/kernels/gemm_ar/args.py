@@ -29,7 +29,7 @@ PRODUCE_NONE, PRODUCE_GEMM, PRODUCE_COPY = 0, 1, 2
 
 class GemmArConfig(LaunchConfig, space="gemm_ar", defaults=dict(
         gemm="triton", transport="push", BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, SPLIT_K=1, num_warps=4,
-        num_stages=3, tiles_per_flag=1, comm_sms=0, chunks=1)):  # fmt: skip
+        num_stages=3, tiles_per_flag=1, comm_sms=0)):  # fmt: skip
     """A config the gemm_ar space validated; knobs the mode doesn't read keep harmless defaults."""
 
 

@@ -225,22 +225,18 @@ def standin_launches(cfg: GemmArConfig, *, M: int, N: int, K: int, world_size: i
 def _meet_standin(cfg: GemmArConfig, *, M: int, N: int, world_size: int, dtype: torch.dtype, device: torch.device,
                   norm: bool) -> list[StandinLaunch]:  # fmt: skip
     """`standin_launches` of transport="barrier": the meet launch as `plans.MeetPlan` builds it."""
-    from jointtune.kernels.gemm_ar.meet import gemm_ar_meet_kernel, gemm_ar_ready_kernel
-    from jointtune.kernels.gemm_ar.plans import meet_args, ready_args
-    from jointtune.kernels.runtime.launch import split_options
+    from jointtune.kernels.gemm_ar.plans import meet_args
 
     s = ArShape(world_size, M, 1, N, dtype, (N, 1), norm, norm)
     t = torch.empty(1, dtype=dtype, device=device)
-    i32, i64 = (torch.zeros(1, dtype=d, device=device) for d in (torch.int32, torch.int64))
-    ready = i32 if cfg.chunks > 1 else None
+    i64 = torch.zeros(1, dtype=torch.int64, device=device)
     args = meet_args(cfg, s, buf=t, deltas=i64, rms=torch.zeros(1, dtype=torch.float32, device=device),
-                     rms_deltas=i64, signals=i32, signal_deltas=i64, ready=ready, stand_in=t, rank=0, reduce=True,
-                     gather=cfg.mode == "two_shot", meet=True, eps=EPS)  # fmt: skip
-    launches = [(gemm_ar_meet_kernel, *split_options(args))]
-    if ready is not None:
-        ready_launch = ready_args(s, ready=i32, ready_deltas=i64, chunk=0, rank=0)
-        launches.append((gemm_ar_ready_kernel, *split_options(ready_launch)))
-    return launches
+                     rms_deltas=i64, signals=torch.zeros(1, dtype=torch.int32, device=device), signal_deltas=i64,
+                     stand_in=t, rank=0, reduce=True, gather=cfg.mode == "two_shot", meet=True, eps=EPS)  # fmt: skip
+    from jointtune.kernels.gemm_ar.meet import gemm_ar_meet_kernel
+    from jointtune.kernels.runtime.launch import split_options
+
+    return [(gemm_ar_meet_kernel, *split_options(args))]
 
 
 @dataclass

@@ -19,14 +19,6 @@ rank's partial, so the next call's cuBLAS may write it. A program's work is the 
 program i % programs), so meeting namesakes is enough for every copy a program makes. `MEET` off: a world whose
 ranks launch one after another runs the reduce launch of every rank, then the gather launch of every rank.
 
-`chunks` > 1 overlaps the GEMM with the exchange: cuBLAS writes the partial as `chunks` column chunks, one GEMM
-each on the caller's stream, each followed by `gemm_ar_ready_kernel`, which signals every exchange program on every
-rank that the chunk is written. The exchange launch runs beside them on a side stream, and each program sums chunk c
-once every rank has signalled it (in place of the first meeting), while cuBLAS computes chunk c + 1. With the norm,
-a row's squares are read back from h once all of its chunks are summed. While it waits, the exchange holds its
-programs' SMs, so the space keeps it to a quarter of them: cuBLAS always has SMs to run on, even with two ranks
-sharing one GPU.
-
 Deltas (elements from this rank's buffer to each rank's, rounded to 16 elements) keep the compiler's alignment
 facts, so loads and stores are 16 bytes wide; an address loaded from memory would give it none (2-byte accesses).
 """
@@ -75,54 +67,6 @@ def _meet(sig_ptr, sig_deltas_ptr, slot, rank, WORLD: tl.constexpr, WORLD_P2: tl
     tl.debug_barrier()  # every thread's reads after it
 
 
-@triton.jit(do_not_specialize=["chunk", "rank"])
-def gemm_ar_ready_kernel(ready_ptr, ready_deltas_ptr, chunk, rank, WORLD: tl.constexpr, WORLD_P2: tl.constexpr):
-    """`chunks` > 1: this rank's column chunk `chunk` of the partial is written (cuBLAS ran before this launch on its
-    stream). Program p tells exchange program p on every rank, as a meeting's first half does (so the exchange reads
-    its signal with the meeting's second half): 0 -> 1 at system scope with release, waiting while the last one is
-    unread (it never is: the exchange reads it before its closing meeting)."""
-    _put_all(ready_ptr, ready_deltas_ptr, chunk * _SLOTS + tl.program_id(0), rank, WORLD, WORLD_P2)
-
-
-@triton.jit
-def _norm_row(m, sq, eps, rms_ptr, rms_deltas_ptr, hout_ptr, w_ptr, out_ptr, N, rank, WORLD: tl.constexpr,
-              TWO_SHOT: tl.constexpr, RED_N: tl.constexpr):  # fmt: skip
-    # row m's 1/rms from its squares `sq` (two-shot: to every peer's row slot), then out[m] = h[m] * 1/rms * weight
-    # from the h this program stored
-    inv = tl.rsqrt(tl.sum(sq, axis=0) / N + eps)
-    if TWO_SHOT:
-        for j in tl.static_range(1, WORLD):
-            tl.store(rms_ptr + tl.load(rms_deltas_ptr + (rank + j) % WORLD) + m, inv)
-    tl.debug_barrier()  # the pass reads the h every thread stored
-    row = (tl.zeros((), tl.int64) + m) * N  # m is a plain int in the interpreter
-    for c0 in range(0, N, RED_N):
-        at = row + c0 + tl.arange(0, RED_N)
-        mask = c0 + tl.arange(0, RED_N) < N
-        hf = tl.load(hout_ptr + at, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + c0 + tl.arange(0, RED_N), mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + at, (hf * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _sum_block(buf_ptr, deltas_ptr, res_ptr, out_ptr, at, out_at, mask, rank, WORLD: tl.constexpr,
-               TWO_SHOT: tl.constexpr, RESIDUAL: tl.constexpr):  # fmt: skip
-    # every rank's partial at `at`, summed in rank order in float32 (the same bits on every rank), plus the residual,
-    # into out at `out_at`; two-shot: into every peer's partial at `at` too
-    total = tl.zeros(at.shape, dtype=tl.float32)
-    for q in tl.static_range(WORLD):
-        src = buf_ptr + (tl.load(deltas_ptr + q) // 16) * 16
-        total += tl.load(src + at, mask=mask, other=0.0).to(tl.float32)
-    if RESIDUAL:
-        total += tl.load(res_ptr + out_at, mask=mask, other=0.0).to(tl.float32)
-    val = total.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + out_at, val, mask=mask)
-    if TWO_SHOT:
-        for j in tl.static_range(1, WORLD):
-            dst = buf_ptr + (tl.load(deltas_ptr + (rank + j) % WORLD) // 16) * 16
-            tl.store(dst + at, val, mask=mask)
-    return val
-
-
 @triton.jit(do_not_specialize=["rank", "rows_per_owner"])
 def gemm_ar_meet_kernel(
     buf_ptr,
@@ -131,7 +75,6 @@ def gemm_ar_meet_kernel(
     rms_deltas_ptr,
     sig_ptr,
     sig_deltas_ptr,
-    ready_ptr,
     res_ptr,
     w_ptr,
     out_ptr,
@@ -141,7 +84,6 @@ def gemm_ar_meet_kernel(
     eps,
     rank,
     rows_per_owner,
-    chunk_cols,
     WORLD: tl.constexpr,
     WORLD_P2: tl.constexpr,
     TWO_SHOT: tl.constexpr,
@@ -149,13 +91,10 @@ def gemm_ar_meet_kernel(
     NORM: tl.constexpr,
     BLOCK: tl.constexpr,
     RED_N: tl.constexpr,
-    CHUNKS: tl.constexpr,
     REDUCE: tl.constexpr,
     GATHER: tl.constexpr,
     MEET: tl.constexpr,
 ):
-    # The partial is CHUNKS column chunks, chunk c [M, chunk_cols] row-major at c * M * chunk_cols, holding columns
-    # [c * chunk_cols, min(N, (c + 1) * chunk_cols)) (one chunk: the [M, N] partial itself, chunk_cols = N).
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     row_lo = rank * 0  # tensors either way: `.to` below
@@ -163,57 +102,59 @@ def gemm_ar_meet_kernel(
     if TWO_SHOT:
         row_lo = tl.minimum(M, rank * rows_per_owner)
         row_hi = tl.minimum(M, row_lo + rows_per_owner)
-    if MEET and CHUNKS == 1:
+    if MEET:
         _meet(sig_ptr, sig_deltas_ptr, pid, rank, WORLD, WORLD_P2)
     if REDUCE:
-        for c in tl.static_range(CHUNKS):
-            col_lo = c * chunk_cols
-            width = N
-            if CHUNKS > 1:
-                width = tl.minimum(N - col_lo, chunk_cols)
-            base = (tl.zeros((), tl.int64) + M) * col_lo  # the chunk's first element in the partial
-            if MEET and CHUNKS > 1:  # chunk c is written on every rank
-                _take_all(ready_ptr, c * _SLOTS + pid, WORLD, WORLD_P2)
-                tl.debug_barrier()  # every thread's reads after it
-            if NORM:  # whole rows: sum into h (the new residual); one chunk: its squares too, then normalise
-                for m in range(row_lo + pid, row_hi, programs):
-                    row = (tl.zeros((), tl.int64) + m) * N  # m is a plain int in the interpreter
-                    crow = base + (tl.zeros((), tl.int64) + m) * chunk_cols
-                    sq = tl.zeros((RED_N,), dtype=tl.float32)
-                    for c0 in range(0, width, RED_N):
-                        cols = c0 + tl.arange(0, RED_N)
-                        h = _sum_block(buf_ptr, deltas_ptr, res_ptr, hout_ptr, crow + cols, row + col_lo + cols,
-                                       cols < width, rank, WORLD, TWO_SHOT, RESIDUAL)  # fmt: skip
-                        hf = h.to(tl.float32)
-                        sq += hf * hf
-                    if CHUNKS == 1:
-                        _norm_row(m, sq, eps, rms_ptr, rms_deltas_ptr, hout_ptr, w_ptr, out_ptr, N, rank, WORLD,
-                                  TWO_SHOT, RED_N)  # fmt: skip
-            elif CHUNKS == 1:  # BLOCK-element blocks of the rows, flattened
-                lo = row_lo.to(tl.int64) * N
-                hi = row_hi.to(tl.int64) * N
-                for i in range(pid, tl.cdiv(hi - lo, BLOCK), programs):
-                    at = lo + i * BLOCK + tl.arange(0, BLOCK)
-                    _sum_block(buf_ptr, deltas_ptr, res_ptr, out_ptr, at, at, at < hi, rank, WORLD, TWO_SHOT,
-                               RESIDUAL)  # fmt: skip
-            else:  # BLOCK-column blocks of each row of the chunk
-                blocks = tl.cdiv(width, BLOCK)
-                for i in range(pid, (row_hi - row_lo) * blocks, programs):
-                    m = (row_lo + i // blocks).to(tl.int64)
-                    cols = (i % blocks) * BLOCK + tl.arange(0, BLOCK)
-                    _sum_block(buf_ptr, deltas_ptr, res_ptr, out_ptr, base + m * chunk_cols + cols,
-                               m * N + col_lo + cols, cols < width, rank, WORLD, TWO_SHOT, RESIDUAL)  # fmt: skip
-        if NORM and CHUNKS > 1:  # every chunk of this program's rows is summed: their squares from h, then normalise
-            tl.debug_barrier()  # reads of the h every thread stored
+        if NORM:  # whole rows: pass 1 sums into h (the new residual) and its squares, pass 2 normalises
             for m in range(row_lo + pid, row_hi, programs):
                 row = (tl.zeros((), tl.int64) + m) * N  # m is a plain int in the interpreter
                 sq = tl.zeros((RED_N,), dtype=tl.float32)
                 for c0 in range(0, N, RED_N):
+                    at = row + c0 + tl.arange(0, RED_N)
                     mask = c0 + tl.arange(0, RED_N) < N
-                    hf = tl.load(hout_ptr + row + c0 + tl.arange(0, RED_N), mask=mask, other=0.0).to(tl.float32)
+                    total = tl.zeros((RED_N,), dtype=tl.float32)
+                    for q in tl.static_range(WORLD):  # rank order: the same bits on every rank
+                        src = buf_ptr + (tl.load(deltas_ptr + q) // 16) * 16
+                        total += tl.load(src + at, mask=mask, other=0.0).to(tl.float32)
+                    if RESIDUAL:
+                        total += tl.load(res_ptr + at, mask=mask, other=0.0).to(tl.float32)
+                    h = total.to(hout_ptr.dtype.element_ty)
+                    tl.store(hout_ptr + at, h, mask=mask)
+                    if TWO_SHOT:
+                        for j in tl.static_range(1, WORLD):
+                            dst = buf_ptr + (tl.load(deltas_ptr + (rank + j) % WORLD) // 16) * 16
+                            tl.store(dst + at, h, mask=mask)
+                    hf = h.to(tl.float32)
                     sq += hf * hf
-                _norm_row(m, sq, eps, rms_ptr, rms_deltas_ptr, hout_ptr, w_ptr, out_ptr, N, rank, WORLD, TWO_SHOT,
-                          RED_N)  # fmt: skip
+                inv = tl.rsqrt(tl.sum(sq, axis=0) / N + eps)
+                if TWO_SHOT:
+                    for j in tl.static_range(1, WORLD):
+                        tl.store(rms_ptr + tl.load(rms_deltas_ptr + (rank + j) % WORLD) + m, inv)
+                tl.debug_barrier()  # pass 2 reads the h every thread stored
+                for c0 in range(0, N, RED_N):
+                    at = row + c0 + tl.arange(0, RED_N)
+                    mask = c0 + tl.arange(0, RED_N) < N
+                    hf = tl.load(hout_ptr + at, mask=mask, other=0.0).to(tl.float32)
+                    w = tl.load(w_ptr + c0 + tl.arange(0, RED_N), mask=mask, other=0.0).to(tl.float32)
+                    tl.store(out_ptr + at, (hf * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+        else:  # BLOCK-element blocks of the rows, flattened
+            lo = row_lo.to(tl.int64) * N
+            hi = row_hi.to(tl.int64) * N
+            for i in range(pid, tl.cdiv(hi - lo, BLOCK), programs):
+                at = lo + i * BLOCK + tl.arange(0, BLOCK)
+                mask = at < hi
+                total = tl.zeros((BLOCK,), dtype=tl.float32)
+                for q in tl.static_range(WORLD):  # rank order: the same bits on every rank
+                    src = buf_ptr + (tl.load(deltas_ptr + q) // 16) * 16
+                    total += tl.load(src + at, mask=mask, other=0.0).to(tl.float32)
+                if RESIDUAL:
+                    total += tl.load(res_ptr + at, mask=mask, other=0.0).to(tl.float32)
+                val = total.to(out_ptr.dtype.element_ty)
+                tl.store(out_ptr + at, val, mask=mask)
+                if TWO_SHOT:
+                    for j in tl.static_range(1, WORLD):
+                        dst = buf_ptr + (tl.load(deltas_ptr + (rank + j) % WORLD) // 16) * 16
+                        tl.store(dst + at, val, mask=mask)
     if MEET:
         _meet(sig_ptr, sig_deltas_ptr, _SLOTS + pid, rank, WORLD, WORLD_P2)
     if GATHER:
@@ -222,40 +163,24 @@ def gemm_ar_meet_kernel(
             o = (rank + j) % WORLD
             o_lo = tl.minimum(M, o * rows_per_owner)
             o_hi = tl.minimum(M, o_lo + rows_per_owner)
-            for c in tl.static_range(CHUNKS):
-                col_lo = c * chunk_cols
-                width = N
-                if CHUNKS > 1:
-                    width = tl.minimum(N - col_lo, chunk_cols)
-                base = (tl.zeros((), tl.int64) + M) * col_lo
-                if NORM:
-                    for m in range(o_lo + pid, o_hi, programs):
-                        row = (tl.zeros((), tl.int64) + m) * N  # m is a plain int in the interpreter
-                        crow = base + (tl.zeros((), tl.int64) + m) * chunk_cols
-                        inv = tl.load(rms_ptr + m)
-                        for c0 in range(0, width, RED_N):
-                            cols = c0 + tl.arange(0, RED_N)
-                            mask = cols < width
-                            h = tl.load(buf_ptr + crow + cols, mask=mask, other=0.0)
-                            tl.store(hout_ptr + row + col_lo + cols, h, mask=mask)
-                            w = tl.load(w_ptr + col_lo + cols, mask=mask, other=0.0).to(tl.float32)
-                            normed = (h.to(tl.float32) * inv * w).to(out_ptr.dtype.element_ty)
-                            tl.store(out_ptr + row + col_lo + cols, normed, mask=mask)
-                elif CHUNKS == 1:
-                    lo = o_lo.to(tl.int64) * N
-                    hi = o_hi.to(tl.int64) * N
-                    for i in range(pid, tl.cdiv(hi - lo, BLOCK), programs):
-                        at = lo + i * BLOCK + tl.arange(0, BLOCK)
-                        mask = at < hi
-                        tl.store(out_ptr + at, tl.load(buf_ptr + at, mask=mask, other=0.0), mask=mask)
-                else:
-                    blocks = tl.cdiv(width, BLOCK)
-                    for i in range(pid, (o_hi - o_lo) * blocks, programs):
-                        m = (o_lo + i // blocks).to(tl.int64)
-                        cols = (i % blocks) * BLOCK + tl.arange(0, BLOCK)
-                        mask = cols < width
-                        h = tl.load(buf_ptr + base + m * chunk_cols + cols, mask=mask, other=0.0)
-                        tl.store(out_ptr + m * N + col_lo + cols, h, mask=mask)
+            if NORM:
+                for m in range(o_lo + pid, o_hi, programs):
+                    row = (tl.zeros((), tl.int64) + m) * N  # m is a plain int in the interpreter
+                    inv = tl.load(rms_ptr + m)
+                    for c0 in range(0, N, RED_N):
+                        at = row + c0 + tl.arange(0, RED_N)
+                        mask = c0 + tl.arange(0, RED_N) < N
+                        h = tl.load(buf_ptr + at, mask=mask, other=0.0)
+                        tl.store(hout_ptr + at, h, mask=mask)
+                        w = tl.load(w_ptr + c0 + tl.arange(0, RED_N), mask=mask, other=0.0).to(tl.float32)
+                        tl.store(out_ptr + at, (h.to(tl.float32) * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+            else:
+                lo = o_lo.to(tl.int64) * N
+                hi = o_hi.to(tl.int64) * N
+                for i in range(pid, tl.cdiv(hi - lo, BLOCK), programs):
+                    at = lo + i * BLOCK + tl.arange(0, BLOCK)
+                    mask = at < hi
+                    tl.store(out_ptr + at, tl.load(buf_ptr + at, mask=mask, other=0.0), mask=mask)
 
 
-__all__ = ["SLOTS", "gemm_ar_meet_kernel", "gemm_ar_ready_kernel", "triton"]
+__all__ = ["SLOTS", "gemm_ar_meet_kernel", "triton"]

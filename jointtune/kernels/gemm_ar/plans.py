@@ -25,7 +25,7 @@ import triton
 from jointtune.errors import SpaceError
 from jointtune.kernels.gemm_ar.args import NORM_PER_THREAD, ArShape, GemmArConfig, Work, kernel_args
 from jointtune.kernels.gemm_ar.kernel import gemm_ar_kernel
-from jointtune.kernels.gemm_ar.meet import SLOTS, gemm_ar_meet_kernel, gemm_ar_ready_kernel
+from jointtune.kernels.gemm_ar.meet import SLOTS, gemm_ar_meet_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.launch import Launch
 from jointtune.kernels.runtime.ll import word_deltas
@@ -192,139 +192,75 @@ class FusedPlan:
 
 class MeetPlan:
     """transport="barrier": cuBLAS writes this rank's partial into its symmetric buffer; one launch meets the peers,
-    sums every rank's partial of this rank's rows (two-shot) or of every row (one-shot), and meets them again. With
-    `chunks` > 1 the partial is written in column chunks, each signalled when done, and the launch, on a side stream,
-    sums each chunk as soon as every rank has signalled it."""
+    sums every rank's partial of this rank's rows (two-shot) or of every row (one-shot), and meets them again."""
 
     def __init__(self, world: World, s: ArShape, cfg: GemmArConfig, eps: float) -> None:
         W, M, N = s.W, s.M, s.N
         two_shot = cfg.mode == "two_shot"
-        self.world, self.chunks = world, cfg.chunks
-        cols = chunk_cols(cfg, N)
-        data = world.symmetric("gemm_ar.meet_partial", (slot_elems(M, cols * cfg.chunks),), s.dtype)
+        data = world.symmetric("gemm_ar.meet_partial", (slot_elems(M, N),), s.dtype)
         rms = world.symmetric("gemm_ar.meet_rms", (slot_elems(M, 1),), torch.float32) if two_shot and s.norm \
             else None  # fmt: skip
         signals = world.symmetric("gemm_ar.meet_signals", (2 * SLOTS * W,), torch.int32, zero=True)
-        ready = world.symmetric("gemm_ar.meet_ready", (cfg.chunks * SLOTS * W,), torch.int32, zero=True) \
-            if cfg.chunks > 1 else None  # fmt: skip
         programs = meet_programs(cfg, s)
-        # chunk c of local rank i's partial: [M, width] at c * M * cols, rows `cols` apart; B's columns it is made of
-        self.spans = [(c * cols, min(N, (c + 1) * cols)) for c in range(cfg.chunks)]
-        self.partials = [
-            [data.tensors[i][M * lo : M * (lo + cols)].view(M, cols)[:, : hi - lo] for lo, hi in self.spans]
-            for i in range(len(world.local_ranks))
-        ]
+        self.partials = [data.view(i, (M, N)) for i in range(len(world.local_ranks))]
         stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
         steps = [(True, two_shot, True)]  # (REDUCE, GATHER, MEET) of each launch per rank
         if not world.concurrent:
             steps = [(True, False, False)] + ([(False, True, False)] if two_shot else [])
         self.slots = ("out_ptr", *(("res_ptr",) if s.residual else ()), *(("w_ptr", "hout_ptr") if s.norm else ()))
         self.phases: list[list[Launch]] = [[] for _ in steps]
-        #: per local rank, the launch after each chunk's GEMM that tells every rank's exchange the chunk is written
-        self.ready: list[list[Launch]] = []
-        #: whether a call has run every kernel of the overlapped order once. CUDA loads a kernel lazily, at its first
-        #: launch, and loading waits for the kernels running: a first launch of a chunk's GEMM or signal beside an
-        #: exchange that waits for it would never end. The first call (never a capture: it compiles) runs in stream
-        #: order; later ones overlap.
-        self.loaded = False
         for i, r in enumerate(world.local_ranks):
             for n, (reduce, gathers, meet) in enumerate(steps):
                 args = meet_args(
                     cfg, s, buf=data.tensors[i], deltas=peer_deltas(world, data, i),
                     rms=rms.tensors[i] if rms else stand_in.float(),
                     rms_deltas=peer_deltas(world, rms, i) if rms else world.int_table((0,)), signals=signals.tensors[i],
-                    signal_deltas=_exact_deltas(world, signals, i), ready=ready.tensors[i] if ready else None,
-                    stand_in=stand_in, rank=r, reduce=reduce, gather=gathers, meet=meet, eps=eps,
+                    signal_deltas=_exact_deltas(world, signals, i), stand_in=stand_in, rank=r, reduce=reduce,
+                    gather=gathers, meet=meet, eps=eps,
                 )  # fmt: skip
                 self.phases[n].append(Launch(gemm_ar_meet_kernel, programs, args, slots=self.slots))
-            if ready is not None and world.concurrent:
-                self.ready.append([
-                    Launch(gemm_ar_ready_kernel, programs, ready_args(s, ready=ready.tensors[i],
-                           ready_deltas=_exact_deltas(world, ready, i), chunk=c, rank=r))
-                    for c in range(cfg.chunks)
-                ])  # fmt: skip
 
     def __call__(self, a: Tensors, b: Tensors, out: Tensors, res: Tensors | None, weight: Tensors | None,
                  h_out: Tensors | None) -> None:  # fmt: skip
-        def values(i: int) -> list[Any]:
-            v: list[Any] = [out[i]]
-            if res is not None:
-                v.append(res[i])
-            if weight is not None and h_out is not None:
-                v += [weight[i], h_out[i]]
-            return v
-
-        if self.ready:  # the exchange on the side stream first (it holds its SMs), the chunks' GEMMs beside it
-            for i, (ai, bi, parts) in enumerate(zip(a, b, self.partials)):
-                if not self.loaded:  # in stream order: every kernel loads before one waits beside the others
-                    for (lo, hi), part, ready in zip(self.spans, parts, self.ready[i]):
-                        torch.mm(ai, bi[:, lo:hi], out=part)
-                        ready()
-                    self.phases[0][i](*values(i))
-                    continue
-                with self.world.side_stream(i):
-                    self.phases[0][i](*values(i))
-                for (lo, hi), part, ready in zip(self.spans, parts, self.ready[i]):
-                    torch.mm(ai, bi[:, lo:hi], out=part)
-                    ready()
-                self.world.wait_side_stream()
-            self.loaded = True
-            return
-        for ai, bi, parts in zip(a, b, self.partials):
-            for (lo, hi), part in zip(self.spans, parts):
-                torch.mm(ai, bi if len(parts) == 1 else bi[:, lo:hi], out=part)
+        for ai, bi, pi in zip(a, b, self.partials):
+            torch.mm(ai, bi, out=pi)
         for phase in self.phases:
             for i, launch in enumerate(phase):
-                launch(*values(i))
-
-
-def chunk_cols(cfg: GemmArConfig, N: int) -> int:
-    """Columns of one chunk of the barrier exchange's partial: N in one chunk, else N / chunks rounded up to 16 (so
-    every chunk's rows stay 16-element aligned; the last chunk may be narrower)."""
-    return N if cfg.chunks == 1 else cdiv(cdiv(N, cfg.chunks), 16) * 16
+                values: list[Any] = [out[i]]
+                if res is not None:
+                    values.append(res[i])
+                if weight is not None and h_out is not None:
+                    values += [weight[i], h_out[i]]
+                launch(*values)
 
 
 def meet_programs(cfg: GemmArConfig, s: ArShape) -> int:
     """The exchange launch's programs: `comm_sms`, but none without an item of its own (one that would only meet).
 
-    An item is a row with the norm, else a BLOCK-element block of the rows one rank sums of a chunk (two-shot: the
-    most any rank owns, `rows_per_owner`, so every rank launches as many: namesakes must exist to meet)."""
+    An item is a row with the norm, else a BLOCK-element block of the rows one rank sums (two-shot: the most any rank
+    owns, `rows_per_owner`, so every rank launches as many: namesakes must exist to meet)."""
     if cfg.comm_sms > SLOTS:
         raise SpaceError(f"comm_sms: {cfg.comm_sms} is not allowed with transport=\"barrier\"; allowed: <= {SLOTS} "
                          "(the exchange's signal slots)")  # fmt: skip
     rows = s.rows_per_owner if cfg.mode == "two_shot" else s.M
-    block = 32 * MEET_WARPS * MEET_VALUES
-    if s.norm:
-        items = rows
-    elif cfg.chunks == 1:
-        items = cdiv(rows * s.N, block)
-    else:
-        items = rows * cdiv(chunk_cols(cfg, s.N), block)
+    items = rows if s.norm else cdiv(rows * s.N, 32 * MEET_WARPS * MEET_VALUES)
     return max(1, min(cfg.comm_sms, items))
 
 
 def meet_args(cfg: GemmArConfig, s: ArShape, *, buf: Any, deltas: Any, rms: Any, rms_deltas: Any, signals: Any,
-              signal_deltas: Any, ready: Any, stand_in: Any, rank: int, reduce: bool, gather: bool, meet: bool,
+              signal_deltas: Any, stand_in: Any, rank: int, reduce: bool, gather: bool, meet: bool,
               eps: float) -> dict[str, Any]:  # fmt: skip
-    """`gemm_ar_meet_kernel`'s arguments by name, with the launch options (the call's tensors as `stand_in`; `ready`
-    None with one chunk)."""
+    """`gemm_ar_meet_kernel`'s arguments by name, with the launch options (the call's tensors as `stand_in`)."""
     warps = MEET_WARPS
     return dict(
         buf_ptr=buf, deltas_ptr=deltas, rms_ptr=rms, rms_deltas_ptr=rms_deltas, sig_ptr=signals,
-        sig_deltas_ptr=signal_deltas, ready_ptr=signals if ready is None else ready, res_ptr=stand_in,
-        w_ptr=stand_in, out_ptr=stand_in, hout_ptr=stand_in, M=s.M, N=s.N, eps=float(eps), rank=rank,
-        rows_per_owner=s.rows_per_owner, chunk_cols=chunk_cols(cfg, s.N), WORLD=s.W,
+        sig_deltas_ptr=signal_deltas, res_ptr=stand_in, w_ptr=stand_in, out_ptr=stand_in, hout_ptr=stand_in, M=s.M,
+        N=s.N, eps=float(eps), rank=rank, rows_per_owner=s.rows_per_owner, WORLD=s.W,
         WORLD_P2=max(2, triton.next_power_of_2(s.W)), TWO_SHOT=cfg.mode == "two_shot", RESIDUAL=s.residual,
         NORM=s.norm, BLOCK=32 * warps * MEET_VALUES,
-        RED_N=min(NORM_PER_THREAD * 32 * warps, max(16, triton.next_power_of_2(s.N))), CHUNKS=cfg.chunks,
-        REDUCE=reduce, GATHER=gather, MEET=meet, num_warps=warps, num_stages=1,
+        RED_N=min(NORM_PER_THREAD * 32 * warps, max(16, triton.next_power_of_2(s.N))), REDUCE=reduce,
+        GATHER=gather, MEET=meet, num_warps=warps, num_stages=1,
     )  # fmt: skip
-
-
-def ready_args(s: ArShape, *, ready: Any, ready_deltas: Any, chunk: int, rank: int) -> dict[str, Any]:
-    """`gemm_ar_ready_kernel`'s arguments by name, with the launch options (a program per exchange program)."""
-    return dict(ready_ptr=ready, ready_deltas_ptr=ready_deltas, chunk=chunk, rank=rank, WORLD=s.W,
-                WORLD_P2=max(2, triton.next_power_of_2(s.W)), num_warps=4, num_stages=1)  # fmt: skip
 
 
 def _exact_deltas(world: World, buf: SymmetricBuffer, i: int) -> torch.Tensor:
