@@ -27,11 +27,26 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]
 MARKER = "JOINTTUNE_TEST_RUN"
 GROUPS = 2
-# M=64000: each of a trial's runs sleeps 1 to 9 s, so the run (the space's 13 configs) is still well under way when
-# the test kills it, however busy the machine: at M=32000 a whole run ended in 39 s in `make test` on two cores, twice
-# on 2026-11-27, before the poll below had seen its processes (the failure now says what it last saw).
-TUNE = ["tune", "--kernel", "jt_sleep", "--shape", "64000", "--dtype", "fp32", "--world-size", "2", "--trials", "12",
+# M=32000: each of a trial's runs sleeps 0.5 to 4.5 s, and the run (the space's 13 configs) lasted 39 s in `make test`
+# on two cores. The poll below once waited for exactly two spawned children of the CLI and saw them too late there
+# (twice on 2026-11-27); it now finds the ranks by the grandchildren they start. At M=64000 (that day's workaround)
+# the Ctrl-C case took 65 s in `make test` against 5 s alone: the CLI never saw the Ctrl-C there and ran its whole study
+# (`_as_a_foreground_job`).
+TUNE = ["tune", "--kernel", "jt_sleep", "--shape", "32000", "--dtype", "fp32", "--world-size", "2", "--trials", "12",
         "--warmup", "0", "--iters", "2", "--groups", str(GROUPS), "--import", "jt_families"]  # fmt: skip
+
+
+def _as_a_foreground_job() -> None:
+    """In the child before exec: SIGINT as a shell gives its foreground job, default and unblocked. A process inherits
+    an ignored or blocked SIGINT, and in `make test` the worker running this test once had one: the CLI never saw
+    the Ctrl-C and ran its whole study (2026-11-27)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
+def _sigint_here() -> str:
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    return f"this process's SIGINT: {signal.getsignal(signal.SIGINT)}, blocked: {blocked}"
 
 
 def _wait_until_gone(marker: str, timeout: float = 20.0) -> list[int]:
@@ -60,37 +75,44 @@ def test_a_killed_cli_leaves_no_process_of_its_run(tmp_path, subprocess_env, how
     env = {**subprocess_env, MARKER: marker, "JT_GRANDCHILDREN": str(grandchildren)}
     command = [*JOINTTUNE, *TUNE, "--db", f"sqlite:///{tmp_path / 'jt.db'}"]
     with open(log, "wb") as out:  # its own session, as a shell's job: Ctrl-C goes to its process group
-        cli = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        cli = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                               preexec_fn=_as_a_foreground_job)  # fmt: skip
     try:
         deadline = time.monotonic() + 120  # two ranks importing torch on two busy cores
         seen = ""
         while True:
             assert cli.poll() is None, f"last seen: {seen}\n{log.read_text()}"
             kids = children(cli.pid)
-            ranks = [pid for pid in kids if "multiprocessing.spawn" in cmdline(pid)]
+            # the ranks are the processes that started the grandchildren (one each, at its first trial), children of
+            # the CLI: counting its spawned children instead depends on what else it has spawned at that moment
             started = _pids(grandchildren)
+            ranks = sorted({parent(pid) for pid in started})
             # the marker finds them all (a process shows its environment only once its exec is done)
             found = set(marked(MARKER, marker))
-            if len(ranks) == GROUPS and started and {cli.pid, *ranks, *started} <= found:
+            if len(started) == GROUPS and set(ranks) <= set(kids) and {cli.pid, *ranks, *started} <= found:
                 break
-            seen = (f"children {describe(kids)}; grandchildren {started}; not marked "
+            seen = (f"children {describe(kids)}; grandchildren {started} of {ranks}; not marked "
                     f"{sorted({cli.pid, *ranks, *started} - found)}")  # fmt: skip
             assert time.monotonic() < deadline, f"no trial started in 120 s: {seen}\n{log.read_text()}"
             time.sleep(0.1)
-        assert {parent(pid) for pid in started} <= set(ranks)  # the CLI's grandchildren, not its children
+        assert len(ranks) == GROUPS and all("multiprocessing.spawn" in cmdline(pid) for pid in ranks)
 
         assert cli.poll() is None, log.read_text()
         if how == "Ctrl-C":
             os.killpg(cli.pid, signal.SIGINT)  # what a terminal sends its foreground job
         else:
             os.kill(cli.pid, getattr(signal, how))  # the CLI alone
-        cli.wait(timeout=60)
+        try:
+            cli.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{how}: the CLI still ran 60 s later; its processes: {describe(marked(MARKER, marker))}\n"
+                        f"{log.read_text()}")  # fmt: skip
 
         left = _wait_until_gone(marker)
         assert not left, f"{how} of the CLI left {describe(left)}"
         if how == "Ctrl-C":  # not silent: what is kept, and how to go on
             said = log.read_text()
-            assert cli.returncode == 130 and "interrupted after " in said, said
+            assert cli.returncode == 130 and "interrupted after " in said, f"{_sigint_here()}\n{said}"
             assert "to resume where it stopped, run the same command again: " in said and " tune --kernel " in said
     finally:
         if cli.poll() is None:
