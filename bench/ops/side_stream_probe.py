@@ -1,7 +1,9 @@
 """Does cuBLAS finish beside a kernel that holds some SMs while it waits for a flag cuBLAS's stream sets afterwards?
 (The barrier exchange in chunks: the exchange waits on a side stream while the chunks' GEMMs run.) Each case runs in
-a child process under a time limit; prints one JSON line per case: finished, or hung. The question behind the last
-case: CUDA loads a kernel at its first launch, and loading may wait for the kernels running."""
+a child process under a time limit; prints one JSON line per case: finished, or hung. On one H100 the cases whose
+kernels had all been launched once finished, and the last, whose flag kernel had not, hung: CUDA loads a kernel at its
+first launch, and the load waits for the kernels running (`results/side_stream_probe_h100_2026-11-27.json`). Run it
+with `bash bench/ops/fused_ops_device.sh sideprobe`."""
 
 from __future__ import annotations
 
@@ -66,7 +68,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="side_stream_probe.json")
     args = ap.parse_args()
-    # (M, N, K, waiting programs, order: waiter first 0 / cuBLAS first 1, SM carveout, every kernel loaded first)
+    # (M, N, K, waiting programs, order: waiter first 0 / cuBLAS first 1, SM carveout (torch's experimental knob;
+    # 0: none), every kernel launched once first)
     cases = [(64, 4096, 2048, 32, 0, 0, 1), (64, 4096, 2048, 32, 1, 0, 1), (1024, 4096, 2048, 32, 0, 0, 1),
              (64, 4096, 2048, 32, 1, 0, 0)]  # fmt: skip
     script = Path(tempfile.mkdtemp()) / "case.py"  # Triton reads a kernel's source from its file

@@ -48,7 +48,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("W", [2])  # W=4 ran the same path with twice the ranks to start twice (14 s on 2 cores)
 def test_a_run_goes_on_past_an_item_that_raises_and_one_that_hangs(tmp_path, W):
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)
