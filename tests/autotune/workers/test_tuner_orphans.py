@@ -28,18 +28,19 @@ JOINTTUNE = [sys.executable, "-c", "from jointtune.cli import main; main()"]
 MARKER = "JOINTTUNE_TEST_RUN"
 GROUPS = 2
 # M=32000: each of a trial's runs sleeps 0.5 to 4.5 s, and the run (the space's 13 configs) lasted 39 s in `make test`
-# on two cores. The poll below once waited for exactly two spawned children of the CLI and saw them too late there
-# (twice on 2026-11-27); it now finds the ranks by the grandchildren they start. At M=64000 (that day's workaround)
-# the Ctrl-C case took 65 s in `make test` against 5 s alone: the CLI never saw the Ctrl-C there and ran its whole study
-# (`_as_a_foreground_job`).
+# on two cores. The poll below once waited for exactly two spawned children of the CLI, and twice on 2026-11-27 the
+# run ended before it saw them; it now finds the ranks by the grandchildren they start. At M=64000 (that day's
+# workaround) the Ctrl-C case took 65 s in a `make test` run in the background against 5 s alone: the CLI never saw
+# the Ctrl-C there and ran its whole study (`_as_a_foreground_job`).
 TUNE = ["tune", "--kernel", "jt_sleep", "--shape", "32000", "--dtype", "fp32", "--world-size", "2", "--trials", "12",
         "--warmup", "0", "--iters", "2", "--groups", str(GROUPS), "--import", "jt_families"]  # fmt: skip
 
 
 def _as_a_foreground_job() -> None:
     """In the child before exec: SIGINT as a shell gives its foreground job, default and unblocked. A process inherits
-    an ignored or blocked SIGINT, and in `make test` the worker running this test once had one: the CLI never saw
-    the Ctrl-C and ran its whole study (2026-11-27)."""
+    an ignored SIGINT, and a shell starts background commands with SIGINT ignored: a `make test` started in the
+    background (`make test &`, `nohup make test &`) gave it to this test's CLI, which then never saw the Ctrl-C and ran
+    its whole study (65 s, then a failure, 2026-11-27)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 
