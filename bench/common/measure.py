@@ -95,12 +95,7 @@ def best_graph_us(world, fn, *, calls: int = CALLS, replays: int = 20, rounds: i
     """µs per call of `fn` under graph replay, max over ranks: one eager call, a graph of `calls` calls, the best of
     `rounds` timings of `replays` replays each (`graph_ms`), rounded to 0.01."""
     fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    torch.cuda.synchronize()
+    graph = capture(fn, calls)
     best = min(graph_ms(graph, world, replays, calls) for _ in range(rounds))
     del graph
     return round(max_over_ranks([best * 1e3])[0], 2)

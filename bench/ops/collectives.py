@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: `common` and every folder import as packages
 from common.cuda import init_cuda_world, spin_up
-from common.measure import run_header
+from common.measure import capture, run_header
 
 CALLS = 8  # calls per captured graph
 
@@ -31,11 +31,7 @@ CALLS = 8  # calls per captured graph
 def timed_graph(fn, replays: int = 20) -> float:
     """µs per call over replays of a graph of CALLS calls, max over ranks."""
     fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
+    graph = capture(fn, CALLS)
     graph.replay()
     torch.cuda.synchronize()
     times = []

@@ -40,7 +40,7 @@ from common import checkout  # first: it picks the checkout whose jointtune is r
 import torch
 import torch.distributed as dist
 from common.cuda import device_label, init_cuda_world, spin_up
-from common.measure import best_graph_us, provenance
+from common.measure import best_graph_us, max_over_ranks, provenance
 
 from jointtune import gemm_ar
 from jointtune.errors import SpaceError
@@ -88,12 +88,6 @@ def fused_configs(M: int) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _max(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
-
-
 def graph_us(world: Any, fn: Any) -> float:
     """GPU time per call under graph replay, best of ROUNDS, max over ranks (µs)."""
     return best_graph_us(world, fn, calls=CALLS, replays=REPLAYS, rounds=ROUNDS)
@@ -119,7 +113,7 @@ class Shape:
         every = [torch.empty_like(self.out) for _ in range(self.W)]
         dist.all_gather(every, self.out)
         same = all(torch.equal(e.view(torch.int16), every[0].view(torch.int16)) for e in every)
-        err, differ = _max([err, 0.0 if same else 1.0])
+        err, differ = max_over_ranks([err, 0.0 if same else 1.0])
         return err, differ == 0.0
 
 
