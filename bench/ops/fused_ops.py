@@ -54,6 +54,8 @@ def _arguments() -> argparse.ArgumentParser:
     ap.add_argument("--ranks", type=int, default=2, help="ranks (one per GPU); torchrun runs them")
     ap.add_argument("--per-mode", type=int, default=4, help="candidates per mode from the space")
     ap.add_argument("--modes", default="", help="comma-separated modes to time (default: every mode)")
+    ap.add_argument("--configs", default="", help="a JSON list of configs timed too, each at every shape that takes "
+                    "it and whose mode is timed (a knob sweep the space's seeds don't reach)")  # fmt: skip
     ap.add_argument("--stress", type=int, default=300, help="graph replays in the closing stress run (0: none)")
     ap.add_argument("--item-timeout", type=float, default=150.0, help="seconds before an item counts as hung")
     ap.add_argument("--port", type=int, default=29500, help="torchrun's master port (two runs on one node: differ)")
@@ -348,7 +350,10 @@ def rank_side(args: argparse.Namespace) -> None:
         tag = shape
         anchors(rig, bench, items, tag, limits)
         for mode in modes:
-            for cfg in harness.space_candidates(space, problem, limits, mode, args.per_mode, seed=1):
+            given = [c for c in json.loads(args.configs or "[]") if c.get("mode") == mode]
+            drawn = harness.space_candidates(space, problem, limits, mode, args.per_mode, seed=1)
+            extra = [space.validate(c, problem, limits) for c in given if not space.violations(c, problem, limits)]
+            for cfg in drawn + [c for c in extra if c not in drawn]:
                 item_id = f"{tag}|{json.dumps(cfg, sort_keys=True)}"
                 if world.rank == 0:
                     print(f"  {item_id}", flush=True)

@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 prefill4 probe arbarrier4 arbarrier2 sideprobe tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
+#   flashlong2 prefill4 probe arbarrier4 arbarrier2 rsbar4 rsbar2 sideprobe tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -22,6 +22,11 @@ tn() { # SECONDS NAME KERNEL SHAPE W TRIALS DB [more args]: one `jointtune tune`
 DECODE=64x8192x8192,128x8192x8192,256x8192x8192,128x6144x4096,128x4096x14336
 FLASH=1x64x8x32768x128,8x64x8x32768x128,32x64x8x8192x128,1x40x8x32768x128,8x56x8x8192x128
 LARGE=1024x8192x8192,8192x4096x12288
+# issue 36's "M in {16, 32} reported" at 8192 x 8192
+RS_FEW=16x8192x8192,32x8192x8192
+# the barrier launch's knobs: both transports at 32, 64 and 128 programs
+RS_BARRIERS=$(python3 -c 'import json; print(json.dumps([{"mode": "barrier", "transport": t, "reduce_sms": n}
+  for t in ("pull", "push") for n in (32, 64, 128)]))')
 # issue 31's remaining GEMM cells (M 16, 32 and 1024 at the three (N, K)) and Flash-Decode's long caches with the user's
 # SDPA path as an anchor (two 32K shapes again, to set that anchor beside the earlier runs)
 SMALL=16x8192x8192,32x8192x8192,16x6144x4096,32x6144x4096,16x4096x14336,32x4096x14336,1024x6144x4096,1024x4096x14336
@@ -84,6 +89,19 @@ for phase in "$@"; do
         --shapes 32x8192x2048,9x5120x1728 --out "$WORK/gemm_ar_check_w4.json" > "$WORK/gemm_ar_check_w4.log" 2>&1
       echo "exit $? after: gemm_ar_check w4"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w4.log" | head -20; pack
       fo 200 4 gemm_ar_rmsnorm "$(ar_shapes 8192 2048 4)" gemm_ar_rmsnorm_w4_o.json --per-mode 3 --stress 25 ;;
+    rsbar4)  # GEMM+RS's barrier launch (issue 36) at W=4: the decode shapes and 16, 32 rows, both transports at 32, 64
+      # and 128 programs, against the fused push and the unfused paths, with a replay stress
+      fo 270 4 gemm_rs "$DECODE,$RS_FEW" gemm_rs_barrier_w4.json --modes barrier,push,baseline --per-mode 2 \
+        --configs "$RS_BARRIERS" --stress 100 --item-timeout 60 ;;
+    rsbar2)  # the same at W=2 on GPUs 0,1, and beside it gemm_ar_check's barrier configs at W=2 on GPUs 2,3 (the meet
+      # moved into the runtime: gemm_ar's kernel version changed)
+      CUDA_VISIBLE_DEVICES=0,1 fo 270 2 gemm_rs "$DECODE,$RS_FEW" gemm_rs_barrier_w2.json --modes barrier,push,baseline \
+        --per-mode 2 --configs "$RS_BARRIERS" --stress 100 --item-timeout 60 --port 29511 &
+      CUDA_VISIBLE_DEVICES=2,3 timeout 120 torchrun --nproc-per-node=2 --master-port=29532 bench/ops/gemm_ar_check.py \
+        --transports barrier --shapes 64x8192x2048,9x5120x1728 --out "$WORK/gemm_ar_check_w2.json" \
+        > "$WORK/gemm_ar_check_w2.log" 2>&1
+      echo "exit $? after: gemm_ar_check w2"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w2.log" | head -20; pack
+      wait ;;
     sideprobe)  # does cuBLAS finish beside a kernel that waits for a flag its stream sets after it? (GPU 0)
       CUDA_VISIBLE_DEVICES=0 timeout 120 python3 bench/ops/side_stream_probe.py --out "$WORK/side_stream_probe.json" \
         > "$WORK/side_stream_probe.log" 2>&1

@@ -17,6 +17,12 @@ ends with its R = M / W rows of sum_r P_r. Dims M, N, K are global; K_r = K / W.
             only where the caller allows it (`allow_nondeterministic`, off by default);
   pull_cublas  cuBLAS computes the whole partial into symmetric memory; one launch of `reduce_sms`
             programs pulls and sums the rank's rows from every peer (two launches, as GEMM + NCCL);
+  barrier   cuBLAS computes the whole partial; one launch of `reduce_sms` programs exchanges it between meetings
+            with its namesakes on every peer (a signal each way, `kernels.runtime.meet`). `transport=pull`: the
+            partial is in symmetric memory; meet, pull and sum the rank's rows, meet again (pull_cublas without
+            flags, epochs or exit handshake: the pattern of GEMM + all-reduce's barrier exchange, which ran within
+            0.1-1.7 µs of torch's symmetric-memory two-shot, bench/ops/two_shot_probe.py). `transport=push`: write
+            every owner's rows into its inbox (halves alternating by the call's epoch), meet once, sum locally;
   ce        a Triton tile GEMM or cuBLAS (`ce_consumer`) computes each destination's rows in
             `ce_chunks` chunks; the copy engine sends each chunk as it completes; `reduce_sms`
             programs sum the slots;
@@ -48,33 +54,52 @@ from jointtune.search_spaces._params import Constraint, Context, Value, categori
 
 _check_problem, _derive = sharded_problem("gemm_rs", ("M", "K"), {"R": "M", "K_r": "K"})
 
-MODES = ("pull", "push", "atomic", "pull_cublas", "ce", "baseline")
+MODES = ("pull", "push", "atomic", "pull_cublas", "barrier", "ce", "baseline")
 _FUSED = when(mode=("pull", "push", "atomic"))
 #: fused modes whose own rows are summed by reduce programs beside the GEMM
 _REDUCE_PROGRAMS = when(mode="atomic") | when(mode=("pull", "push"), reduce_by="programs")
 #: fused modes that flag chunks of a rank's rows (with `reduce_by=tile` a flag is per tile)
 _CHUNKED = when(mode="atomic") | when(mode=("pull", "push"), reduce_by=("programs", "epilogue"))
+#: rows up to which cuBLAS + the barrier launch leads the seeds (the decode regime, where the collective's latency,
+#: not its bandwidth, decides)
+BARRIER_SEED_MAX_ROWS = 1024
 #: modes whose results may differ in the last bits between identical calls
 NONDETERMINISTIC = ("atomic",)
 
 
 def _default(ctx: Context) -> dict[str, Value]:
-    """What measured best on 2x H200 (bench/results/gemm_rs_modes_2xH200_2026-11-23.json), valid for any shape:
-    below 512 rows per rank cuBLAS + one pull-and-sum launch of 64 programs (graph 1.01-1.12x GEMM + NCCL, eager
-    1.58-1.75x at M = 64, 128); from 512 rows cuBLAS + the copy engine in one chunk, 128 reduce programs
-    (1.06-1.19x at M = 1024 and the large shapes); one rank: cuBLAS alone."""
+    """What measured best, valid for any shape: below 512 rows per rank cuBLAS + the pushed barrier launch on 64
+    programs (4x H100, graph replay: 1.12-1.30x the best unfused path at 64-256 rows of the three decode shapes, W=2
+    and W=4, where cuBLAS + the flagged pull-and-sum launch, the default before, lost up to 0.73x;
+    bench/results/gemm_rs_barrier_w{2,4}_4xH100_2026-11-27.json); from 512 rows cuBLAS + the copy engine in one
+    chunk, 128 reduce programs (2x H200: 1.06-1.19x at M = 1024 and the large shapes,
+    bench/results/gemm_rs_modes_2xH200_2026-11-23.json); one rank: cuBLAS alone."""
     if ctx["W"] == 1 or ctx["num_sms"] < 4:
         return {"mode": "baseline"}
     if ctx["R"] < BASELINE_BELOW_ROWS:
-        return {"mode": "pull_cublas", "reduce_sms": _pow2_at_most(64, ctx["num_sms"])}
+        return _barrier_seed(ctx)
     return {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "reduce_sms": _pow2_at_most(128, ctx["num_sms"])}
 
 
 def _seeds(ctx: Context) -> list[dict[str, Value]]:
     """The fused launches that measured best at one rank (bench/results/gemm_rs_tile_w1_* and gemm_rs_epilogue_w1_*,
-    1x H200), for a tuner's first trials: tiles over every rank's rows up to 128 rows, own-rows epilogues above."""
+    1x H200), for a tuner's first trials: tiles over every rank's rows up to 128 rows, own-rows epilogues above.
+    Up to BARRIER_SEED_MAX_ROWS rows cuBLAS + the barrier launch leads (`_barrier_seed`)."""
     if ctx["W"] == 1:
         return []
+    if ctx["M"] <= BARRIER_SEED_MAX_ROWS:
+        return [_barrier_seed(ctx), *_fused_seeds(ctx)]
+    return _fused_seeds(ctx)
+
+
+def _barrier_seed(ctx: Context) -> dict[str, Value]:
+    """cuBLAS + the pushed barrier launch on 64 programs (at most half the SMs): on 4x H100 it beat the pulled one at
+    every decode shape, W=2 and W=4, by 0.4-7 µs, with 64 and 128 programs within 0.5 µs of each other and 32 behind
+    (bench/results/gemm_rs_barrier_w{2,4}_4xH100_2026-11-27.json)."""
+    return {"mode": "barrier", "transport": "push", "reduce_sms": _pow2_at_most(64, max(1, ctx["num_sms"] // 2))}
+
+
+def _fused_seeds(ctx: Context) -> list[dict[str, Value]]:
     if ctx["M"] <= 128:
         tile = row_tile(ctx["M"], ctx, cols="N", depth="K_r")
         # LL words first: they beat the flagged push at 64-128 rows of every measured shape at W=4 (by 1.2-6.1 µs)
@@ -98,6 +123,7 @@ def _starts(ctx: Context) -> list[dict[str, Value]]:
         {"mode": "push", "reduce_by": "epilogue", "chunk_m": 256, **tile},
         {"mode": "atomic", "chunk_m": 256, "reduce_sms": reduce_beside, "tile_order": "peers_first", **tile},
         {"mode": "pull_cublas", "reduce_sms": _pow2_at_most(64, ctx["num_sms"])},
+        _barrier_seed(ctx),
         {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "reduce_sms": _pow2_at_most(128, ctx["num_sms"])},
     ]
 
@@ -126,12 +152,13 @@ GEMM_RS = family_space(
     # 2: SPLIT_K and its depth rule; 3: the kernel's modes (atomic, pull_cublas, reduce_sms, tile_order); 4: no
     # atomic_tile rule (atomic mode's wrong sums were a race in its kernel, fixed: bench/results/
     # gemm_rs_atomic_fix_1xH200_2026-11-24.json), so atomic takes every tile the other fused modes take; 5: reduce_by;
-    # 6: the baseline's collective; 7: handoff (LL words with reduce_by=tile, push)
-    revision=7,
+    # 6: the baseline's collective; 7: handoff (LL words with reduce_by=tile, push); 8: mode barrier, transport
+    revision=8,
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         mode_param(
-            "how partial rows reach their owner: fused push/pull/atomic, cuBLAS + pull, copy engine, or cuBLAS + NCCL",
+            "how partial rows reach their owner: fused push/pull/atomic, cuBLAS + pull (flagged or between two "
+            "barriers), copy engine, or cuBLAS + NCCL",
             MODES,
         ),
         *ce_params(
@@ -155,6 +182,13 @@ GEMM_RS = family_space(
             doc="how a tile's rows announce themselves: a flag after a fence, or in the data (LL words: twice the "
             "bytes, no fence)",
         ),
+        categorical(
+            "transport",
+            ("pull", "push"),
+            when=when(mode="barrier"),
+            doc="how the barrier launch moves partial rows: pulled from every rank's partial between two meetings, "
+            "or pushed into the owner's inbox before one",
+        ),
         pow2(
             "chunk_m",
             16,
@@ -166,7 +200,7 @@ GEMM_RS = family_space(
             "reduce_sms",
             1,
             128,
-            when=_REDUCE_PROGRAMS | when(mode=("pull_cublas", "ce")),
+            when=_REDUCE_PROGRAMS | when(mode=("pull_cublas", "barrier", "ce")),
             doc="programs that sum (or cast) the owner's rows as their flags arrive",
         ),
         categorical(

@@ -37,11 +37,18 @@ CONFIGS = {
     "push_tile_ll_split_k": dict(mode="push", reduce_by="tile", handoff="ll", **dict(TILES, SPLIT_K=2)),
     "atomic": dict(mode="atomic", chunk_m=16, reduce_sms=4, tile_order="peers_first", **dict(TILES, BLOCK_N=64)),
     "pull_cublas": dict(mode="pull_cublas", reduce_sms=2),
+    # cuBLAS, then one launch between two meetings (more programs than blocks: the grid is trimmed to them)
+    "barrier": dict(mode="barrier", transport="pull", reduce_sms=2),
+    "barrier_wide": dict(mode="barrier", transport="pull", reduce_sms=64),
+    # pushed into the owners' inboxes (halves by the epoch), one meeting
+    "barrier_push": dict(mode="barrier", transport="push", reduce_sms=2),
+    "barrier_push_wide": dict(mode="barrier", transport="push", reduce_sms=64),
     "ce_cublas": dict(mode="ce", ce_consumer="cublas", ce_chunks=2, reduce_sms=2),
     "ce_triton": dict(mode="ce", ce_consumer="triton", ce_chunks=2, reduce_sms=1, **TILES),
 }
 LL = {name for name, c in CONFIGS.items() if c.get("handoff") == "ll"}
-FLAGGED = set(CONFIGS) - {"baseline"} - LL
+BARRIER = {name for name, c in CONFIGS.items() if c["mode"] == "barrier"}
+FLAGGED = set(CONFIGS) - {"baseline"} - LL - BARRIER
 #: (M, N, K_r) per world size: rows per rank that no tile or chunk divides, N and K_r not multiples of blocks
 SHAPES = {2: (52, 40, 40), 4: (56, 36, 24)}
 #: split-K needs each split two BLOCK_K steps deep
@@ -85,6 +92,11 @@ class Call:
 def _flag_high(world):
     return max((int(t.max()) for (n, _), buf in world._buffers.items() if ".flags." in n for t in buf.tensors),
                default=0)  # fmt: skip
+
+
+def _signals_high(world):
+    return max(int(t.abs().max()) for (n, _), buf in world._buffers.items() if n == "gemm_rs.meet_signals"
+               for t in buf.tensors)  # fmt: skip
 
 
 def _ll_high(world):
@@ -136,7 +148,8 @@ def test_tensor_in_tensor_out_on_one_rank():
 #: handshake, none); every mode runs at W = 4 eagerly above, and every mode replays at W = 2
 REPLAYS = [(name, 2) for name in CONFIGS] + [
     (name, 4)
-    for name in ("push", "atomic", "pull_cublas", "ce_cublas", "baseline", "pull_epilogue", "push_tile", "push_tile_ll")
+    for name in ("push", "atomic", "pull_cublas", "barrier", "barrier_push", "ce_cublas", "baseline", "pull_epilogue",
+                 "push_tile", "push_tile_ll")
 ]
 
 
@@ -153,6 +166,8 @@ def test_replays_arm_their_waits_and_stay_correct(name, W):
         high, ll_high = _flag_high(world), _ll_high(world)
         graph.replay()
         assert call.error() < TOL[torch.bfloat16], f"{name}: wrong result after a replay"
+        if name in BARRIER:  # meetings leave their signals at 0: nothing lives across calls
+            assert _signals_high(world) == 0, f"{name}: a replay left a signal set"
         if name in FLAGGED:
             assert _flag_high(world) > high, f"{name}: a replay's flags kept an earlier call's epoch"
         if name in LL:
@@ -180,6 +195,26 @@ def test_ll_words_with_an_odd_width(W):
         assert call.error() < TOL[torch.bfloat16]
 
 
+@pytest.mark.parametrize(("W", "N", "transport"), [(3, 36, "pull"), (3, 41, "push"), (4, 9, "push"), (3, 9, "pull")])
+def test_barrier_at_three_ranks_and_unaligned_rows(W, N, transport):
+    # 18 rows a rank: with N = 41 or 9 no rank's rows start 16-element aligned; a replay between eager calls of the
+    # other transport (the pushed inbox's halves follow the epoch the pulled launch leaves alone)
+    world = LocalWorld(world_size=W)
+    call = Call(world, 18 * W, N, 24, seed=N)
+    mine = "barrier" if transport == "pull" else "barrier_push"
+    other = "barrier_push_wide" if transport == "pull" else "barrier_wide"
+    call(CONFIGS[mine])
+    with capture() as graph:
+        call(CONFIGS[mine])
+    for _ in range(3):
+        call.fresh()
+        graph.replay()
+        assert call.error() < TOL[torch.bfloat16]
+        call.fresh()
+        call(CONFIGS[other])
+        assert call.error() < TOL[torch.bfloat16]
+
+
 def test_replays_interleave_with_eager_calls_other_modes_and_ag_gemm():
     world = LocalWorld(world_size=2)
     call = Call(world, 52, 40, 40, seed=5)
@@ -188,7 +223,7 @@ def test_replays_interleave_with_eager_calls_other_modes_and_ag_gemm():
     ag_b = [torch.randn(32, 16).bfloat16() for _ in range(2)]
     ag_cfg = dict(mode="push", comm_sms=2, chunk_m=16, **TILES)
     graphs = {}
-    for name in ("push", "atomic", "pull", "pull_epilogue", "push_tile", "push_tile_ll"):
+    for name in ("push", "atomic", "pull", "pull_epilogue", "push_tile", "push_tile_ll", "barrier", "barrier_push"):
         call(CONFIGS[name])
         with capture() as graph:
             call(CONFIGS[name])
@@ -200,14 +235,14 @@ def test_replays_interleave_with_eager_calls_other_modes_and_ag_gemm():
             graph.replay()
             assert call.error() < TOL[torch.bfloat16], f"replay {step} of {name}"
             other.fresh()
-            other(CONFIGS["push" if step else "atomic"])
+            other(CONFIGS[("barrier_push_wide", "barrier_wide", "push")[step % 3]])
             assert other.error() < TOL[torch.bfloat16]
             c = ag_gemm(ag_a, ag_b, world=world, config=ag_cfg)
             want = torch.cat([x.float() for x in ag_a]) @ ag_b[0].float()
             assert ((c[0].float() - want).norm() / want.norm()) < TOL[torch.bfloat16]
 
 
-@pytest.mark.parametrize("name", ["push", "ce_cublas"])
+@pytest.mark.parametrize("name", ["push", "ce_cublas", "barrier", "barrier_push"])
 def test_prepared_calls_read_new_inputs(name):
     world = LocalWorld(world_size=2)
     call = Call(world, 52, 40, 40, seed=9)

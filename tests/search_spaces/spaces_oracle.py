@@ -68,7 +68,9 @@ def active_fields(space: str, cfg: dict[str, Any]) -> set[str]:
         out.add("handoff")  # a flag, or LL words (the flag in the data)
     if by_programs:
         out.add("tile_order")
-    if by_programs or mode in ("pull_cublas", "ce"):
+    if mode == "barrier":
+        out.add("transport")  # pulled between two meetings, or pushed before one
+    if by_programs or mode in ("pull_cublas", "barrier", "ce"):
         out.add("reduce_sms")
     return out
 

@@ -72,9 +72,9 @@ def test_list_and_show(invoke, kernelless) -> None:
     assert rows[3] == {
         "name": "gemm_rs",
         "version": get_space("gemm_rs").version,
-        "revision": 7,
+        "revision": 8,
         "dims": ["M", "N", "K"],
-        "params": 16,
+        "params": 17,
         "kernels": ["gemm_rs"],
     }
     assert rows[1] == {

@@ -57,7 +57,7 @@ def test_ag_gemm_params_are_exactly_the_kernel_contract() -> None:
 def test_gemm_rs_params_are_exactly_the_kernel_contract() -> None:
     space = get_space("gemm_rs")
     assert {p.name: p.choices for p in space.params} == {
-        "mode": ("pull", "push", "atomic", "pull_cublas", "ce", "baseline"),
+        "mode": ("pull", "push", "atomic", "pull_cublas", "barrier", "ce", "baseline"),
         "ce_consumer": ("triton", "cublas"),
         "ce_chunks": (1, 2, 4, 8),
         "collective": ("nccl", "nccl_symm"),
@@ -71,12 +71,14 @@ def test_gemm_rs_params_are_exactly_the_kernel_contract() -> None:
         "chunk_m": (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
         "reduce_by": ("programs", "epilogue", "tile"),
         "handoff": ("flag", "ll"),
+        "transport": ("pull", "push"),
         "reduce_sms": (1, 2, 4, 8, 16, 32, 64, 128),
         "tile_order": ("peers_first", "own_first"),
     }
     conditions = {p.name: p.when.describe() if p.when else None for p in space.params}
     assert conditions["handoff"] == 'mode == "push" and reduce_by == "tile"'  # LL words: pushed, tiles over all rows
     assert conditions["mode"] is None
+    assert conditions["transport"] == 'mode == "barrier"'
     assert conditions["ce_consumer"] == conditions["ce_chunks"] == 'mode == "ce"'
     for tile in TILES:
         assert conditions[tile] == 'mode in ["pull", "push", "atomic"] or (mode == "ce" and ce_consumer == "triton")'
@@ -87,7 +89,7 @@ def test_gemm_rs_params_are_exactly_the_kernel_contract() -> None:
     assert conditions["reduce_by"] == 'mode in ["pull", "push"]'
     by_programs = 'mode == "atomic" or (mode in ["pull", "push"] and reduce_by == "programs")'
     assert conditions["tile_order"] == by_programs
-    assert conditions["reduce_sms"] == by_programs + ' or mode in ["pull_cublas", "ce"]'
+    assert conditions["reduce_sms"] == by_programs + ' or mode in ["pull_cublas", "barrier", "ce"]'
     assert {c.name for c in space.constraints} == {
         "shared_memory",
         "BLOCK_M_fits_problem",
@@ -115,8 +117,9 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
         # revision 3 (the kernel's modes: atomic, pull_cublas, reduce_sms, tile_order; chunk_fits_rows,
         # reduce_sms_budget, atomic_tile; no comm_sms) changed it from 1fd89d6bea81; revision 4 (no atomic_tile)
         # from f8b5ac3391ee; revision 5 (reduce_by) from 7685ce476574; revision 6 (the baseline's collective) from
-        # 7734783b94e1; revision 7 (handoff: LL words with reduce_by=tile, push) from 794ef1e2d0ea
-        "gemm_rs": "1cf0830ddb8c",
+        # 7734783b94e1; revision 7 (handoff: LL words with reduce_by=tile, push) from 794ef1e2d0ea; revision 8 (mode
+        # barrier, transport) from 1cf0830ddb8c
+        "gemm_rs": "6d0792f0f0bb",
         # revision 2 (the kernel's modes: fused, pull, wait, baseline; the decode tiles in every mode, baseline
         # included; items_per_flag, push_programs; items_per_flag_fit; no combine_chunks) changed it from b08fba860040;
         # revision 3 (heads_per_program any divisor of G up to 16; the default's tiles) from 42db48894d7e; revision 4
@@ -127,7 +130,7 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
         # barrier_cublas) from ac291fea8f7a
         "gemm_ar": "27c06bd44870",
     }
-    assert get_space("gemm_rs").revision == 7
+    assert get_space("gemm_rs").revision == 8
     assert get_space("flash_decode").revision == 4
     assert get_space("gemm_ar").revision == 4
 
@@ -166,7 +169,7 @@ def test_to_json_describes_params_conditions_and_rules() -> None:
     assert reduce["when"] == [
         {"mode": ["atomic"]},
         {"mode": ["pull", "push"], "reduce_by": ["programs"]},
-        {"mode": ["pull_cublas", "ce"]},
+        {"mode": ["pull_cublas", "barrier", "ce"]},
     ]
     assert reduce["doc"]
     assert reduce["kind"] == "pow2" and reduce["choices"] == [1, 2, 4, 8, 16, 32, 64, 128]
@@ -587,7 +590,9 @@ def test_seeds_are_valid_configs_of_their_regime_and_leave_the_version_alone() -
     rs = get_space("gemm_rs")
     decode = rs.make_problem("64x8192x8192", dtype="bf16", world_size=2)
     prefill = rs.make_problem("8192x4096x12288", dtype="bf16", world_size=2)
-    assert [(s["mode"], s["reduce_by"], s.get("handoff"), s["BLOCK_M"]) for s in rs.seeds(decode, HOPPER)] == [
+    # up to 1024 rows cuBLAS + the barrier launch leads, on half the SMs
+    assert rs.seeds(decode, HOPPER)[0] == {"mode": "barrier", "transport": "push", "reduce_sms": 64}
+    assert [(s["mode"], s["reduce_by"], s.get("handoff"), s["BLOCK_M"]) for s in rs.seeds(decode, HOPPER)[1:]] == [
         ("push", "tile", "ll", 64),
         ("push", "tile", "flag", 64),
         ("pull", "tile", None, 64),
@@ -599,7 +604,9 @@ def test_seeds_are_valid_configs_of_their_regime_and_leave_the_version_alone() -
     # one rank has nothing to overlap; a restriction keeps only the seeds it allows; tiny shapes take none
     assert rs.seeds(rs.make_problem("64x8192x8192", dtype="bf16", world_size=1), HOPPER) == []
     assert [s["mode"] for s in rs.restrict({"mode": ["pull", "baseline"]}).seeds(decode, HOPPER)] == ["pull"]
-    assert rs.seeds(rs.make_problem("64x64x128", dtype="bf16", world_size=2), HOPPER) == []
+    assert [s["mode"] for s in rs.seeds(rs.make_problem("64x64x128", dtype="bf16", world_size=2), HOPPER)] == [
+        "barrier"
+    ]
     ag = get_space("ag_gemm")
     assert [s["mode"] for s in ag.seeds(ag.make_problem("128x8192x8192", dtype="bf16", world_size=2), HOPPER)] == [
         "push",
@@ -610,7 +617,7 @@ def test_seeds_are_valid_configs_of_their_regime_and_leave_the_version_alone() -
     for W, split in ((4, 4), (2, 1)):
         seeds = ag.seeds(ag.make_problem("64x8192x8192", dtype="bf16", world_size=W), HOPPER)
         assert [(s["mode"], s["SPLIT_K"]) for s in seeds] == [("push", split), ("pull", split)], W
-    assert {s["SPLIT_K"] for s in rs.seeds(decode, HOPPER)} == {1}
+    assert {s["SPLIT_K"] for s in rs.seeds(decode, HOPPER)[1:]} == {1}
     assert get_space("flash_decode").seeds(anchor_problems(["flash_decode"])[0][1], HOPPER) == []
     # they change no record's meaning: the space's version is the same without them
     assert _rebuild(rs).version == rs.version and _rebuild(AG_GEMM).version == AG_GEMM.version

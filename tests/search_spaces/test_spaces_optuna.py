@@ -44,6 +44,7 @@ def _latency(config: dict) -> float:
         "push_cublas": 1.5,
         "atomic": 1.2,
         "pull_cublas": 2.5,
+        "barrier": 2.4,
         "ce": 2.0,
         "fused": 1.1,
         "wait": 2.2,

@@ -297,12 +297,13 @@ def _pow2_at_most(n: int) -> int:
 
 
 def _gemm_rs_default(rows: int, world_size: int, num_sms: int) -> dict[str, Any]:
-    """The spec's gemm_rs default: cuBLAS alone on one rank (or too few SMs to share); cuBLAS + a pull-and-sum
-    launch below 512 rows per rank; else cuBLAS + the copy engine in one chunk."""
+    """The spec's gemm_rs default: cuBLAS alone on one rank (or too few SMs to share); cuBLAS + the pushed barrier
+    launch on 64 programs (at most half the SMs) below 512 rows per rank; else cuBLAS + the copy engine in one
+    chunk."""
     if world_size == 1 or num_sms < 4:
         return {"mode": "baseline", "collective": "nccl"}
     if rows < 512:
-        return {"mode": "pull_cublas", "reduce_sms": _pow2_at_most(min(64, num_sms))}
+        return {"mode": "barrier", "transport": "push", "reduce_sms": _pow2_at_most(min(64, num_sms // 2))}
     return {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "reduce_sms": _pow2_at_most(min(128, num_sms))}
 
 
@@ -311,10 +312,10 @@ def _gemm_rs_default(rows: int, world_size: int, num_sms: int) -> dict[str, Any]
     [
         (4096, 1, 132, {"mode": "baseline", "collective": "nccl"}),
         (4096, 2, 3, {"mode": "baseline", "collective": "nccl"}),
-        (1, 2, 4, {"mode": "pull_cublas", "reduce_sms": 4}),
-        (511, 8, 132, {"mode": "pull_cublas", "reduce_sms": 64}),
-        (511, 2, 20, {"mode": "pull_cublas", "reduce_sms": 16}),
-        (511, 2, 63, {"mode": "pull_cublas", "reduce_sms": 32}),
+        (1, 2, 4, {"mode": "barrier", "transport": "push", "reduce_sms": 2}),
+        (511, 8, 132, {"mode": "barrier", "transport": "push", "reduce_sms": 64}),
+        (511, 2, 20, {"mode": "barrier", "transport": "push", "reduce_sms": 8}),
+        (511, 2, 63, {"mode": "barrier", "transport": "push", "reduce_sms": 16}),
         (512, 2, 132, {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "reduce_sms": 128}),
         (512, 4, 127, {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "reduce_sms": 64}),
         (9000, 2, 5, {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1, "reduce_sms": 4}),

@@ -2,9 +2,8 @@
 sums, and meets them again (the pattern of torch's symmetric-memory two-shot all-reduce, in our launch with our
 epilogue).
 
-Each program meets its namesakes on the other ranks: a signal to each (0 -> 1 by the writer, at system scope, with
-release) and one from each (1 -> 0 by the reader, with acquire), so no grid-wide wait and nothing that lives across
-calls but signals left at 0. Then:
+Each program meets its namesakes on the other ranks (`runtime.meet`: a signal to each and one from each), so no
+grid-wide wait and nothing that lives across calls but signals left at 0. Then:
 - two-shot: the program's share of the rows this rank owns (plain: BLOCK-element blocks of them, flattened; with
   the norm: whole rows) is read straight from every rank's partial over NVLink, summed in rank order in float32 (+
   the residual), rounded, stored into this rank's output and into every peer's partial in place (the only reader of
@@ -28,43 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-#: programs one launch may have: each owns a start and an end signal per source rank
-SLOTS = 256
-_SLOTS = tl.constexpr(SLOTS)
-
-
-@triton.jit
-def _put_all(sig_ptr, sig_deltas_ptr, slot, rank, WORLD: tl.constexpr, WORLD_P2: tl.constexpr):
-    # this program's signal `slot` from this rank on every rank (itself too), 0 -> 1, waiting while the last one is
-    # unread (lanes past WORLD repeat rank WORLD - 1's address and are done from the start)
-    lanes = tl.arange(0, WORLD_P2)
-    peers = tl.minimum(lanes, WORLD - 1)
-    addrs = sig_ptr + tl.load(sig_deltas_ptr + peers) + slot * WORLD + rank
-    done = lanes >= WORLD
-    while tl.min(done.to(tl.int32)) == 0:
-        old = tl.atomic_cas(addrs, tl.where(done, -1, 0), tl.full([WORLD_P2], 1, tl.int32), sem="release",
-                            scope="sys")  # fmt: skip
-        done = done | (old == 0)
-
-
-@triton.jit
-def _take_all(sig_ptr, slot, WORLD: tl.constexpr, WORLD_P2: tl.constexpr):
-    # every rank's signal `slot` to this rank, 1 -> 0, once each is in
-    lanes = tl.arange(0, WORLD_P2)
-    addrs = sig_ptr + slot * WORLD + tl.minimum(lanes, WORLD - 1)
-    done = lanes >= WORLD
-    while tl.min(done.to(tl.int32)) == 0:
-        old = tl.atomic_cas(addrs, tl.where(done, -1, 1), tl.zeros([WORLD_P2], tl.int32), sem="acquire",
-                            scope="sys")  # fmt: skip
-        done = done | (old == 1)
-
-
-@triton.jit
-def _meet(sig_ptr, sig_deltas_ptr, slot, rank, WORLD: tl.constexpr, WORLD_P2: tl.constexpr):
-    tl.debug_barrier()  # every thread's stores before the signal
-    _put_all(sig_ptr, sig_deltas_ptr, slot, rank, WORLD, WORLD_P2)
-    _take_all(sig_ptr, slot, WORLD, WORLD_P2)
-    tl.debug_barrier()  # every thread's reads after it
+from jointtune.kernels.runtime.meet import MEET_SLOTS, meet
 
 
 @triton.jit(do_not_specialize=["rank", "rows_per_owner"])
@@ -103,7 +66,7 @@ def gemm_ar_meet_kernel(
         row_lo = tl.minimum(M, rank * rows_per_owner)
         row_hi = tl.minimum(M, row_lo + rows_per_owner)
     if MEET:
-        _meet(sig_ptr, sig_deltas_ptr, pid, rank, WORLD, WORLD_P2)
+        meet(sig_ptr, sig_deltas_ptr, pid, rank, WORLD, WORLD_P2)
     if REDUCE:
         if NORM:  # whole rows: pass 1 sums into h (the new residual) and its squares, pass 2 normalises
             for m in range(row_lo + pid, row_hi, programs):
@@ -156,7 +119,7 @@ def gemm_ar_meet_kernel(
                         dst = buf_ptr + (tl.load(deltas_ptr + (rank + j) % WORLD) // 16) * 16
                         tl.store(dst + at, val, mask=mask)
     if MEET:
-        _meet(sig_ptr, sig_deltas_ptr, _SLOTS + pid, rank, WORLD, WORLD_P2)
+        meet(sig_ptr, sig_deltas_ptr, MEET_SLOTS + pid, rank, WORLD, WORLD_P2)
     if GATHER:
         # two-shot: the rows every other owner's namesake of this program wrote into this rank's partial
         for j in tl.static_range(1, WORLD):
@@ -183,4 +146,4 @@ def gemm_ar_meet_kernel(
                     tl.store(out_ptr + at, tl.load(buf_ptr + at, mask=mask, other=0.0), mask=mask)
 
 
-__all__ = ["SLOTS", "gemm_ar_meet_kernel", "triton"]
+__all__ = ["gemm_ar_meet_kernel", "triton"]

@@ -25,10 +25,11 @@ import triton
 from jointtune.errors import SpaceError
 from jointtune.kernels.gemm_ar.args import NORM_PER_THREAD, ArShape, GemmArConfig, Work, kernel_args
 from jointtune.kernels.gemm_ar.kernel import gemm_ar_kernel
-from jointtune.kernels.gemm_ar.meet import SLOTS, gemm_ar_meet_kernel
+from jointtune.kernels.gemm_ar.meet import gemm_ar_meet_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.launch import Launch
 from jointtune.kernels.runtime.ll import word_deltas
+from jointtune.kernels.runtime.meet import SLOTS, exact_deltas, signal_buffer, world_p2
 from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, peer_deltas, slot_elems
 from jointtune.kernels.runtime.world import SymmetricBuffer, World
 
@@ -195,12 +196,12 @@ class MeetPlan:
     sums every rank's partial of this rank's rows (two-shot) or of every row (one-shot), and meets them again."""
 
     def __init__(self, world: World, s: ArShape, cfg: GemmArConfig, eps: float) -> None:
-        W, M, N = s.W, s.M, s.N
+        M, N = s.M, s.N
         two_shot = cfg.mode == "two_shot"
         data = world.symmetric("gemm_ar.meet_partial", (slot_elems(M, N),), s.dtype)
         rms = world.symmetric("gemm_ar.meet_rms", (slot_elems(M, 1),), torch.float32) if two_shot and s.norm \
             else None  # fmt: skip
-        signals = world.symmetric("gemm_ar.meet_signals", (2 * SLOTS * W,), torch.int32, zero=True)
+        signals = signal_buffer(world, "gemm_ar.meet_signals")
         programs = meet_programs(cfg, s)
         self.partials = [data.view(i, (M, N)) for i in range(len(world.local_ranks))]
         stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
@@ -215,7 +216,7 @@ class MeetPlan:
                     cfg, s, buf=data.tensors[i], deltas=peer_deltas(world, data, i),
                     rms=rms.tensors[i] if rms else stand_in.float(),
                     rms_deltas=peer_deltas(world, rms, i) if rms else world.int_table((0,)), signals=signals.tensors[i],
-                    signal_deltas=_exact_deltas(world, signals, i), stand_in=stand_in, rank=r, reduce=reduce,
+                    signal_deltas=exact_deltas(world, signals, i), stand_in=stand_in, rank=r, reduce=reduce,
                     gather=gathers, meet=meet, eps=eps,
                 )  # fmt: skip
                 self.phases[n].append(Launch(gemm_ar_meet_kernel, programs, args, slots=self.slots))
@@ -256,17 +257,11 @@ def meet_args(cfg: GemmArConfig, s: ArShape, *, buf: Any, deltas: Any, rms: Any,
         buf_ptr=buf, deltas_ptr=deltas, rms_ptr=rms, rms_deltas_ptr=rms_deltas, sig_ptr=signals,
         sig_deltas_ptr=signal_deltas, res_ptr=stand_in, w_ptr=stand_in, out_ptr=stand_in, hout_ptr=stand_in, M=s.M,
         N=s.N, eps=float(eps), rank=rank, rows_per_owner=s.rows_per_owner, WORLD=s.W,
-        WORLD_P2=max(2, triton.next_power_of_2(s.W)), TWO_SHOT=cfg.mode == "two_shot", RESIDUAL=s.residual,
+        WORLD_P2=world_p2(s.W), TWO_SHOT=cfg.mode == "two_shot", RESIDUAL=s.residual,
         NORM=s.norm, BLOCK=32 * warps * MEET_VALUES,
         RED_N=min(NORM_PER_THREAD * 32 * warps, max(16, triton.next_power_of_2(s.N))), REDUCE=reduce,
         GATHER=gather, MEET=meet, num_warps=warps, num_stages=1,
     )  # fmt: skip
-
-
-def _exact_deltas(world: World, buf: SymmetricBuffer, i: int) -> torch.Tensor:
-    """Element offsets from local rank index i's copy of `buf` to every rank's, unrounded (signals: no vectors)."""
-    own, elem = buf.tensors[i].data_ptr(), buf.tensors[i].element_size()
-    return world.int_table(tuple((buf.peers[i][p].data_ptr() - own) // elem for p in range(world.world_size)))
 
 
 def build_plan(world: World, s: ArShape, cfg: GemmArConfig, eps: float) -> BaselinePlan | FusedPlan | MeetPlan:

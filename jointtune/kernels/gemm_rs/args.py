@@ -22,7 +22,7 @@ EPI_STORE, EPI_SIGNAL, EPI_ATOMIC = 0, 1, 2
 #: what a knob the config's mode doesn't read holds (the knobs are the gemm_rs space's)
 _DEFAULTS = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, SPLIT_K=1, num_warps=4, num_stages=3, chunk_m=0,
                  reduce_sms=1, reduce_by="programs", tile_order="peers_first", ce_consumer="cublas",
-                 ce_chunks=1, handoff="flag")  # fmt: skip
+                 ce_chunks=1, handoff="flag", transport="pull")  # fmt: skip
 
 
 class GemmRsConfig(LaunchConfig, space="gemm_rs", defaults=_DEFAULTS):

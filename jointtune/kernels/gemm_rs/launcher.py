@@ -112,6 +112,20 @@ def standin_launches(cfg: GemmRsConfig, *, M: int, N: int, K: int, world_size: i
 
     W = world_size
     s = RsShape(W, M, K // W, N, dtype, (N, 1))
+    if cfg.mode == "barrier":
+        from jointtune.kernels.gemm_rs.meet import gemm_rs_meet_kernel, gemm_rs_push_meet_kernel
+        from jointtune.kernels.gemm_rs.plans import meet_args, push_meet_args
+
+        t = torch.empty(1, dtype=dtype, device=device)
+        i64 = torch.zeros(1, dtype=torch.int64, device=device)
+        i32 = torch.zeros(1, dtype=torch.int32, device=device)
+        if cfg.transport == "push":
+            args = push_meet_args(s, part=t, inbox=t, inbox_deltas=i64, signals=i32, signal_deltas=i64, state=i64,
+                                  out=t, rank=0, slot=16, half_stride=16, push=True, total=True, meet=True,
+                                  epoch=1)  # fmt: skip
+            return [(gemm_rs_push_meet_kernel, *split_options(args))]
+        args = meet_args(s, buf=t, deltas=i64, signals=i32, signal_deltas=i64, out=t, rank=0, meet=True)
+        return [(gemm_rs_meet_kernel, *split_options(args))]
     R = s.R
     t = torch.empty(1, dtype=dtype, device=device)
     i64, i32, f32 = (torch.zeros(1, dtype=d, device=device) for d in (torch.int64, torch.int32, torch.float32))

@@ -11,6 +11,10 @@
 - pull_cublas (`PullCublasPlan`): cuBLAS writes the whole partial into a one-half symmetric buffer; one
   reduce launch releases "ready", pulls and sums this rank's rows, and ends with an exit handshake (every
   peer done reading), so the next call's GEMM may overwrite the partial: two launches, as GEMM + NCCL.
+- barrier (`MeetPlan`): cuBLAS writes the whole partial; one launch meets the peers' namesake programs
+  (`runtime.meet`). Pulled: from a symmetric partial, it sums this rank's rows in rank order and meets them again (no
+  flags, epochs or halves). Pushed: it writes each owner's rows into the owner's inbox half (by the device epoch),
+  meets once, and sums its own inbox.
 - ce (`CePlan`): per destination rank and chunk, cuBLAS or the tile GEMM computes the partial rows into a
   staging buffer, the copy engine sends them into the owner's inbox slot on a side stream, and a
   one-program kernel releases the chunk's flag behind the copy; the owner's reduce programs sum its slots
@@ -28,16 +32,23 @@ from typing import Any
 
 import torch
 
+from jointtune.errors import SpaceError
 from jointtune.kernels.gemm_rs.args import EPI_ATOMIC, EPI_SIGNAL, EPI_STORE, GemmRsConfig, RsShape, kernel_args
 from jointtune.kernels.gemm_rs.args import tile_work as _work
 from jointtune.kernels.gemm_rs.kernel import gemm_rs_kernel, release_flag_kernel
+from jointtune.kernels.gemm_rs.meet import gemm_rs_meet_kernel, gemm_rs_push_meet_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.gemm import split_k_workspace
 from jointtune.kernels.runtime.launch import Launch
 from jointtune.kernels.runtime.ll import word_deltas
+from jointtune.kernels.runtime.meet import SLOTS, exact_deltas, signal_buffer, world_p2
 from jointtune.kernels.runtime.signals import open_call_kernel
 from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, inbox, peer_deltas, slot_elems
 from jointtune.kernels.runtime.world import World
+
+#: the barrier launch: warps a program, and values a thread per block (16 bytes of 16-bit values from each source: as
+#: GEMM + all-reduce's barrier exchange, whose block measured best in bench/ops/two_shot_probe.py)
+MEET_WARPS, MEET_VALUES = 8, 8
 
 
 class BaselinePlan:
@@ -272,6 +283,83 @@ class PullCublasPlan:
                 launch(oi)
 
 
+class MeetPlan:
+    """barrier: cuBLAS writes this rank's whole partial; one launch exchanges it between meetings of namesake programs
+    (`meet`). transport="pull": the partial is in symmetric memory; meet, sum this rank's rows from every rank's
+    partial, meet again. transport="push": the partial is local; write every owner's rows into its inbox (two halves,
+    by the call's epoch), meet once, sum the own inbox's slots."""
+
+    def __init__(self, world: World, s: RsShape, cfg: GemmRsConfig) -> None:
+        self.push = cfg.transport == "push"
+        signals = signal_buffer(world, "gemm_rs.meet_signals")
+        programs = meet_programs(cfg, s)
+        stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
+        # (PUSH, SUM, MEET, EPOCH) of each push launch per rank: one launch where ranks run at once; on a sequential
+        # world every rank's push before any rank's sum
+        steps = [(True, True, True, 1)] if world.concurrent else [(True, False, False, 1), (False, True, False, 2)]
+        self.phases: list[list[Launch]] = [[] for _ in (steps if self.push else [None])]
+        if self.push:
+            self.partials = [torch.empty((s.M, s.N), dtype=s.dtype, device=world.device) for _ in world.local_ranks]
+            slot = slot_elems(s.R, s.N)
+            box = world.symmetric("gemm_rs.meet_inbox", (2 * s.W * slot,), s.dtype)
+            state = call_state(world)
+            for i, r in enumerate(world.local_ranks):
+                for n, (push, total, meet, epoch) in enumerate(steps):
+                    args = push_meet_args(
+                        s, part=self.partials[i], inbox=box.tensors[i], inbox_deltas=peer_deltas(world, box, i),
+                        signals=signals.tensors[i], signal_deltas=exact_deltas(world, signals, i),
+                        state=state.counters[i], out=stand_in, rank=r, slot=slot,
+                        half_stride=box.numel // 2 // ALIGN * ALIGN, push=push, total=total, meet=meet, epoch=epoch,
+                    )  # fmt: skip
+                    self.phases[n].append(Launch(gemm_rs_push_meet_kernel, programs, args, slots=("out_ptr",)))
+            return
+        data = world.symmetric("gemm_rs.meet_partial", (slot_elems(s.M, s.N),), s.dtype)
+        self.partials = [data.view(i, (s.M, s.N)) for i in range(len(world.local_ranks))]
+        for i, r in enumerate(world.local_ranks):
+            args = meet_args(s, buf=data.tensors[i], deltas=peer_deltas(world, data, i), signals=signals.tensors[i],
+                             signal_deltas=exact_deltas(world, signals, i), out=stand_in, rank=r,
+                             meet=world.concurrent)  # fmt: skip
+            self.phases[0].append(Launch(gemm_rs_meet_kernel, programs, args, slots=("out_ptr",)))
+
+    def __call__(self, a: list[torch.Tensor], b: list[torch.Tensor], out: list[torch.Tensor]) -> None:
+        for ai, bi, pi in zip(a, b, self.partials):
+            torch.mm(ai, bi, out=pi)
+        for phase in self.phases:  # on a sequential world: after every rank's cuBLAS, no meeting
+            for launch, oi in zip(phase, out):
+                launch(oi)
+
+
+def meet_programs(cfg: GemmRsConfig, s: RsShape) -> int:
+    """The barrier launch's programs: `reduce_sms`, but none without a block of this rank's rows to sum (every rank
+    launches as many: namesakes must exist to meet)."""
+    if cfg.reduce_sms > SLOTS:
+        raise SpaceError(f"reduce_sms: {cfg.reduce_sms} is not allowed with mode=barrier; allowed: <= {SLOTS} (the "
+                         "launch's signal slots)")  # fmt: skip
+    return max(1, min(cfg.reduce_sms, cdiv(s.R * s.N, 32 * MEET_WARPS * MEET_VALUES)))
+
+
+def push_meet_args(s: RsShape, *, part: Any, inbox: Any, inbox_deltas: Any, signals: Any, signal_deltas: Any,
+                   state: Any, out: Any, rank: int, slot: int, half_stride: int, push: bool, total: bool, meet: bool,
+                   epoch: int) -> dict[str, Any]:  # fmt: skip
+    """`gemm_rs_push_meet_kernel`'s arguments by name, with the launch options."""
+    return dict(
+        part_ptr=part, inbox_ptr=inbox, inbox_deltas_ptr=inbox_deltas, sig_ptr=signals, sig_deltas_ptr=signal_deltas,
+        state_ptr=state, out_ptr=out, R=s.R, N=s.N, rank=rank, slot=slot, half_stride=half_stride, WORLD=s.W,
+        WORLD_P2=world_p2(s.W), BLOCK=32 * MEET_WARPS * MEET_VALUES, PUSH=push, SUM=total, MEET=meet, EPOCH=epoch,
+        num_warps=MEET_WARPS, num_stages=1,
+    )  # fmt: skip
+
+
+def meet_args(s: RsShape, *, buf: Any, deltas: Any, signals: Any, signal_deltas: Any, out: Any, rank: int,
+              meet: bool) -> dict[str, Any]:  # fmt: skip
+    """`gemm_rs_meet_kernel`'s arguments by name, with the launch options."""
+    return dict(
+        buf_ptr=buf, deltas_ptr=deltas, sig_ptr=signals, sig_deltas_ptr=signal_deltas, out_ptr=out, R=s.R, N=s.N,
+        rank=rank, WORLD=s.W, WORLD_P2=world_p2(s.W), BLOCK=32 * MEET_WARPS * MEET_VALUES, MEET=meet,
+        num_warps=MEET_WARPS, num_stages=1,
+    )  # fmt: skip
+
+
 def build_plan(world: World, s: RsShape, cfg: GemmRsConfig) -> Any:
     """The plan of `cfg`'s mode for shape `s` on `world`."""
     if cfg.mode == "baseline":
@@ -280,4 +368,6 @@ def build_plan(world: World, s: RsShape, cfg: GemmRsConfig) -> Any:
         return CePlan(world, s, cfg)
     if cfg.mode == "pull_cublas":
         return PullCublasPlan(world, s, cfg)
+    if cfg.mode == "barrier":
+        return MeetPlan(world, s, cfg)
     return FusedPlan(world, s, cfg)
