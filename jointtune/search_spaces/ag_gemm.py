@@ -10,6 +10,9 @@ Dims M, N, K are global; R = M / W rows per rank, N_r = N / W columns per rank. 
             while they travel and then each chunk after its flag (`gemm_order=local_first`), or all
             M rows in one GEMM once everything landed (`gathered`: one read of B, for small M).
             No barrier: a rank only writes into peers and reads what it was sent;
+  barrier   `barrier_sms` programs push A's rows into every rank's gathered buffer between two meetings with their
+            namesakes on every peer (a signal each way, `kernels.runtime.meet`), then one cuBLAS GEMM of all M rows:
+            push_cublas's gathered order without flags, epochs or entry handshake (as GEMM+RS's barrier mode);
   ce        the copy engine gathers A in `ce_chunks` chunks per peer shard; a Triton tile GEMM or
             cuBLAS (`ce_consumer`) consumes each chunk after it lands;
   baseline  an all-gather, then one cuBLAS GEMM: the unfused path, its `collective` NCCL's default or symmetric
@@ -38,7 +41,7 @@ from jointtune.search_spaces._params import Context, Value, categorical, next_po
 
 _check_problem, _derive = sharded_problem("ag_gemm", ("M", "N"), {"R": "M", "N_r": "N"})
 
-MODES = ("pull", "push", "push_cublas", "ce", "baseline")
+MODES = ("pull", "push", "push_cublas", "barrier", "ce", "baseline")
 _PUSH_CUBLAS = when(mode="push_cublas")
 CHUNK_MAX = 8192
 #: from this many rows per rank the default overlaps the local rows' GEMM with the push
@@ -93,6 +96,7 @@ def _starts(ctx: Context) -> list[dict[str, Value]]:
         {"mode": "push", "comm_sms": sms, "chunk_m": chunk, **tile},
         {"mode": "push_cublas", "push_by": "sm", "gemm_order": "gathered", "comm_sms": sms},
         {"mode": "push_cublas", "push_by": "ce", "gemm_order": "local_first", "chunk_m": chunk},
+        {"mode": "barrier", "barrier_sms": 1 << (min(64, max(1, ctx["num_sms"] // 2)).bit_length() - 1)},
         {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1 if R < LOCAL_FIRST_FROM_ROWS else 2},
     ]
 
@@ -111,8 +115,8 @@ def default_chunk_m(R: int) -> int | None:
 AG_GEMM = family_space(
     "ag_gemm",
     dims=("M", "N", "K"),
-    revision=5,  # 2: SPLIT_K (split-K tiles) and its depth rule; 3: push_cublas; 4: one 16-row chunk below 16 rows;
-    # 5: the baseline's collective
+    revision=6,  # 2: SPLIT_K (split-K tiles) and its depth rule; 3: push_cublas; 4: one 16-row chunk below 16 rows;
+    # 5: the baseline's collective; 6: mode barrier, barrier_sms
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         mode_param("how A's shards reach the GEMM: fused pull/push, pushed to cuBLAS, copy engine, or NCCL", MODES),
@@ -137,6 +141,13 @@ AG_GEMM = family_space(
             32,
             when=when(mode="push") | when(mode="push_cublas", push_by="sm"),
             doc="SMs that push A chunks to peers",
+        ),
+        pow2(
+            "barrier_sms",
+            1,
+            128,
+            when=when(mode="barrier"),
+            doc="programs of the barrier launch (each pushes its blocks of A's rows to every rank)",
         ),
         pow2(
             "chunk_m",

@@ -25,6 +25,10 @@ CONFIGS = {
     "push_cublas_ce": dict(mode="push_cublas", push_by="ce", gemm_order="local_first", chunk_m=16),
     "push_cublas_sm_gathered": dict(mode="push_cublas", push_by="sm", gemm_order="gathered", comm_sms=4),
     "push_cublas_ce_gathered": dict(mode="push_cublas", push_by="ce", gemm_order="gathered"),
+    # rows pushed into every rank's gathered buffer between two meetings, then one cuBLAS GEMM (more programs than
+    # blocks: the grid is trimmed to them)
+    "barrier": dict(mode="barrier", barrier_sms=2),
+    "barrier_wide": dict(mode="barrier", barrier_sms=128),
 }
 TOL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
 #: (W, R, K, N_r): rows a multiple of 16 (chunks of 16 divide them), and ragged (one chunk of 16 per rank)
@@ -142,8 +146,10 @@ def test_four_ranks_mixing_chunk_counts_modes_and_gathered_a():
     configs = [
         dict(CONFIGS["push_cublas_sm"], chunk_m=16),
         CONFIGS["push_cublas_ce_gathered"],
+        CONFIGS["barrier"],
         CONFIGS["push_cublas_sm_gathered"],
         dict(CONFIGS["push"], chunk_m=16),
+        CONFIGS["barrier_wide"],
         dict(CONFIGS["push_cublas_ce"], chunk_m=16),
     ]
     for seed, cfg in enumerate(configs):
@@ -152,6 +158,19 @@ def test_four_ranks_mixing_chunk_counts_modes_and_gathered_a():
         for (c, gathered), ref in zip(results, reference(a, b)):
             assert torch.equal(gathered, torch.cat(a)), cfg
             assert _rel(c, ref) < TOL[torch.float16], cfg
+
+
+@pytest.mark.parametrize(("R", "K"), [(7, 41), (16, 24), (5, 9)])
+def test_barrier_at_three_ranks(R, K):
+    """W = 3, rows whose blocks start unaligned in the gathered buffer (R * K not a multiple of 16), eager calls
+    alternating with the copy engine's and NCCL's paths, the gathered A returned."""
+    world = create_world("local", world_size=3)
+    for seed, name in enumerate(("barrier", "push_cublas_ce_gathered", "barrier_wide", "baseline", "barrier")):
+        a, b = _inputs(3, R, K, 24, torch.bfloat16, seed=seed)
+        results = ag_gemm(a, b, world=world, config=CONFIGS[name], return_gathered=True)
+        for (c, gathered), ref in zip(results, reference(a, b)):
+            assert torch.equal(gathered, torch.cat(a)), name
+            assert _rel(c, ref) < TOL[torch.bfloat16], name
 
 
 def test_regrown_buffers_leave_older_plans_working():
@@ -169,7 +188,7 @@ def test_regrown_buffers_leave_older_plans_working():
 def test_world_size_one_multiplies_its_own_rows():
     world = create_world("local", world_size=1)
     a, b = _inputs(1, 20, 40, 24, torch.float16, seed=5)
-    for name in ("push_cublas_sm_gathered", "push_cublas_ce_gathered", "baseline", "ce_cublas"):
+    for name in ("push_cublas_sm_gathered", "push_cublas_ce_gathered", "baseline", "ce_cublas", "barrier"):
         (out,) = ag_gemm(a, b, world=world, config=CONFIGS[name])
         assert _rel(out, reference(a, b)[0]) < TOL[torch.float16]
 

@@ -32,6 +32,7 @@ CONFIGS = {
     "push_cublas_ce": dict(mode="push_cublas", push_by="ce", gemm_order="local_first", chunk_m=16),
     "push_cublas_sm_gathered": dict(mode="push_cublas", push_by="sm", gemm_order="gathered", comm_sms=2),
     "push_cublas_ce_gathered": dict(mode="push_cublas", push_by="ce", gemm_order="gathered"),
+    "barrier": dict(mode="barrier", barrier_sms=4),
 }
 FLAGGED = {"push", "push_split_k", "push_cublas_sm", "push_cublas_ce", "push_cublas_sm_gathered",
            "push_cublas_ce_gathered"}  # fmt: skip
@@ -120,7 +121,8 @@ def test_two_graphs_of_other_shapes_and_configs_alternate(W):
     alternation, with an eager call of a third config between rounds."""
     world = create_world("local", world_size=W)
     pairs = [("push_cublas_sm_gathered", "push"), ("push_cublas_ce", "push_cublas_sm_gathered"),
-             ("push_cublas_sm", "push_cublas_ce_gathered"), ("pull", "ce_triton")]  # fmt: skip
+             ("push_cublas_sm", "push_cublas_ce_gathered"), ("pull", "ce_triton"), ("barrier", "push"),
+             ("push_cublas_sm_gathered", "barrier")]  # fmt: skip
     for first, second in pairs:
         one, two = Call(world, 32, 48, 32, seed=4), Call(world, 16, 40, 48, seed=5)
         g1, g2 = _captured(one, CONFIGS[first]), _captured(two, CONFIGS[second])

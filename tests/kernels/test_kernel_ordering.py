@@ -52,6 +52,8 @@ CONFIGS = [
          reduce_sms=64),
     dict(family="gemm_rs", shape=dict(M=128, N=8192, K=8192), world_size=4, mode="barrier", transport="push",
          reduce_sms=64),
+    # AG+GEMM's barrier launch: two meetings around the pushes
+    dict(family="ag_gemm", shape=dict(M=128, N=8192, K=8192), world_size=4, mode="barrier", barrier_sms=64),
 ]  # fmt: skip
 
 
@@ -79,8 +81,8 @@ def _check(facts: list[dict]) -> None:
     assert all(f["sys_fences"] >= 1 for f in facts if f["kernel"] in fenced)
     # the barrier exchange meets twice a call, each meeting a release CAS then an acquire CAS, and every CAS result
     # is handed to every thread of the program (through shared memory and a barrier) before the spin loop reads it
-    meets = [f for f in facts if f["kernel"] in ("gemm_ar_meet_kernel", "gemm_rs_meet_kernel")]
-    assert len(meets) == 3
+    meets = [f for f in facts if f["kernel"] in ("gemm_ar_meet_kernel", "gemm_rs_meet_kernel", "ag_gemm_meet_kernel")]
+    assert len(meets) == 4
     pushed = [f for f in facts if f["kernel"] == "gemm_rs_push_meet_kernel"]  # one meeting
     assert len(pushed) == 1
     assert [sem for sem, _ in pushed[0]["sys_cas"]].count("release") >= 1 and all(h for _, h in pushed[0]["sys_cas"])

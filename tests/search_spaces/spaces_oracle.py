@@ -47,6 +47,8 @@ def active_fields(space: str, cfg: dict[str, Any]) -> set[str]:
             out |= set(TILES)
         if mode == "push":
             out |= {"comm_sms", "chunk_m"}
+        if mode == "barrier":
+            out.add("barrier_sms")  # programs pushing between two meetings
         if mode == "push_cublas":
             out |= {"push_by", "gemm_order"}
             if cfg.get("push_by") == "sm":

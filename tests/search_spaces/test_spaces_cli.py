@@ -64,9 +64,9 @@ def test_list_and_show(invoke, kernelless) -> None:
     assert rows[0] == {
         "name": "ag_gemm",
         "version": get_space("ag_gemm").version,
-        "revision": 5,
+        "revision": 6,
         "dims": ["M", "N", "K"],
-        "params": 15,
+        "params": 16,
         "kernels": ["ag_gemm"],
     }
     assert rows[3] == {

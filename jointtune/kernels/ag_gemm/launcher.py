@@ -129,6 +129,12 @@ def standin_launches(cfg: AgGemmConfig, *, M: int, N: int, K: int, world_size: i
     t = torch.empty(1, dtype=dtype, device=device)
     i64, i32, f32 = (torch.zeros(1, dtype=d, device=device) for d in (torch.int64, torch.int32, torch.float32))
     slot = slot_elems(R, K)
+    if cfg.mode == "barrier":
+        from jointtune.kernels.ag_gemm.meet import ag_gemm_meet_kernel
+        from jointtune.kernels.ag_gemm.plans import meet_args
+
+        args = meet_args(R, K, W, a=t, gathered=t, deltas=i64, signals=i32, signal_deltas=i64, rank=0, meet=True)
+        return [_split(ag_gemm_meet_kernel, args)]
     if cfg.mode == "push_cublas":
         if cfg.push_by != "sm":
             return []

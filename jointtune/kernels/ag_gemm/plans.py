@@ -9,6 +9,8 @@ call binds the caller's A, B and C and issues them. How each mode keeps a captur
 - pull, ce: A sits in one symmetric buffer (the caller's, or a staging slot) between two barriers:
   peers read it only between them, so the next call may overwrite it. No cross-call state.
 - push: Triton all the way; inbox halves alternate by the device epoch (`signals`), flags carry it.
+- barrier (`MeetPlan`): one launch pushes this rank's rows into every rank's gathered buffer between two meetings of
+  namesake programs (`runtime.meet`), then cuBLAS reads all M rows. No cross-call state but signals left at 0.
 - push_cublas: cuBLAS reads the inbox (and the copy engine writes it) at fixed addresses, so the inbox
   has one half and the call opens with the entry handshake: a rank writes into a peer only after the
   peer entered the same call, i.e. finished reading the last one. With SMs pushing all rows for one GEMM
@@ -28,19 +30,26 @@ from typing import Any
 import torch
 import triton
 
+from jointtune.errors import SpaceError
 from jointtune.kernels.ag_gemm.args import AgGemmConfig, Shape, gemm_args, push_args
 from jointtune.kernels.ag_gemm.kernel import ag_gemm_kernel
+from jointtune.kernels.ag_gemm.meet import ag_gemm_meet_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.gemm import split_k_workspace
 from jointtune.kernels.runtime.launch import Launch
+from jointtune.kernels.runtime.meet import SLOTS, exact_deltas, signal_buffer, world_p2
 from jointtune.kernels.runtime.signals import (
     allgather_push_kernel,
     open_call_kernel,
     release_chunk_kernel,
     wait_chunks_kernel,
 )
-from jointtune.kernels.runtime.symm import Inbox, call_state, cdiv, flags, inbox, offset, slot_elems
+from jointtune.kernels.runtime.symm import Inbox, call_state, cdiv, flags, inbox, offset, peer_deltas, slot_elems
 from jointtune.kernels.runtime.world import World
+
+#: the barrier launch: warps a program, and values a thread per block (16 bytes of 16-bit values, as GEMM+RS's and
+#: GEMM + all-reduce's barrier launches)
+MEET_WARPS, MEET_VALUES = 8, 8
 
 # --------------------------------------------------------------------------------------------- modes
 
@@ -382,6 +391,55 @@ class PushOpenedPlan:
         return gathered
 
 
+class MeetPlan:
+    """barrier: one launch pushes this rank's rows into every rank's gathered buffer between two meetings of namesake
+    programs (`meet`), then cuBLAS multiplies all M rows."""
+
+    def __init__(self, s: Shape, cfg: AgGemmConfig, want_gathered: bool) -> None:
+        world = s.world
+        self.want_gathered = want_gathered
+        gathered = world.symmetric("ag_gemm.meet_gathered", (slot_elems(s.M, s.K),), s.dtype)
+        signals = signal_buffer(world, "ag_gemm.meet_signals")
+        self.gathered = [gathered.view(i, (s.M, s.K)) for i in range(len(world.local_ranks))]
+        programs = meet_programs(cfg, s)
+        stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
+        self.launches = [
+            Launch(ag_gemm_meet_kernel, programs,
+                   meet_args(s.R, s.K, s.W, a=stand_in, gathered=gathered.tensors[i],
+                             deltas=peer_deltas(world, gathered, i), signals=signals.tensors[i],
+                             signal_deltas=exact_deltas(world, signals, i), rank=r, meet=world.concurrent),
+                   slots=("a_ptr",))
+            for i, r in enumerate(world.local_ranks)
+        ]  # fmt: skip
+
+    def __call__(self, a: list[torch.Tensor], b: list[torch.Tensor], c: list[torch.Tensor]) -> list[torch.Tensor]:
+        for launch, ai in zip(self.launches, a):  # on a sequential world: every rank's rows before any GEMM
+            launch(ai)
+        for g, bi, ci in zip(self.gathered, b, c):
+            torch.mm(g, bi, out=ci)
+        # the plan's buffer, which the next call rewrites: the caller gets a copy
+        return [g.clone() for g in self.gathered] if self.want_gathered else []
+
+
+def meet_programs(cfg: AgGemmConfig, s: Shape) -> int:
+    """The barrier launch's programs: `barrier_sms`, but none without a block of this rank's rows (every rank
+    launches as many: namesakes must exist to meet)."""
+    if cfg.barrier_sms > SLOTS:
+        raise SpaceError(f"barrier_sms: {cfg.barrier_sms} is not allowed; allowed: <= {SLOTS} (the launch's signal "
+                         "slots)")  # fmt: skip
+    return max(1, min(cfg.barrier_sms, cdiv(s.R * s.K, 32 * MEET_WARPS * MEET_VALUES)))
+
+
+def meet_args(R: int, K: int, W: int, *, a: Any, gathered: Any, deltas: Any, signals: Any, signal_deltas: Any,
+              rank: int, meet: bool) -> dict[str, Any]:  # fmt: skip
+    """`ag_gemm_meet_kernel`'s arguments by name (R rows of A a rank, K deep, W ranks), with the launch options."""
+    return dict(
+        a_ptr=a, gat_ptr=gathered, gat_deltas_ptr=deltas, sig_ptr=signals, sig_deltas_ptr=signal_deltas, R=R, K=K,
+        rank=rank, WORLD=W, WORLD_P2=world_p2(W), BLOCK=32 * MEET_WARPS * MEET_VALUES, MEET=meet,
+        num_warps=MEET_WARPS, num_stages=1,
+    )  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------- helpers
 
 
@@ -402,4 +460,6 @@ def build_plan(s: Shape, cfg: AgGemmConfig, owner: Any, owner_offset: int, want_
         return CePlan(s, cfg, owner, owner_offset, want_gathered)
     if cfg.mode == "push":
         return PushPlan(s, cfg, want_gathered)
+    if cfg.mode == "barrier":
+        return MeetPlan(s, cfg, want_gathered)
     return PushOpenedPlan(s, cfg, want_gathered)
