@@ -27,7 +27,8 @@ RS_FEW=16x8192x8192,32x8192x8192
 # the barrier launch's knobs: both transports at 32, 64 and 128 programs
 RS_BARRIERS=$(python3 -c 'import json; print(json.dumps([{"mode": "barrier", "transport": t, "reduce_sms": n}
   for t in ("pull", "push") for n in (32, 64, 128)]))')
-AG_BARRIERS='[{"mode": "barrier", "barrier_sms": 32}, {"mode": "barrier", "barrier_sms": 64}, {"mode": "barrier", "barrier_sms": 128}]'
+# AG+GEMM's barrier launch: both landings (the inbox at 32, 64 and 128 programs)
+AG_BARRIERS='[{"mode": "barrier", "landing": "direct", "barrier_sms": 64}, {"mode": "barrier", "landing": "inbox", "barrier_sms": 32}, {"mode": "barrier", "landing": "inbox", "barrier_sms": 64}, {"mode": "barrier", "landing": "inbox", "barrier_sms": 128}]'
 # issue 31's remaining GEMM cells (M 16, 32 and 1024 at the three (N, K)) and Flash-Decode's long caches with the user's
 # SDPA path as an anchor (two 32K shapes again, to set that anchor beside the earlier runs)
 SMALL=16x8192x8192,32x8192x8192,16x6144x4096,32x6144x4096,16x4096x14336,32x4096x14336,1024x6144x4096,1024x4096x14336
@@ -103,18 +104,18 @@ for phase in "$@"; do
         > "$WORK/gemm_ar_check_w2.log" 2>&1
       echo "exit $? after: gemm_ar_check w2"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w2.log" | head -20; pack
       wait ;;
-    agbar4)  # AG+GEMM's barrier launch (issue 36) at W=4: the decode shapes and 16, 32 rows at 32, 64 and 128 programs,
-      # against push_cublas, the fused push and the unfused paths, with a replay stress
-      fo 270 4 ag_gemm "$DECODE,$RS_FEW" ag_gemm_barrier_w4.json --modes barrier,push_cublas,push,baseline \
+    agbar4)  # AG+GEMM's barrier launch (issue 36) at W=4: the decode shapes and 16, 32 rows, both landings, against
+      # the unfused paths (`AG_MODES` adds modes: push_cublas,push ran beside it in the first such run), replay stress
+      fo 200 4 ag_gemm "$DECODE,$RS_FEW" ag_gemm_barrier_w4.json --modes "barrier,baseline${AG_MODES:+,$AG_MODES}" \
         --per-mode 1 --configs "$AG_BARRIERS" --stress 100 --item-timeout 60 ;;
     agbar2)  # the same at W=2, the shapes split between GPUs 0,1 and 2,3 (side by side: their NVLink traffic never
       # shares a GPU)
-      CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm 64x8192x8192,128x8192x8192,256x8192x8192,16x8192x8192 \
-        ag_gemm_barrier_w2_a.json --modes barrier,push_cublas,push,baseline --per-mode 1 --configs "$AG_BARRIERS" \
-        --stress 100 --item-timeout 60 --port 29511 &
-      CUDA_VISIBLE_DEVICES=2,3 fo 200 2 ag_gemm 128x6144x4096,128x4096x14336,32x8192x8192 ag_gemm_barrier_w2_b.json \
-        --modes barrier,push_cublas,push,baseline --per-mode 1 --configs "$AG_BARRIERS" --stress 100 --item-timeout 60 \
-        --port 29512 &
+      CUDA_VISIBLE_DEVICES=0,1 fo 150 2 ag_gemm 64x8192x8192,128x8192x8192,256x8192x8192,16x8192x8192 \
+        ag_gemm_barrier_w2_a.json --modes "barrier,baseline${AG_MODES:+,$AG_MODES}" --per-mode 1 \
+        --configs "$AG_BARRIERS" --stress 100 --item-timeout 60 --port 29511 &
+      CUDA_VISIBLE_DEVICES=2,3 fo 150 2 ag_gemm 128x6144x4096,128x4096x14336,32x8192x8192 ag_gemm_barrier_w2_b.json \
+        --modes "barrier,baseline${AG_MODES:+,$AG_MODES}" --per-mode 1 --configs "$AG_BARRIERS" --stress 100 \
+        --item-timeout 60 --port 29512 &
       wait ;;
     sideprobe)  # does cuBLAS finish beside a kernel that waits for a flag its stream sets after it? (GPU 0)
       CUDA_VISIBLE_DEVICES=0 timeout 120 python3 bench/ops/side_stream_probe.py --out "$WORK/side_stream_probe.json" \

@@ -10,9 +10,11 @@ Dims M, N, K are global; R = M / W rows per rank, N_r = N / W columns per rank. 
             while they travel and then each chunk after its flag (`gemm_order=local_first`), or all
             M rows in one GEMM once everything landed (`gathered`: one read of B, for small M).
             No barrier: a rank only writes into peers and reads what it was sent;
-  barrier   `barrier_sms` programs push A's rows into every rank's gathered buffer between two meetings with their
-            namesakes on every peer (a signal each way, `kernels.runtime.meet`), then one cuBLAS GEMM of all M rows:
-            push_cublas's gathered order without flags, epochs or entry handshake (as GEMM+RS's barrier mode);
+  barrier   `barrier_sms` programs push A's rows to every rank, meeting their namesakes on every peer (a signal
+            each way, `kernels.runtime.meet`), then one cuBLAS GEMM of all M rows: push_cublas's gathered order
+            without flags or entry handshake (as GEMM+RS's barrier mode). `landing=direct`: straight into every
+            rank's gathered buffer, between two meetings; `inbox`: into inbox halves alternating by the call's
+            epoch, before one meeting, then copied locally into the gathered buffer;
   ce        the copy engine gathers A in `ce_chunks` chunks per peer shard; a Triton tile GEMM or
             cuBLAS (`ce_consumer`) consumes each chunk after it lands;
   baseline  an all-gather, then one cuBLAS GEMM: the unfused path, its `collective` NCCL's default or symmetric
@@ -91,12 +93,13 @@ def _starts(ctx: Context) -> list[dict[str, Value]]:
     tile = row_tile(ctx["M"], ctx, cols="N_r", depth="K") if ctx["M"] <= 128 else dict(BIG_TILE)
     chunk = default_chunk_m(R) or one_chunk(R)
     sms = 1 << (min(16, max(1, ctx["num_sms"] // 4)).bit_length() - 1)
+    barrier_sms = 1 << (min(64, max(1, ctx["num_sms"] // 2)).bit_length() - 1)
     return [
         {"mode": "pull", **tile},
         {"mode": "push", "comm_sms": sms, "chunk_m": chunk, **tile},
         {"mode": "push_cublas", "push_by": "sm", "gemm_order": "gathered", "comm_sms": sms},
         {"mode": "push_cublas", "push_by": "ce", "gemm_order": "local_first", "chunk_m": chunk},
-        {"mode": "barrier", "barrier_sms": 1 << (min(64, max(1, ctx["num_sms"] // 2)).bit_length() - 1)},
+        {"mode": "barrier", "landing": "inbox", "barrier_sms": barrier_sms},
         {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1 if R < LOCAL_FIRST_FROM_ROWS else 2},
     ]
 
@@ -141,6 +144,13 @@ AG_GEMM = family_space(
             32,
             when=when(mode="push") | when(mode="push_cublas", push_by="sm"),
             doc="SMs that push A chunks to peers",
+        ),
+        categorical(
+            "landing",
+            ("direct", "inbox"),
+            when=when(mode="barrier"),
+            doc="where the barrier launch's pushed rows land: in the buffer cuBLAS reads (two meetings), or in an "
+            "inbox half by the call's epoch (one meeting, then a local copy)",
         ),
         pow2(
             "barrier_sms",

@@ -27,8 +27,11 @@ CONFIGS = {
     "push_cublas_ce_gathered": dict(mode="push_cublas", push_by="ce", gemm_order="gathered"),
     # rows pushed into every rank's gathered buffer between two meetings, then one cuBLAS GEMM (more programs than
     # blocks: the grid is trimmed to them)
-    "barrier": dict(mode="barrier", barrier_sms=2),
-    "barrier_wide": dict(mode="barrier", barrier_sms=128),
+    "barrier": dict(mode="barrier", landing="direct", barrier_sms=2),
+    "barrier_wide": dict(mode="barrier", landing="direct", barrier_sms=128),
+    # into inbox halves by the epoch, one meeting, a local copy
+    "barrier_inbox": dict(mode="barrier", landing="inbox", barrier_sms=2),
+    "barrier_inbox_wide": dict(mode="barrier", landing="inbox", barrier_sms=128),
 }
 TOL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
 #: (W, R, K, N_r): rows a multiple of 16 (chunks of 16 divide them), and ragged (one chunk of 16 per rank)
@@ -147,9 +150,11 @@ def test_four_ranks_mixing_chunk_counts_modes_and_gathered_a():
         dict(CONFIGS["push_cublas_sm"], chunk_m=16),
         CONFIGS["push_cublas_ce_gathered"],
         CONFIGS["barrier"],
+        CONFIGS["barrier_inbox"],
         CONFIGS["push_cublas_sm_gathered"],
         dict(CONFIGS["push"], chunk_m=16),
         CONFIGS["barrier_wide"],
+        CONFIGS["barrier_inbox_wide"],
         dict(CONFIGS["push_cublas_ce"], chunk_m=16),
     ]
     for seed, cfg in enumerate(configs):
@@ -165,7 +170,9 @@ def test_barrier_at_three_ranks(R, K):
     """W = 3, rows whose blocks start unaligned in the gathered buffer (R * K not a multiple of 16), eager calls
     alternating with the copy engine's and NCCL's paths, the gathered A returned."""
     world = create_world("local", world_size=3)
-    for seed, name in enumerate(("barrier", "push_cublas_ce_gathered", "barrier_wide", "baseline", "barrier")):
+    names = ("barrier", "barrier_inbox", "push_cublas_ce_gathered", "barrier_wide", "barrier_inbox_wide", "baseline",
+             "barrier_inbox", "barrier")  # fmt: skip
+    for seed, name in enumerate(names):
         a, b = _inputs(3, R, K, 24, torch.bfloat16, seed=seed)
         results = ag_gemm(a, b, world=world, config=CONFIGS[name], return_gathered=True)
         for (c, gathered), ref in zip(results, reference(a, b)):
@@ -188,7 +195,8 @@ def test_regrown_buffers_leave_older_plans_working():
 def test_world_size_one_multiplies_its_own_rows():
     world = create_world("local", world_size=1)
     a, b = _inputs(1, 20, 40, 24, torch.float16, seed=5)
-    for name in ("push_cublas_sm_gathered", "push_cublas_ce_gathered", "baseline", "ce_cublas", "barrier"):
+    for name in ("push_cublas_sm_gathered", "push_cublas_ce_gathered", "baseline", "ce_cublas", "barrier",
+                 "barrier_inbox"):
         (out,) = ag_gemm(a, b, world=world, config=CONFIGS[name])
         assert _rel(out, reference(a, b)[0]) < TOL[torch.float16]
 

@@ -18,6 +18,7 @@ import torch
 from capture import capture
 
 from jointtune.kernels.ag_gemm import ag_gemm, reference
+from jointtune.kernels.runtime.symm import call_state
 from jointtune.kernels.runtime.world import create_world
 
 TILES = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2, SPLIT_K=1)
@@ -32,10 +33,12 @@ CONFIGS = {
     "push_cublas_ce": dict(mode="push_cublas", push_by="ce", gemm_order="local_first", chunk_m=16),
     "push_cublas_sm_gathered": dict(mode="push_cublas", push_by="sm", gemm_order="gathered", comm_sms=2),
     "push_cublas_ce_gathered": dict(mode="push_cublas", push_by="ce", gemm_order="gathered"),
-    "barrier": dict(mode="barrier", barrier_sms=4),
+    "barrier": dict(mode="barrier", landing="direct", barrier_sms=4),
+    "barrier_inbox": dict(mode="barrier", landing="inbox", barrier_sms=4),
 }
 FLAGGED = {"push", "push_split_k", "push_cublas_sm", "push_cublas_ce", "push_cublas_sm_gathered",
            "push_cublas_ce_gathered"}  # fmt: skip
+EPOCHED = {"barrier_inbox"}
 TOL = 1.5e-2
 
 
@@ -82,11 +85,13 @@ def _captured(call, config):
 
 def _replay(graph, call, name):
     call.fresh()
-    high = _flag_high(call.world)
+    high, epoch = _flag_high(call.world), call_state(call.world).epoch()
     graph.replay()
     assert call.error() < TOL, f"{name}: wrong result after a replay"
     if name in FLAGGED:
         assert _flag_high(call.world) > high, f"{name}: a replay's flags kept an earlier call's epoch"
+    if name in EPOCHED:  # no flags, but inbox halves: a replay opens a call of its own, so it lands in the other half
+        assert call_state(call.world).epoch() == epoch + 1, f"{name}: a replay kept an earlier call's epoch"
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -122,7 +127,8 @@ def test_two_graphs_of_other_shapes_and_configs_alternate(W):
     world = create_world("local", world_size=W)
     pairs = [("push_cublas_sm_gathered", "push"), ("push_cublas_ce", "push_cublas_sm_gathered"),
              ("push_cublas_sm", "push_cublas_ce_gathered"), ("pull", "ce_triton"), ("barrier", "push"),
-             ("push_cublas_sm_gathered", "barrier")]  # fmt: skip
+             ("push_cublas_sm_gathered", "barrier"), ("barrier_inbox", "barrier"),
+             ("push", "barrier_inbox")]  # fmt: skip
     for first, second in pairs:
         one, two = Call(world, 32, 48, 32, seed=4), Call(world, 16, 40, 48, seed=5)
         g1, g2 = _captured(one, CONFIGS[first]), _captured(two, CONFIGS[second])

@@ -13,6 +13,7 @@ from jointtune.errors import ShapeError, SpaceError
 from jointtune.kernels import get_family
 from jointtune.kernels.ag_gemm import ag_gemm
 from jointtune.kernels.gemm_rs import config_json, gemm_rs, prepare, reference
+from jointtune.kernels.runtime.symm import call_state
 from jointtune.kernels.runtime.world import LocalWorld
 from jointtune.search_spaces import Problem, get_space
 
@@ -148,8 +149,18 @@ def test_tensor_in_tensor_out_on_one_rank():
 #: handshake, none); every mode runs at W = 4 eagerly above, and every mode replays at W = 2
 REPLAYS = [(name, 2) for name in CONFIGS] + [
     (name, 4)
-    for name in ("push", "atomic", "pull_cublas", "barrier", "barrier_push", "ce_cublas", "baseline", "pull_epilogue",
-                 "push_tile", "push_tile_ll")
+    for name in (
+        "push",
+        "atomic",
+        "pull_cublas",
+        "barrier",
+        "barrier_push",
+        "ce_cublas",
+        "baseline",
+        "pull_epilogue",
+        "push_tile",
+        "push_tile_ll",
+    )
 ]
 
 
@@ -163,11 +174,13 @@ def test_replays_arm_their_waits_and_stay_correct(name, W):
         call(CONFIGS[name])
     for _ in range(3):
         call.fresh()
-        high, ll_high = _flag_high(world), _ll_high(world)
+        high, ll_high, epoch = _flag_high(world), _ll_high(world), call_state(world).epoch()
         graph.replay()
         assert call.error() < TOL[torch.bfloat16], f"{name}: wrong result after a replay"
         if name in BARRIER:  # meetings leave their signals at 0: nothing lives across calls
             assert _signals_high(world) == 0, f"{name}: a replay left a signal set"
+        if CONFIGS[name].get("transport") == "push":  # inbox halves: a replay opens a call, landing in the other half
+            assert call_state(world).epoch() == epoch + 1, f"{name}: a replay kept an earlier call's epoch"
         if name in FLAGGED:
             assert _flag_high(world) > high, f"{name}: a replay's flags kept an earlier call's epoch"
         if name in LL:

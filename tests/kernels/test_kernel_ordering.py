@@ -53,7 +53,10 @@ CONFIGS = [
     dict(family="gemm_rs", shape=dict(M=128, N=8192, K=8192), world_size=4, mode="barrier", transport="push",
          reduce_sms=64),
     # AG+GEMM's barrier launch: two meetings around the pushes
-    dict(family="ag_gemm", shape=dict(M=128, N=8192, K=8192), world_size=4, mode="barrier", barrier_sms=64),
+    dict(family="ag_gemm", shape=dict(M=128, N=8192, K=8192), world_size=4, mode="barrier", landing="direct",
+         barrier_sms=64),
+    dict(family="ag_gemm", shape=dict(M=128, N=8192, K=8192), world_size=4, mode="barrier", landing="inbox",
+         barrier_sms=64),
 ]  # fmt: skip
 
 
@@ -83,9 +86,10 @@ def _check(facts: list[dict]) -> None:
     # is handed to every thread of the program (through shared memory and a barrier) before the spin loop reads it
     meets = [f for f in facts if f["kernel"] in ("gemm_ar_meet_kernel", "gemm_rs_meet_kernel", "ag_gemm_meet_kernel")]
     assert len(meets) == 4
-    pushed = [f for f in facts if f["kernel"] == "gemm_rs_push_meet_kernel"]  # one meeting
-    assert len(pushed) == 1
-    assert [sem for sem, _ in pushed[0]["sys_cas"]].count("release") >= 1 and all(h for _, h in pushed[0]["sys_cas"])
+    pushed = [f for f in facts if f["kernel"] in ("gemm_rs_push_meet_kernel", "ag_gemm_inbox_meet_kernel")]  # one
+    assert len(pushed) == 2
+    for f in pushed:
+        assert [sem for sem, _ in f["sys_cas"]].count("release") >= 1 and all(h for _, h in f["sys_cas"]), f["config"]
     for f in meets:
         sems = [sem for sem, _ in f["sys_cas"]]
         assert sems.count("release") >= 2 and sems.count("acquire") >= 2, f"{f['config']}: {f['sys_cas']}"

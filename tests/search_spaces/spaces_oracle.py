@@ -48,7 +48,7 @@ def active_fields(space: str, cfg: dict[str, Any]) -> set[str]:
         if mode == "push":
             out |= {"comm_sms", "chunk_m"}
         if mode == "barrier":
-            out.add("barrier_sms")  # programs pushing between two meetings
+            out |= {"barrier_sms", "landing"}  # programs pushing, where their rows land
         if mode == "push_cublas":
             out |= {"push_by", "gemm_order"}
             if cfg.get("push_by") == "sm":

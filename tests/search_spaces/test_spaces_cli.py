@@ -66,7 +66,7 @@ def test_list_and_show(invoke, kernelless) -> None:
         "version": get_space("ag_gemm").version,
         "revision": 6,
         "dims": ["M", "N", "K"],
-        "params": 16,
+        "params": 17,
         "kernels": ["ag_gemm"],
     }
     assert rows[3] == {

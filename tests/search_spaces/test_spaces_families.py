@@ -42,11 +42,12 @@ def test_ag_gemm_params_are_exactly_the_kernel_contract() -> None:
         "num_stages": (2, 3, 4, 5, 6),
         "SPLIT_K": (1, 2, 4, 8),
         "comm_sms": (1, 2, 4, 8, 16, 32),
+        "landing": ("direct", "inbox"),
         "barrier_sms": (1, 2, 4, 8, 16, 32, 64, 128),
         "chunk_m": (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
     }
     conditions = {p.name: p.when.describe() if p.when else None for p in space.params}
-    assert conditions["barrier_sms"] == 'mode == "barrier"'
+    assert conditions["barrier_sms"] == conditions["landing"] == 'mode == "barrier"'
     assert conditions["ce_consumer"] == conditions["ce_chunks"] == 'mode == "ce"'
     assert conditions["collective"] == 'mode == "baseline"' and space.param("collective").implied == "nccl"
     assert conditions["push_by"] == conditions["gemm_order"] == 'mode == "push_cublas"'
@@ -116,7 +117,7 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
     assert {name: get_space(name).version for name in ("ag_gemm", "gemm_rs", "flash_decode", "gemm_ar")} == {
         # revision 5 (the baseline's collective) changed it from 1276c44a5e54; revision 6 (mode barrier, barrier_sms)
         # from 92a31e42db9c
-        "ag_gemm": "de32a9cfcd92",
+        "ag_gemm": "ae63f5f583a7",
         # revision 3 (the kernel's modes: atomic, pull_cublas, reduce_sms, tile_order; chunk_fits_rows,
         # reduce_sms_budget, atomic_tile; no comm_sms) changed it from 1fd89d6bea81; revision 4 (no atomic_tile)
         # from f8b5ac3391ee; revision 5 (reduce_by) from 7685ce476574; revision 6 (the baseline's collective) from
@@ -221,8 +222,10 @@ def test_error_messages_name_field_value_and_what_is_allowed() -> None:
     no_split = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
     tiles = {**no_split, "SPLIT_K": 1}
     cases = [
-        ({"mode": "pushy"}, 'mode: \'pushy\' is not allowed; allowed: "pull", "push", "push_cublas", "barrier", "ce", '
-         '"baseline"'),
+        (
+            {"mode": "pushy"},
+            'mode: \'pushy\' is not allowed; allowed: "pull", "push", "push_cublas", "barrier", "ce", "baseline"',
+        ),
         ({"mode": "ce", "ce_consumer": "cublas"}, 'ce_chunks: missing (required with mode="ce"); allowed: 1, 2, 4, 8'),
         ({"mode": "baseline", "chunk_m": 64}, 'chunk_m: 64 is not allowed with mode="baseline"; chunk_m only exists'),
         ({"mode": "baseline", "blockm": 64}, "blockm: unknown field for space 'ag_gemm'; allowed fields: mode, "),
@@ -571,7 +574,7 @@ def test_anchor_counts_are_fast_and_add_up() -> None:
         "pull": tiles,
         "push": tiles * 6 * 9,
         "push_cublas": push_cublas,
-        "barrier": 8,  # barrier_sms 1..128
+        "barrier": 16,  # barrier_sms 1..128, two landings
         "ce": 4 * (tiles + 1),
         "baseline": 3,
     }

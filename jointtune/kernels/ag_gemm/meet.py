@@ -1,5 +1,7 @@
-"""`mode="barrier"`: one launch pushes this rank's rows of A into every rank's gathered buffer between two meetings of
-namesake programs (`runtime.meet`), then one cuBLAS GEMM multiplies all M gathered rows (B read once).
+"""`mode="barrier"`: one launch gathers A between meetings of namesake programs (`runtime.meet`), then one cuBLAS GEMM
+multiplies all M gathered rows (B read once). `landing="direct"` (`ag_gemm_meet_kernel`, below): the rows are pushed
+straight into every rank's gathered buffer, between two meetings. `landing="inbox"` (`ag_gemm_inbox_meet_kernel`):
+into inbox halves alternating by the call's epoch, before one meeting, then copied locally into the gathered buffer.
 
 The first meeting: every peer's program has started this call's launch, so that peer's cuBLAS of the last call, which
 read its gathered buffer, has finished (stream order): the buffer may be overwritten. The program then stores its
@@ -19,6 +21,7 @@ import triton
 import triton.language as tl
 
 from jointtune.kernels.runtime.meet import MEET_SLOTS, meet
+from jointtune.kernels.runtime.signals import call_epoch_and_half, open_call, publish_call
 
 
 @triton.jit(do_not_specialize=["rank"])
@@ -54,4 +57,62 @@ def ag_gemm_meet_kernel(
         meet(sig_ptr, sig_deltas_ptr, MEET_SLOTS + pid, rank, WORLD, WORLD_P2)
 
 
-__all__ = ["ag_gemm_meet_kernel", "triton"]
+@triton.jit(do_not_specialize=["rank"])
+def ag_gemm_inbox_meet_kernel(
+    a_ptr,
+    gat_ptr,
+    inbox_ptr,
+    inbox_deltas_ptr,
+    sig_ptr,
+    sig_deltas_ptr,
+    state_ptr,
+    R,
+    K,
+    rank,
+    slot,
+    half_stride,
+    WORLD: tl.constexpr,
+    WORLD_P2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PUSH: tl.constexpr,
+    COPY: tl.constexpr,
+    MEET: tl.constexpr,
+    EPOCH: tl.constexpr,
+):
+    # landing="inbox": the program's blocks of this rank's rows go into its own gathered buffer (local, read only by
+    # its own cuBLAS, later on the stream) and into slot `rank` of every peer's inbox half; one meeting; then it copies
+    # the same blocks of every peer's rows from its own inbox into its gathered buffer. The half alternates by the
+    # call's epoch, so a peer writes call e + 2 into a half only after meeting this rank in call e + 1, which this
+    # rank's program entered after its whole call-e launch (stream order): after its copies of call e.
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
+    if EPOCH == 1:
+        open_call(state_ptr)
+    size = (tl.zeros((), tl.int64) + R) * K  # one rank's rows, flattened (rank is a plain int in the interpreter)
+    if PUSH:
+        own = (tl.zeros((), tl.int64) + rank) * R * K
+        for i in range(pid, tl.cdiv(size, BLOCK), programs):
+            at = i * BLOCK + tl.arange(0, BLOCK)
+            mask = at < size
+            rows = tl.load(a_ptr + at, mask=mask)
+            for j in tl.static_range(1, WORLD):
+                q = (rank + j) % WORLD
+                dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot
+                tl.store(dst + at, rows, mask=mask)
+            tl.store(gat_ptr + own + at, rows, mask=mask)
+    if MEET:
+        meet(sig_ptr, sig_deltas_ptr, pid, rank, WORLD, WORLD_P2)
+    if COPY:
+        for i in range(pid, tl.cdiv(size, BLOCK), programs):
+            at = i * BLOCK + tl.arange(0, BLOCK)
+            mask = at < size
+            for j in tl.static_range(1, WORLD):
+                p = (rank + j) % WORLD
+                rows = tl.load(inbox_ptr + half + p * slot + at, mask=mask)
+                tl.store(gat_ptr + p * size + at, rows, mask=mask)
+    if EPOCH == 1:
+        publish_call(state_ptr, epoch, programs)
+
+
+__all__ = ["ag_gemm_inbox_meet_kernel", "ag_gemm_meet_kernel", "triton"]

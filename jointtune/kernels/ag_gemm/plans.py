@@ -10,7 +10,8 @@ call binds the caller's A, B and C and issues them. How each mode keeps a captur
   peers read it only between them, so the next call may overwrite it. No cross-call state.
 - push: Triton all the way; inbox halves alternate by the device epoch (`signals`), flags carry it.
 - barrier (`MeetPlan`): one launch pushes this rank's rows into every rank's gathered buffer between two meetings of
-  namesake programs (`runtime.meet`), then cuBLAS reads all M rows. No cross-call state but signals left at 0.
+  namesake programs (`runtime.meet`; no cross-call state but signals left at 0), or into inbox halves by the device
+  epoch before one meeting, then copies them into a local gathered buffer; then cuBLAS reads all M rows.
 - push_cublas: cuBLAS reads the inbox (and the copy engine writes it) at fixed addresses, so the inbox
   has one half and the call opens with the entry handshake: a rank writes into a peer only after the
   peer entered the same call, i.e. finished reading the last one. With SMs pushing all rows for one GEMM
@@ -33,7 +34,7 @@ import triton
 from jointtune.errors import SpaceError
 from jointtune.kernels.ag_gemm.args import AgGemmConfig, Shape, gemm_args, push_args
 from jointtune.kernels.ag_gemm.kernel import ag_gemm_kernel
-from jointtune.kernels.ag_gemm.meet import ag_gemm_meet_kernel
+from jointtune.kernels.ag_gemm.meet import ag_gemm_inbox_meet_kernel, ag_gemm_meet_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.gemm import split_k_workspace
 from jointtune.kernels.runtime.launch import Launch
@@ -44,12 +45,23 @@ from jointtune.kernels.runtime.signals import (
     release_chunk_kernel,
     wait_chunks_kernel,
 )
-from jointtune.kernels.runtime.symm import Inbox, call_state, cdiv, flags, inbox, offset, peer_deltas, slot_elems
+from jointtune.kernels.runtime.symm import (
+    ALIGN,
+    Inbox,
+    call_state,
+    cdiv,
+    flags,
+    inbox,
+    offset,
+    peer_deltas,
+    slot_elems,
+)
 from jointtune.kernels.runtime.world import World
 
 #: the barrier launch: warps a program, and values a thread per block (16 bytes of 16-bit values, as GEMM+RS's and
 #: GEMM + all-reduce's barrier launches)
 MEET_WARPS, MEET_VALUES = 8, 8
+MEET_BLOCK = 32 * MEET_WARPS * MEET_VALUES
 
 # --------------------------------------------------------------------------------------------- modes
 
@@ -392,29 +404,50 @@ class PushOpenedPlan:
 
 
 class MeetPlan:
-    """barrier: one launch pushes this rank's rows into every rank's gathered buffer between two meetings of namesake
-    programs (`meet`), then cuBLAS multiplies all M rows."""
+    """barrier: one launch gathers this rank's rows into every rank's gathered buffer, between two meetings of namesake
+    programs (`landing="direct"`) or through inbox halves by the device epoch, one meeting and a local copy
+    (`landing="inbox"`), then cuBLAS multiplies all M rows."""
 
     def __init__(self, s: Shape, cfg: AgGemmConfig, want_gathered: bool) -> None:
         world = s.world
         self.want_gathered = want_gathered
-        gathered = world.symmetric("ag_gemm.meet_gathered", (slot_elems(s.M, s.K),), s.dtype)
         signals = signal_buffer(world, "ag_gemm.meet_signals")
-        self.gathered = [gathered.view(i, (s.M, s.K)) for i in range(len(world.local_ranks))]
         programs = meet_programs(cfg, s)
         stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
-        self.launches = [
+        if cfg.landing == "inbox":
+            self.gathered = [torch.empty((s.M, s.K), dtype=s.dtype, device=world.device) for _ in world.local_ranks]
+            slot = slot_elems(s.R, s.K)
+            box = world.symmetric("ag_gemm.meet_inbox", (2 * s.W * slot,), s.dtype)
+            state = call_state(world)
+            # (PUSH, COPY, MEET, EPOCH) of each launch per rank: one where ranks run at once; on a sequential world
+            # every rank's push before any rank's copy
+            steps = [(True, True, True, 1)] if world.concurrent else [(True, False, False, 1), (False, True, False, 2)]
+            self.phases: list[list[Launch]] = [[] for _ in steps]
+            for i, r in enumerate(world.local_ranks):
+                for n, (push, copy, meet, epoch) in enumerate(steps):
+                    args = inbox_meet_args(
+                        s.R, s.K, s.W, a=stand_in, gathered=self.gathered[i], inbox=box.tensors[i],
+                        inbox_deltas=peer_deltas(world, box, i), signals=signals.tensors[i],
+                        signal_deltas=exact_deltas(world, signals, i), state=state.counters[i], rank=r, slot=slot,
+                        half_stride=box.numel // 2 // ALIGN * ALIGN, push=push, copy=copy, meet=meet, epoch=epoch,
+                    )  # fmt: skip
+                    self.phases[n].append(Launch(ag_gemm_inbox_meet_kernel, programs, args, slots=("a_ptr",)))
+            return
+        gathered = world.symmetric("ag_gemm.meet_gathered", (slot_elems(s.M, s.K),), s.dtype)
+        self.gathered = [gathered.view(i, (s.M, s.K)) for i in range(len(world.local_ranks))]
+        self.phases: list[list[Launch]] = [[
             Launch(ag_gemm_meet_kernel, programs,
                    meet_args(s.R, s.K, s.W, a=stand_in, gathered=gathered.tensors[i],
                              deltas=peer_deltas(world, gathered, i), signals=signals.tensors[i],
                              signal_deltas=exact_deltas(world, signals, i), rank=r, meet=world.concurrent),
                    slots=("a_ptr",))
             for i, r in enumerate(world.local_ranks)
-        ]  # fmt: skip
+        ]]  # fmt: skip
 
     def __call__(self, a: list[torch.Tensor], b: list[torch.Tensor], c: list[torch.Tensor]) -> list[torch.Tensor]:
-        for launch, ai in zip(self.launches, a):  # on a sequential world: every rank's rows before any GEMM
-            launch(ai)
+        for phase in self.phases:  # on a sequential world: every rank's rows before any GEMM
+            for launch, ai in zip(phase, a):
+                launch(ai)
         for g, bi, ci in zip(self.gathered, b, c):
             torch.mm(g, bi, out=ci)
         # the plan's buffer, which the next call rewrites: the caller gets a copy
@@ -427,7 +460,20 @@ def meet_programs(cfg: AgGemmConfig, s: Shape) -> int:
     if cfg.barrier_sms > SLOTS:
         raise SpaceError(f"barrier_sms: {cfg.barrier_sms} is not allowed; allowed: <= {SLOTS} (the launch's signal "
                          "slots)")  # fmt: skip
-    return max(1, min(cfg.barrier_sms, cdiv(s.R * s.K, 32 * MEET_WARPS * MEET_VALUES)))
+    return max(1, min(cfg.barrier_sms, cdiv(s.R * s.K, MEET_BLOCK)))
+
+
+def inbox_meet_args(R: int, K: int, W: int, *, a: Any, gathered: Any, inbox: Any, inbox_deltas: Any, signals: Any,
+                    signal_deltas: Any, state: Any, rank: int, slot: int, half_stride: int, push: bool, copy: bool,
+                    meet: bool, epoch: int) -> dict[str, Any]:  # fmt: skip
+    """`ag_gemm_inbox_meet_kernel`'s arguments by name (R rows of A a rank, K deep, W ranks), with the launch
+    options."""
+    return dict(
+        a_ptr=a, gat_ptr=gathered, inbox_ptr=inbox, inbox_deltas_ptr=inbox_deltas, sig_ptr=signals,
+        sig_deltas_ptr=signal_deltas, state_ptr=state, R=R, K=K, rank=rank, slot=slot, half_stride=half_stride,
+        WORLD=W, WORLD_P2=world_p2(W), BLOCK=MEET_BLOCK, PUSH=push, COPY=copy, MEET=meet, EPOCH=epoch,
+        num_warps=MEET_WARPS, num_stages=1,
+    )  # fmt: skip
 
 
 def meet_args(R: int, K: int, W: int, *, a: Any, gathered: Any, deltas: Any, signals: Any, signal_deltas: Any,
@@ -435,7 +481,7 @@ def meet_args(R: int, K: int, W: int, *, a: Any, gathered: Any, deltas: Any, sig
     """`ag_gemm_meet_kernel`'s arguments by name (R rows of A a rank, K deep, W ranks), with the launch options."""
     return dict(
         a_ptr=a, gat_ptr=gathered, gat_deltas_ptr=deltas, sig_ptr=signals, sig_deltas_ptr=signal_deltas, R=R, K=K,
-        rank=rank, WORLD=W, WORLD_P2=world_p2(W), BLOCK=32 * MEET_WARPS * MEET_VALUES, MEET=meet,
+        rank=rank, WORLD=W, WORLD_P2=world_p2(W), BLOCK=MEET_BLOCK, MEET=meet,
         num_warps=MEET_WARPS, num_stages=1,
     )  # fmt: skip
 
