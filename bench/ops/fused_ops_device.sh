@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 prefill4 probe arbarrier4 arbarrier2 rsbar4 rsbar2 agbar4 agbar2 sideprobe tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
+#   flashlong2 prefill4 probe arbarrier4 arbarrier2 rsbar4 rsbar2 agbar4 agbar2 arpush4 sideprobe tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -27,6 +27,9 @@ RS_FEW=16x8192x8192,32x8192x8192
 # the barrier launch's knobs: both transports at 32, 64 and 128 programs
 RS_BARRIERS=$(python3 -c 'import json; print(json.dumps([{"mode": "barrier", "transport": t, "reduce_sms": n}
   for t in ("pull", "push") for n in (32, 64, 128)]))')
+# GEMM + all-reduce: one-shot pushed before one meeting at 32, 64, 128 programs, and two-shot's barrier exchange
+AR_PUSHES='[{"mode": "one_shot", "gemm": "cublas", "transport": "barrier_push", "comm_sms": 32}, {"mode": "one_shot", "gemm": "cublas", "transport": "barrier_push", "comm_sms": 64}, {"mode": "one_shot", "gemm": "cublas", "transport": "barrier_push", "comm_sms": 128}, {"mode": "two_shot", "gemm": "cublas", "transport": "barrier", "comm_sms": 64}]'
+AR_FEW=8x8192x8192,32x8192x8192,64x8192x8192,128x8192x8192
 # AG+GEMM's barrier launch: both landings (the inbox at 32, 64 and 128 programs)
 AG_BARRIERS='[{"mode": "barrier", "landing": "direct", "barrier_sms": 64}, {"mode": "barrier", "landing": "inbox", "barrier_sms": 32}, {"mode": "barrier", "landing": "inbox", "barrier_sms": 64}, {"mode": "barrier", "landing": "inbox", "barrier_sms": 128}]'
 # issue 31's remaining GEMM cells (M 16, 32 and 1024 at the three (N, K)) and Flash-Decode's long caches with the user's
@@ -117,6 +120,13 @@ for phase in "$@"; do
         --modes "barrier,baseline${AG_MODES:+,$AG_MODES}" --per-mode 1 --configs "$AG_BARRIERS" --stress 100 \
         --item-timeout 60 --port 29512 &
       wait ;;
+    arpush4)  # GEMM + all-reduce's one-shot pushed into inbox halves before one meeting (transport barrier_push), at
+      # Llama-3-70B's o_proj shapes at W=4 (8-128 rows), plain then RMSNorm, beside two-shot's barrier exchange and the
+      # seeds of each mode, against the user's unfused paths
+      fo 170 4 gemm_ar "$AR_FEW" gemm_ar_push_w4_o.json --modes one_shot,two_shot,baseline --per-mode 1 \
+        --configs "$AR_PUSHES" --stress 50 --item-timeout 40
+      fo 170 4 gemm_ar_rmsnorm "$AR_FEW" gemm_ar_rmsnorm_push_w4_o.json --modes one_shot,two_shot,baseline \
+        --per-mode 1 --configs "$AR_PUSHES" --stress 50 --item-timeout 40 ;;
     sideprobe)  # does cuBLAS finish beside a kernel that waits for a flag its stream sets after it? (GPU 0)
       CUDA_VISIBLE_DEVICES=0 timeout 120 python3 bench/ops/side_stream_probe.py --out "$WORK/side_stream_probe.json" \
         > "$WORK/side_stream_probe.log" 2>&1

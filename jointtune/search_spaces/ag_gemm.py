@@ -48,20 +48,28 @@ _PUSH_CUBLAS = when(mode="push_cublas")
 CHUNK_MAX = 8192
 #: from this many rows per rank the default overlaps the local rows' GEMM with the push
 LOCAL_FIRST_FROM_ROWS = 2048
+#: rows per rank up to which the default is the barrier launch (measured to 128 rows a rank: 256 at W=2)
+BARRIER_MAX_ROWS = 128
 
 
 def _default(ctx: Context) -> dict[str, Value]:
-    """What measured best on 2x H200 (bench/results/ag_gemm_*_push-cublas*), valid for any shape.
+    """What measured best, valid for any shape.
 
-    Below 2048 rows per rank: `comm_sms` programs push every row and one cuBLAS GEMM reads B once
-    (1.18-1.20x NCCL + cuBLAS at M=128, 1.13x at M=1024, and the cheapest call to issue). From 2048
-    rows: the copy engine pushes two chunks per rank while cuBLAS multiplies the local rows (within
-    1% of the best at the three large shapes; no barrier, every SM left to cuBLAS). One rank, or no
-    chunk that fits: NCCL + cuBLAS, or the copy engine pulling in one chunk.
+    Up to BARRIER_MAX_ROWS rows per rank: the barrier launch, its rows landing in inbox halves, on 64 programs (4x
+    H100, graph replay: 1.02-1.10x the best unfused path at W=4 and 1.06-1.21x at W=2 at 16-256 rows of the decode
+    shapes, where push_cublas took 0.80-0.94x at W=4 in the run before;
+    bench/results/ag_gemm_barrier_*_4xH100_2026-11-27.json).
+    Below 2048 rows per rank: `comm_sms` programs push every row and one cuBLAS GEMM reads B once (2x H200: 1.18-1.20x
+    NCCL + cuBLAS at M=128, 1.13x at M=1024, and the cheapest call to issue; bench/results/ag_gemm_*_push-cublas*).
+    From 2048 rows: the copy engine pushes two chunks per rank while cuBLAS multiplies the local rows (within 1% of
+    the best at the three large shapes; no barrier, every SM left to cuBLAS). One rank, or no chunk that fits: NCCL +
+    cuBLAS, or the copy engine pulling in one chunk.
     """
     R = ctx["R"]
     if ctx["W"] == 1 or ctx["num_sms"] < 4:
         return {"mode": "baseline"}
+    if R <= BARRIER_MAX_ROWS:
+        return _barrier(ctx)
     if R < LOCAL_FIRST_FROM_ROWS:
         sms = 1 << (min(32, ctx["num_sms"] // 4).bit_length() - 1)  # a power of two <= num_sms // 4
         return {"mode": "push_cublas", "push_by": "sm", "gemm_order": "gathered", "comm_sms": sms}
@@ -72,16 +80,32 @@ def _default(ctx: Context) -> dict[str, Value]:
 
 
 def _seeds(ctx: Context) -> list[dict[str, Value]]:
-    """Up to 128 rows: the Triton modes with one row tile over all M rows (B read once; at one rank push took 1.13-1.19x
-    cuBLAS with it, 1.69x faster than with 64-row tiles: bench/results/ag_gemm_small_m_w1_1xH200_2026-11-24.json),
-    split over K where its column tiles (N / W of them) leave SMs idle (`row_tile`)."""
-    if ctx["W"] == 1 or ctx["M"] > 128:
+    """The barrier launch first, up to 1024 rows (`_default`). Up to 128 rows: the Triton modes with one row tile over
+    all M rows (B read once; at one rank push took 1.13-1.19x cuBLAS with it, 1.69x faster than with 64-row tiles:
+    bench/results/ag_gemm_small_m_w1_1xH200_2026-11-24.json), split over K where its column tiles (N / W of them)
+    leave SMs idle (`row_tile`)."""
+    if ctx["W"] == 1:
         return []
+    barrier = [_barrier(ctx)] if ctx["M"] <= 1024 else []
+    if ctx["M"] > 128:
+        return barrier
     tile = row_tile(ctx["M"], ctx, cols="N_r", depth="K")
     return [
+        *barrier,
         {"mode": "push", "comm_sms": 8, "chunk_m": one_chunk(ctx["R"]), **tile},
         {"mode": "pull", **tile},
     ]
+
+
+def _barrier(ctx: Context) -> dict[str, Value]:
+    """The barrier launch landing in inbox halves on 64 programs (at most half the SMs): on 4x H100 the inbox beat the
+    direct landing by 0.3-1.8 µs at every decode shape, W=2 and W=4, with 64 and 128 programs within 1 µs and 32
+    behind at 128-256 rows (bench/results/ag_gemm_barrier_inbox_w*_4xH100_2026-11-27.json)."""
+    return {
+        "mode": "barrier",
+        "landing": "inbox",
+        "barrier_sms": 1 << (min(64, max(1, ctx["num_sms"] // 2)).bit_length() - 1),
+    }
 
 
 def _starts(ctx: Context) -> list[dict[str, Value]]:
@@ -93,13 +117,12 @@ def _starts(ctx: Context) -> list[dict[str, Value]]:
     tile = row_tile(ctx["M"], ctx, cols="N_r", depth="K") if ctx["M"] <= 128 else dict(BIG_TILE)
     chunk = default_chunk_m(R) or one_chunk(R)
     sms = 1 << (min(16, max(1, ctx["num_sms"] // 4)).bit_length() - 1)
-    barrier_sms = 1 << (min(64, max(1, ctx["num_sms"] // 2)).bit_length() - 1)
     return [
         {"mode": "pull", **tile},
         {"mode": "push", "comm_sms": sms, "chunk_m": chunk, **tile},
         {"mode": "push_cublas", "push_by": "sm", "gemm_order": "gathered", "comm_sms": sms},
         {"mode": "push_cublas", "push_by": "ce", "gemm_order": "local_first", "chunk_m": chunk},
-        {"mode": "barrier", "landing": "inbox", "barrier_sms": barrier_sms},
+        _barrier(ctx),
         {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1 if R < LOCAL_FIRST_FROM_ROWS else 2},
     ]
 

@@ -47,7 +47,7 @@ MODES = ("one_shot", "two_shot", "baseline")
 _FUSED = when(mode=("one_shot", "two_shot"))
 _TILES = when(mode=("one_shot", "two_shot"), gemm="triton")
 _FLAGGED = when(mode=("one_shot", "two_shot"), transport=("push", "pull"))
-TRANSPORTS = ("push", "pull", "ll", "barrier")
+TRANSPORTS = ("push", "pull", "ll", "barrier", "barrier_push")
 #: the flag granularities offered: consecutive tiles of the partial per flag
 TILES_PER_FLAG = (1, 2, 4, 8, 16, 32)
 COMM_SMS = (0, 4, 8, 16, 32, 64, 128)
@@ -143,11 +143,20 @@ _ll_rows = _rows_cap("transport", "ll", LL_MAX_ROWS, "its words carry two values
 
 
 def _barrier_cublas(cfg: Mapping[str, Value], ctx: Context) -> str | None:
-    if cfg["transport"] != "barrier" or cfg["gemm"] == "cublas":
+    if cfg["transport"] not in ("barrier", "barrier_push") or cfg["gemm"] == "cublas":
         return None
     return (
-        'transport: "barrier" is not allowed with gemm="triton"; allowed: gemm="cublas" (cuBLAS writes the partial '
-        "into the symmetric buffer the launch meets its peers over)"
+        f'transport: "{cfg["transport"]}" is not allowed with gemm="triton"; allowed: gemm="cublas" (cuBLAS writes the '
+        "partial the launch exchanges between meetings of the ranks)"
+    )
+
+
+def _barrier_push_one_shot(cfg: Mapping[str, Value], ctx: Context) -> str | None:
+    if cfg["transport"] != "barrier_push" or cfg["mode"] == "one_shot":
+        return None
+    return (
+        'transport: "barrier_push" is not allowed with mode="two_shot"; allowed: mode="one_shot" (every rank\'s whole '
+        'partial pushed to every rank before one meeting); two-shot meets twice anyway: its barrier is "barrier"'
     )
 
 
@@ -225,7 +234,8 @@ GEMM_AR = family_space(
     "gemm_ar",
     dims=("M", "N", "K"),
     example=(64, 8192, 8192),
-    revision=4,  # 2: transport "ll" (one-shot), tiles_per_flag only with flags; 3: "ll" in two-shot too; 4: "barrier"
+    revision=5,  # 2: transport "ll" (one-shot), tiles_per_flag only with flags; 3: "ll" in two-shot too; 4: "barrier"
+    # 5: "barrier_push" (one-shot)
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         categorical(
@@ -242,8 +252,8 @@ GEMM_AR = family_space(
             "transport",
             TRANSPORTS,
             when=_FUSED,
-            doc="partials written into peers, read from them, pushed as words that carry their flag, or read between "
-            "two meetings of the ranks (cuBLAS only)",
+            doc="partials written into peers, read from them, pushed as words that carry their flag, read between "
+            "two meetings of the ranks, or pushed into inbox halves before one (one-shot; both cuBLAS only)",
         ),
         *tile_params(_TILES),
         choice("tiles_per_flag", TILES_PER_FLAG, when=_FLAGGED, doc="consecutive tiles of the partial per flag"),
@@ -276,7 +286,18 @@ GEMM_AR = family_space(
         ),
         Constraint("one_shot_rows", ("mode",), f"mode != one_shot or M <= {ONE_SHOT_MAX_ROWS}", _one_shot_rows),
         Constraint("ll_rows", ("transport",), f"transport != ll or M <= {LL_MAX_ROWS}", _ll_rows),
-        Constraint("barrier_cublas", ("transport", "gemm"), "transport != barrier or gemm == cublas", _barrier_cublas),
+        Constraint(
+            "barrier_cublas",
+            ("transport", "gemm"),
+            "transport not in (barrier, barrier_push) or gemm == cublas",
+            _barrier_cublas,
+        ),
+        Constraint(
+            "barrier_push_one_shot",
+            ("transport", "mode"),
+            "transport != barrier_push or mode == one_shot",
+            _barrier_push_one_shot,
+        ),
     ],
     derive=_derive,
     check_problem=_check_problem,

@@ -70,8 +70,8 @@ NONDETERMINISTIC = ("atomic",)
 def _default(ctx: Context) -> dict[str, Value]:
     """What measured best, valid for any shape: below 512 rows per rank cuBLAS + the pushed barrier launch on 64
     programs (4x H100, graph replay: 1.12-1.30x the best unfused path at 64-256 rows of the three decode shapes, W=2
-    and W=4, where cuBLAS + the flagged pull-and-sum launch, the default before, lost up to 0.73x;
-    bench/results/gemm_rs_barrier_w{2,4}_4xH100_2026-11-27.json); from 512 rows cuBLAS + the copy engine in one
+    and W=4, where cuBLAS + the flagged pull-and-sum launch, the default before, took 0.68-1.00x at W=4 in the run
+    before; bench/results/gemm_rs_barrier_*_4xH100_2026-11-27.json); from 512 rows cuBLAS + the copy engine in one
     chunk, 128 reduce programs (2x H200: 1.06-1.19x at M = 1024 and the large shapes,
     bench/results/gemm_rs_modes_2xH200_2026-11-23.json); one rank: cuBLAS alone."""
     if ctx["W"] == 1 or ctx["num_sms"] < 4:

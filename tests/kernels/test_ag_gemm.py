@@ -195,8 +195,14 @@ def test_regrown_buffers_leave_older_plans_working():
 def test_world_size_one_multiplies_its_own_rows():
     world = create_world("local", world_size=1)
     a, b = _inputs(1, 20, 40, 24, torch.float16, seed=5)
-    for name in ("push_cublas_sm_gathered", "push_cublas_ce_gathered", "baseline", "ce_cublas", "barrier",
-                 "barrier_inbox"):
+    for name in (
+        "push_cublas_sm_gathered",
+        "push_cublas_ce_gathered",
+        "baseline",
+        "ce_cublas",
+        "barrier",
+        "barrier_inbox",
+    ):
         (out,) = ag_gemm(a, b, world=world, config=CONFIGS[name])
         assert _rel(out, reference(a, b)[0]) < TOL[torch.float16]
 

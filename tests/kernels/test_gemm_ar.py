@@ -23,6 +23,7 @@ from jointtune.kernels.gemm_ar import (
 )
 from jointtune.kernels.gemm_ar.args import ArShape, GemmArConfig
 from jointtune.kernels.gemm_rs import gemm_rs
+from jointtune.kernels.runtime.symm import call_state
 from jointtune.kernels.runtime.world import LocalWorld
 from jointtune.search_spaces import DeviceLimits, Problem, get_space
 
@@ -53,9 +54,11 @@ CONFIGS = {
     # cuBLAS into symmetric memory, one launch between two meetings of the ranks (`kernels.gemm_ar.meet`)
     "two_shot_barrier": dict(mode="two_shot", gemm="cublas", transport="barrier", comm_sms=4),
     "one_shot_barrier": dict(mode="one_shot", gemm="cublas", transport="barrier", comm_sms=8),
+    # one-shot pushed into every rank's inbox half (by the epoch) before one meeting
+    "one_shot_barrier_push": dict(mode="one_shot", gemm="cublas", transport="barrier_push", comm_sms=8),
 }
 LL = {name for name, c in CONFIGS.items() if c.get("transport") == "ll"}
-BARRIER = {name for name, c in CONFIGS.items() if c.get("transport") == "barrier"}
+BARRIER = {name for name, c in CONFIGS.items() if c.get("transport") in ("barrier", "barrier_push")}
 FLAGGED = set(CONFIGS) - {"baseline"} - LL - BARRIER
 #: (M, N, K_r): rows no tile, owner or world size divides (a tile holds several owners' rows); N and K_r not multiples
 #: of the blocks
@@ -151,6 +154,7 @@ CASES = (
             "one_shot_ll",
             "two_shot_ll",
             "two_shot_barrier",
+            "one_shot_barrier_push",
         )
     ]
     + [
@@ -166,6 +170,7 @@ CASES = (
             "two_shot_cublas_ll",
             "two_shot_barrier",
             "one_shot_barrier",
+            "one_shot_barrier_push",
         )
     ]
 )
@@ -270,7 +275,8 @@ def test_copied_tiles_flagged_together_once_their_program_sent_them_all(mode, tr
 REPLAYS = [("baseline", 4, True), ("one_shot_pull_split_k", 3, False), ("two_shot_push_grouped", 4, False),
            ("two_shot_pull", 3, True), ("two_shot_cublas_push", 2, True), ("one_shot_ll", 3, True),
            ("one_shot_cublas_ll", 2, False), ("two_shot_ll", 4, True), ("two_shot_cublas_ll", 3, False),
-           ("two_shot_barrier", 4, True), ("one_shot_barrier", 2, False)]  # fmt: skip
+           ("two_shot_barrier", 4, True), ("one_shot_barrier", 2, False), ("one_shot_barrier_push", 4, True),
+           ("one_shot_barrier_push", 3, False)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "W", "norm"), REPLAYS)
@@ -284,9 +290,11 @@ def test_replays_arm_their_waits_and_stay_correct(name, W, norm):
         run(CONFIGS[name])
     for _ in range(2):
         call.fresh()
-        high, ll_high = _flag_high(world), _ll_high(world)
+        high, ll_high, epoch = _flag_high(world), _ll_high(world), call_state(world).epoch()
         graph.replay()
         call.check(norm=norm)
+        if CONFIGS[name].get("transport") == "barrier_push":  # inbox halves: a replay opens a call of its own
+            assert call_state(world).epoch() == epoch + 1, f"{name}: a replay kept an earlier call's epoch"
         if name in FLAGGED:
             assert _flag_high(world) > high, f"{name}: a replay's flags kept an earlier call's epoch"
         if name in LL:
@@ -303,10 +311,11 @@ def test_prepared_calls_and_replays_interleave_with_eager_calls_of_other_modes_a
     prepared = {
         name: prepare(call.a, call.b, world=world, config=CONFIGS[name], residual=call.res, norm_weight=call.weight,
                       eps=EPS, out=call.out, h_out=call.h)
-        for name in ("two_shot_pull", "one_shot_cublas_pull", "one_shot_ll", "two_shot_ll")
+        for name in ("two_shot_pull", "one_shot_cublas_pull", "one_shot_ll", "two_shot_ll", "one_shot_barrier_push")
     }  # fmt: skip
     graphs = {}
-    for name in ("one_shot_push", "two_shot_cublas_push", "one_shot_cublas_ll", "two_shot_cublas_ll"):
+    for name in ("one_shot_push", "two_shot_cublas_push", "one_shot_cublas_ll", "two_shot_cublas_ll",
+                 "one_shot_barrier_push"):  # fmt: skip
         call.plain(CONFIGS[name])
         with capture() as graph:
             call.plain(CONFIGS[name])
@@ -317,7 +326,7 @@ def test_prepared_calls_and_replays_interleave_with_eager_calls_of_other_modes_a
             p.run()
             call.check(norm=True)
             other.fresh()
-            other.plain(CONFIGS["two_shot_cublas_push" if step else "one_shot_push"])
+            other.plain(CONFIGS[("one_shot_barrier_push", "two_shot_cublas_push", "one_shot_push")[step % 3]])
             other.check()
         for graph in graphs.values():
             call.fresh()
@@ -359,7 +368,16 @@ def test_ll_rows_normed_in_more_than_one_step_with_an_odd_width():
 
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize(
-    "name", ["one_shot_push", "two_shot_pull", "one_shot_ll", "two_shot_ll", "two_shot_cublas_ll", "two_shot_barrier"]
+    "name",
+    [
+        "one_shot_push",
+        "two_shot_pull",
+        "one_shot_ll",
+        "two_shot_ll",
+        "two_shot_cublas_ll",
+        "two_shot_barrier",
+        "one_shot_barrier_push",
+    ],
 )
 def test_the_precompile_specialises_on_the_pointer_types_the_plan_passes(name, norm):
     # the tuner's precompile (`standin_launches`) builds the kernel a call launches only if every pointer has the
@@ -426,6 +444,8 @@ def test_bad_calls_name_the_argument():
         gemm_ar(a, b, world=world, config=dict(CONFIGS["one_shot_cublas_pull"], comm_sms=0))
     with pytest.raises(SpaceError, match='transport: "barrier" is not allowed with gemm="triton"'):
         gemm_ar(a, b, world=world, config=dict(CONFIGS["one_shot_ll"], transport="barrier"))
+    with pytest.raises(SpaceError, match='transport: "barrier_push" is not allowed with mode="two_shot"'):
+        gemm_ar(a, b, world=world, config=dict(CONFIGS["one_shot_barrier_push"], mode="two_shot"))
     with pytest.raises(SpaceError, match="tiles_per_flag: 32 is not allowed for 1 tiles"):
         gemm_ar(a, b, world=world, config=dict(cfg, tiles_per_flag=32))
     weights = [x.clone().requires_grad_() for x in b]

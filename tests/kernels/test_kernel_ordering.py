@@ -47,6 +47,8 @@ CONFIGS = [
          transport="barrier", comm_sms=64),
     dict(family="gemm_ar", shape=dict(M=64, N=8192, K=8192), world_size=4, mode="one_shot", gemm="cublas",
          transport="barrier", comm_sms=64),
+    dict(family="gemm_ar_rmsnorm", shape=dict(M=64, N=8192, K=8192), world_size=4, mode="one_shot", gemm="cublas",
+         transport="barrier_push", comm_sms=64),
     # GEMM+RS's barrier launch: the same meetings
     dict(family="gemm_rs", shape=dict(M=128, N=8192, K=8192), world_size=4, mode="barrier", transport="pull",
          reduce_sms=64),
@@ -84,10 +86,12 @@ def _check(facts: list[dict]) -> None:
     assert all(f["sys_fences"] >= 1 for f in facts if f["kernel"] in fenced)
     # the barrier exchange meets twice a call, each meeting a release CAS then an acquire CAS, and every CAS result
     # is handed to every thread of the program (through shared memory and a barrier) before the spin loop reads it
-    meets = [f for f in facts if f["kernel"] in ("gemm_ar_meet_kernel", "gemm_rs_meet_kernel", "ag_gemm_meet_kernel")]
+    meets = [f for f in facts if f["kernel"] in ("gemm_ar_meet_kernel", "gemm_rs_meet_kernel", "ag_gemm_meet_kernel")
+             and (f["config"] or {}).get("transport") != "barrier_push"]  # fmt: skip
     assert len(meets) == 4
-    pushed = [f for f in facts if f["kernel"] in ("gemm_rs_push_meet_kernel", "ag_gemm_inbox_meet_kernel")]  # one
-    assert len(pushed) == 2
+    pushed = [f for f in facts if f["kernel"] in ("gemm_rs_push_meet_kernel", "ag_gemm_inbox_meet_kernel")
+              or (f["config"] or {}).get("transport") == "barrier_push"]  # fmt: skip  (one meeting)
+    assert len(pushed) == 3
     for f in pushed:
         assert [sem for sem, _ in f["sys_cas"]].count("release") >= 1 and all(h for _, h in f["sys_cas"]), f["config"]
     for f in meets:

@@ -88,7 +88,7 @@ def test_list_and_show(invoke, kernelless) -> None:
     assert rows[2] == {
         "name": "gemm_ar",
         "version": get_space("gemm_ar").version,
-        "revision": 4,
+        "revision": 5,
         "dims": ["M", "N", "K"],
         "params": 13,
         "kernels": ["gemm_ar", "gemm_ar_rmsnorm"],

@@ -131,12 +131,13 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
         "flash_decode": "4beb3717f120",
         # revision 2 (transport "ll", one-shot only; tiles_per_flag only with flags) changed it from ed68e81be065;
         # revision 3 ("ll" in two-shot too; ll_rows) from 30f8cca2577b; revision 4 (transport "barrier";
-        # barrier_cublas) from ac291fea8f7a
-        "gemm_ar": "27c06bd44870",
+        # barrier_cublas) from ac291fea8f7a; revision 5 ("barrier_push", one-shot; barrier_push_one_shot) from
+        # 27c06bd44870
+        "gemm_ar": "01a0ebf97ca6",
     }
     assert get_space("gemm_rs").revision == 8
     assert get_space("flash_decode").revision == 4
-    assert get_space("gemm_ar").revision == 4
+    assert get_space("gemm_ar").revision == 5
 
 
 def _rebuild(space: Space, **changes) -> Space:
@@ -617,13 +618,17 @@ def test_seeds_are_valid_configs_of_their_regime_and_leave_the_version_alone() -
     ]
     ag = get_space("ag_gemm")
     assert [s["mode"] for s in ag.seeds(ag.make_problem("128x8192x8192", dtype="bf16", world_size=2), HOPPER)] == [
+        "barrier",
         "push",
         "pull",
+    ]
+    assert ag.seeds(ag.make_problem("1024x8192x8192", dtype="bf16", world_size=2), HOPPER) == [
+        {"mode": "barrier", "landing": "inbox", "barrier_sms": 64}
     ]
     # split over K only where the column tiles leave three quarters of the SMs idle: AG+GEMM's 2048 columns per rank
     # at W=4 (32 tiles of 64 on 132 SMs) split 4; its 4096 at W=2 and GEMM+RS's 8192 not at all
     for W, split in ((4, 4), (2, 1)):
-        seeds = ag.seeds(ag.make_problem("64x8192x8192", dtype="bf16", world_size=W), HOPPER)
+        seeds = ag.seeds(ag.make_problem("64x8192x8192", dtype="bf16", world_size=W), HOPPER)[1:]  # after the barrier
         assert [(s["mode"], s["SPLIT_K"]) for s in seeds] == [("push", split), ("pull", split)], W
     assert {s["SPLIT_K"] for s in rs.seeds(decode, HOPPER)[1:]} == {1}
     assert get_space("flash_decode").seeds(anchor_problems(["flash_decode"])[0][1], HOPPER) == []

@@ -200,7 +200,7 @@ def standin_launches(cfg: GemmArConfig, *, M: int, N: int, K: int, world_size: i
     integers (as the plan builds them)."""
     if cfg.mode == "baseline":
         return []
-    if cfg.transport == "barrier":
+    if cfg.transport in ("barrier", "barrier_push"):
         return _meet_standin(cfg, M=M, N=N, world_size=world_size, dtype=dtype, device=device, norm=norm)
     from jointtune.kernels.gemm_ar.kernel import gemm_ar_kernel
     from jointtune.kernels.runtime.device import num_sms
@@ -224,15 +224,18 @@ def standin_launches(cfg: GemmArConfig, *, M: int, N: int, K: int, world_size: i
 
 def _meet_standin(cfg: GemmArConfig, *, M: int, N: int, world_size: int, dtype: torch.dtype, device: torch.device,
                   norm: bool) -> list[StandinLaunch]:  # fmt: skip
-    """`standin_launches` of transport="barrier": the meet launch as `plans.MeetPlan` builds it."""
+    """`standin_launches` of transport="barrier" or "barrier_push": the meet launch as `plans.MeetPlan` builds it."""
     from jointtune.kernels.gemm_ar.plans import meet_args
 
     s = ArShape(world_size, M, 1, N, dtype, (N, 1), norm, norm)
+    pushed = cfg.transport == "barrier_push"
     t = torch.empty(1, dtype=dtype, device=device)
     i64 = torch.zeros(1, dtype=torch.int64, device=device)
     args = meet_args(cfg, s, buf=t, deltas=i64, rms=torch.zeros(1, dtype=torch.float32, device=device),
                      rms_deltas=i64, signals=torch.zeros(1, dtype=torch.int32, device=device), signal_deltas=i64,
-                     stand_in=t, rank=0, reduce=True, gather=cfg.mode == "two_shot", meet=True, eps=EPS)  # fmt: skip
+                     stand_in=t, rank=0, reduce=True, gather=cfg.mode == "two_shot", meet=True, eps=EPS, inbox=t,
+                     inbox_deltas=i64, state=i64, slot=16 if pushed else 0, half_stride=16 if pushed else 0,
+                     push=pushed, epoch=1 if pushed else 0)  # fmt: skip
     from jointtune.kernels.gemm_ar.meet import gemm_ar_meet_kernel
     from jointtune.kernels.runtime.launch import split_options
 

@@ -28,6 +28,15 @@ import triton
 import triton.language as tl
 
 from jointtune.kernels.runtime.meet import MEET_SLOTS, meet
+from jointtune.kernels.runtime.signals import call_epoch_and_half, open_call, publish_call
+
+
+@triton.jit
+def _source(buf_ptr, deltas_ptr, inbox_ptr, half, slot, q, PUSHED: tl.constexpr):
+    # where rank q's partial is read: its slot of this rank's inbox half (pushed), or its own buffer over NVLink
+    if PUSHED:
+        return inbox_ptr + half + q * slot
+    return buf_ptr + (tl.load(deltas_ptr + q) // 16) * 16
 
 
 @triton.jit(do_not_specialize=["rank", "rows_per_owner"])
@@ -47,6 +56,11 @@ def gemm_ar_meet_kernel(
     eps,
     rank,
     rows_per_owner,
+    inbox_ptr,
+    inbox_deltas_ptr,
+    state_ptr,
+    slot,
+    half_stride,
     WORLD: tl.constexpr,
     WORLD_P2: tl.constexpr,
     TWO_SHOT: tl.constexpr,
@@ -57,14 +71,42 @@ def gemm_ar_meet_kernel(
     REDUCE: tl.constexpr,
     GATHER: tl.constexpr,
     MEET: tl.constexpr,
+    PUSHED: tl.constexpr,
+    PUSH: tl.constexpr,
+    EPOCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
+    epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)  # (0, 0) unless PUSHED
+    if EPOCH == 1:
+        open_call(state_ptr)
     row_lo = rank * 0  # tensors either way: `.to` below
     row_hi = M + rank * 0
     if TWO_SHOT:
         row_lo = tl.minimum(M, rank * rows_per_owner)
         row_hi = tl.minimum(M, row_lo + rows_per_owner)
+    if PUSH:  # one-shot, pushed: this program's items of the (local) partial into slot `rank` of every inbox half
+        if NORM:
+            for m in range(pid, M, programs):
+                row = (tl.zeros((), tl.int64) + m) * N  # m is a plain int in the interpreter
+                for c0 in range(0, N, RED_N):
+                    at = row + c0 + tl.arange(0, RED_N)
+                    mask = c0 + tl.arange(0, RED_N) < N
+                    vals = tl.load(buf_ptr + at, mask=mask)
+                    for j in tl.static_range(WORLD):
+                        q = (rank + 1 + j) % WORLD
+                        dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot
+                        tl.store(dst + at, vals, mask=mask)
+        else:
+            size = (tl.zeros((), tl.int64) + M) * N
+            for i in range(pid, tl.cdiv(size, BLOCK), programs):
+                at = i * BLOCK + tl.arange(0, BLOCK)
+                mask = at < size
+                vals = tl.load(buf_ptr + at, mask=mask)
+                for j in tl.static_range(WORLD):
+                    q = (rank + 1 + j) % WORLD
+                    dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot
+                    tl.store(dst + at, vals, mask=mask)
     if MEET:
         meet(sig_ptr, sig_deltas_ptr, pid, rank, WORLD, WORLD_P2)
     if REDUCE:
@@ -77,8 +119,8 @@ def gemm_ar_meet_kernel(
                     mask = c0 + tl.arange(0, RED_N) < N
                     total = tl.zeros((RED_N,), dtype=tl.float32)
                     for q in tl.static_range(WORLD):  # rank order: the same bits on every rank
-                        src = buf_ptr + (tl.load(deltas_ptr + q) // 16) * 16
-                        total += tl.load(src + at, mask=mask, other=0.0).to(tl.float32)
+                        total += tl.load(_source(buf_ptr, deltas_ptr, inbox_ptr, half, slot, q, PUSHED) + at, mask=mask,
+                                         other=0.0).to(tl.float32)  # fmt: skip
                     if RESIDUAL:
                         total += tl.load(res_ptr + at, mask=mask, other=0.0).to(tl.float32)
                     h = total.to(hout_ptr.dtype.element_ty)
@@ -108,8 +150,8 @@ def gemm_ar_meet_kernel(
                 mask = at < hi
                 total = tl.zeros((BLOCK,), dtype=tl.float32)
                 for q in tl.static_range(WORLD):  # rank order: the same bits on every rank
-                    src = buf_ptr + (tl.load(deltas_ptr + q) // 16) * 16
-                    total += tl.load(src + at, mask=mask, other=0.0).to(tl.float32)
+                    total += tl.load(_source(buf_ptr, deltas_ptr, inbox_ptr, half, slot, q, PUSHED) + at, mask=mask,
+                                     other=0.0).to(tl.float32)  # fmt: skip
                 if RESIDUAL:
                     total += tl.load(res_ptr + at, mask=mask, other=0.0).to(tl.float32)
                 val = total.to(out_ptr.dtype.element_ty)
@@ -118,8 +160,9 @@ def gemm_ar_meet_kernel(
                     for j in tl.static_range(1, WORLD):
                         dst = buf_ptr + (tl.load(deltas_ptr + (rank + j) % WORLD) // 16) * 16
                         tl.store(dst + at, val, mask=mask)
-    if MEET:
-        meet(sig_ptr, sig_deltas_ptr, MEET_SLOTS + pid, rank, WORLD, WORLD_P2)
+    if MEET:  # noqa: SIM102 (constexpr)
+        if not PUSHED:  # pushed: the inbox halves alternate, so the next call overwrites no reader of this one
+            meet(sig_ptr, sig_deltas_ptr, MEET_SLOTS + pid, rank, WORLD, WORLD_P2)
     if GATHER:
         # two-shot: the rows every other owner's namesake of this program wrote into this rank's partial
         for j in tl.static_range(1, WORLD):
@@ -144,6 +187,8 @@ def gemm_ar_meet_kernel(
                     at = lo + i * BLOCK + tl.arange(0, BLOCK)
                     mask = at < hi
                     tl.store(out_ptr + at, tl.load(buf_ptr + at, mask=mask, other=0.0), mask=mask)
+    if EPOCH == 1:
+        publish_call(state_ptr, epoch, programs)
 
 
 __all__ = ["gemm_ar_meet_kernel", "triton"]

@@ -12,6 +12,8 @@
 - `transport="barrier"` (`MeetPlan`): cuBLAS straight into a symmetric partial, then one `gemm_ar_meet_kernel` launch
   that meets the peers, sums (and hands out, two-shot) and meets them again (`meet`): no halves, no epochs; on a world
   whose ranks launch one after another, every rank's reduce launch before any rank's gather launch.
+  `transport="barrier_push"` (one-shot): cuBLAS into a local partial; the launch pushes it into every rank's inbox half
+  (by the device epoch), meets once and sums its own inbox; on a sequential world every rank's push launch first.
 """
 
 from __future__ import annotations
@@ -193,31 +195,54 @@ class FusedPlan:
 
 class MeetPlan:
     """transport="barrier": cuBLAS writes this rank's partial into its symmetric buffer; one launch meets the peers,
-    sums every rank's partial of this rank's rows (two-shot) or of every row (one-shot), and meets them again."""
+    sums every rank's partial of this rank's rows (two-shot) or of every row (one-shot), and meets them again.
+    transport="barrier_push" (one-shot): cuBLAS writes a local partial; one launch pushes it into slot `rank` of every
+    rank's inbox half (by the device epoch), meets once, and sums its own inbox."""
 
     def __init__(self, world: World, s: ArShape, cfg: GemmArConfig, eps: float) -> None:
-        M, N = s.M, s.N
-        two_shot = cfg.mode == "two_shot"
-        data = world.symmetric("gemm_ar.meet_partial", (slot_elems(M, N),), s.dtype)
+        M, N, W = s.M, s.N, s.W
+        two_shot, pushed = cfg.mode == "two_shot", cfg.transport == "barrier_push"
+        stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
+        dummy = world.int_table((0,))
+        slot = slot_elems(M, N)
+        if pushed:
+            self.partials = [torch.empty((M, N), dtype=s.dtype, device=world.device) for _ in world.local_ranks]
+            box = world.symmetric("gemm_ar.meet_inbox", (2 * W * slot,), s.dtype)
+            state = call_state(world)
+            data = None
+        else:
+            data = world.symmetric("gemm_ar.meet_partial", (slot,), s.dtype)
+            self.partials = [data.view(i, (M, N)) for i in range(len(world.local_ranks))]
         rms = world.symmetric("gemm_ar.meet_rms", (slot_elems(M, 1),), torch.float32) if two_shot and s.norm \
             else None  # fmt: skip
         signals = signal_buffer(world, "gemm_ar.meet_signals")
         programs = meet_programs(cfg, s)
-        self.partials = [data.view(i, (M, N)) for i in range(len(world.local_ranks))]
-        stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
-        steps = [(True, two_shot, True)]  # (REDUCE, GATHER, MEET) of each launch per rank
-        if not world.concurrent:
-            steps = [(True, False, False)] + ([(False, True, False)] if two_shot else [])
+        # (PUSH, REDUCE, GATHER, MEET, EPOCH) of each launch per rank; a sequential world runs every rank's push (or
+        # reduce) launch before any rank's reduce (or gather) launch, and meets no one
+        if pushed:
+            steps = (
+                [(True, True, False, True, 1)]
+                if world.concurrent
+                else [(True, False, False, False, 1), (False, True, False, False, 2)]
+            )
+        else:
+            steps = [(False, True, two_shot, True, 0)]
+            if not world.concurrent:
+                steps = [(False, True, False, False, 0)] + ([(False, False, True, False, 0)] if two_shot else [])
         self.slots = ("out_ptr", *(("res_ptr",) if s.residual else ()), *(("w_ptr", "hout_ptr") if s.norm else ()))
         self.phases: list[list[Launch]] = [[] for _ in steps]
         for i, r in enumerate(world.local_ranks):
-            for n, (reduce, gathers, meet) in enumerate(steps):
+            for n, (push, reduce, gathers, meet, epoch) in enumerate(steps):
                 args = meet_args(
-                    cfg, s, buf=data.tensors[i], deltas=peer_deltas(world, data, i),
+                    cfg, s, buf=self.partials[i] if pushed else data.tensors[i],
+                    deltas=dummy if pushed else peer_deltas(world, data, i),
                     rms=rms.tensors[i] if rms else stand_in.float(),
-                    rms_deltas=peer_deltas(world, rms, i) if rms else world.int_table((0,)), signals=signals.tensors[i],
+                    rms_deltas=peer_deltas(world, rms, i) if rms else dummy, signals=signals.tensors[i],
                     signal_deltas=exact_deltas(world, signals, i), stand_in=stand_in, rank=r, reduce=reduce,
-                    gather=gathers, meet=meet, eps=eps,
+                    gather=gathers, meet=meet, eps=eps, inbox=box.tensors[i] if pushed else stand_in,
+                    inbox_deltas=peer_deltas(world, box, i) if pushed else dummy,
+                    state=state.counters[i] if pushed else dummy, slot=slot if pushed else 0,
+                    half_stride=box.numel // 2 // ALIGN * ALIGN if pushed else 0, push=push, epoch=epoch,
                 )  # fmt: skip
                 self.phases[n].append(Launch(gemm_ar_meet_kernel, programs, args, slots=self.slots))
 
@@ -241,17 +266,19 @@ def meet_programs(cfg: GemmArConfig, s: ArShape) -> int:
     An item is a row with the norm, else a BLOCK-element block of the rows one rank sums (two-shot: the most any rank
     owns, `rows_per_owner`, so every rank launches as many: namesakes must exist to meet)."""
     if cfg.comm_sms > SLOTS:
-        raise SpaceError(f"comm_sms: {cfg.comm_sms} is not allowed with transport=\"barrier\"; allowed: <= {SLOTS} "
-                         "(the exchange's signal slots)")  # fmt: skip
+        raise SpaceError(f"comm_sms: {cfg.comm_sms} is not allowed with transport=\"{cfg.transport}\"; allowed: <= "
+                         f"{SLOTS} (the exchange's signal slots)")  # fmt: skip
     rows = s.rows_per_owner if cfg.mode == "two_shot" else s.M
     items = rows if s.norm else cdiv(rows * s.N, 32 * MEET_WARPS * MEET_VALUES)
     return max(1, min(cfg.comm_sms, items))
 
 
 def meet_args(cfg: GemmArConfig, s: ArShape, *, buf: Any, deltas: Any, rms: Any, rms_deltas: Any, signals: Any,
-              signal_deltas: Any, stand_in: Any, rank: int, reduce: bool, gather: bool, meet: bool,
-              eps: float) -> dict[str, Any]:  # fmt: skip
-    """`gemm_ar_meet_kernel`'s arguments by name, with the launch options (the call's tensors as `stand_in`)."""
+              signal_deltas: Any, stand_in: Any, rank: int, reduce: bool, gather: bool, meet: bool, eps: float,
+              inbox: Any, inbox_deltas: Any, state: Any, slot: int, half_stride: int, push: bool,
+              epoch: int) -> dict[str, Any]:  # fmt: skip
+    """`gemm_ar_meet_kernel`'s arguments by name, with the launch options (the call's tensors as `stand_in`); the
+    inbox, its deltas, the call state, slot and half stride are barrier_push's (stand-ins and zeros otherwise)."""
     warps = MEET_WARPS
     return dict(
         buf_ptr=buf, deltas_ptr=deltas, rms_ptr=rms, rms_deltas_ptr=rms_deltas, sig_ptr=signals,
@@ -260,7 +287,9 @@ def meet_args(cfg: GemmArConfig, s: ArShape, *, buf: Any, deltas: Any, rms: Any,
         WORLD_P2=world_p2(s.W), TWO_SHOT=cfg.mode == "two_shot", RESIDUAL=s.residual,
         NORM=s.norm, BLOCK=32 * warps * MEET_VALUES,
         RED_N=min(NORM_PER_THREAD * 32 * warps, max(16, triton.next_power_of_2(s.N))), REDUCE=reduce,
-        GATHER=gather, MEET=meet, num_warps=warps, num_stages=1,
+        GATHER=gather, MEET=meet, inbox_ptr=inbox, inbox_deltas_ptr=inbox_deltas, state_ptr=state, slot=slot,
+        half_stride=half_stride, PUSHED=cfg.transport == "barrier_push", PUSH=push, EPOCH=epoch, num_warps=warps,
+        num_stages=1,
     )  # fmt: skip
 
 
@@ -268,6 +297,6 @@ def build_plan(world: World, s: ArShape, cfg: GemmArConfig, eps: float) -> Basel
     """The plan of `cfg`'s mode for shape `s` (and its epilogue) on `world`."""
     if cfg.mode == "baseline":
         return BaselinePlan(world, s, cfg.collective, eps)
-    if cfg.transport == "barrier":
+    if cfg.transport in ("barrier", "barrier_push"):
         return MeetPlan(world, s, cfg, eps)
     return FusedPlan(world, s, cfg, eps)
