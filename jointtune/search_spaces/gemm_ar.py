@@ -63,6 +63,10 @@ TWO_SHOT_SEED_ROWS = 32
 #: rows up to which two-shot's barrier exchange leads the seeds (from TWO_SHOT_SEED_ROWS): measured to 1024 rows at W=4
 #: (bench/README.md, "GEMM + all-reduce's barrier exchange"); above, cuBLAS then the exchange, unoverlapped, is a guess
 BARRIER_SEED_MAX_ROWS = 1024
+#: rows up to which one-shot pushed before one meeting leads the seeds: on 4x H100 at W=4 it was our best call at 8
+#: and 32 rows of Llama-3-70B's o_proj in both forms, and lost to two-shot's barrier exchange from 64 rows
+#: (bench/README.md, "One meeting for GEMM + all-reduce's one-shot")
+BARRIER_PUSH_SEED_ROWS = 32
 #: one-shot's inbox holds every rank's whole partial (W * M * N elements per half): past this many rows its bytes, and
 #: its memory, grow W-fold for nothing two-shot or the baseline don't do better
 ONE_SHOT_MAX_ROWS = 2048
@@ -217,7 +221,10 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     else:
         seeds = [seed for pair in zip_longest(*by_mode) for seed in pair if seed is not None]
     lead = TWO_SHOT_SEED_ROWS <= ctx["M"] <= BARRIER_SEED_MAX_ROWS
-    return [barrier, *seeds] if lead else [*seeds, barrier]
+    seeds = [barrier, *seeds] if lead else [*seeds, barrier]
+    if ctx["M"] <= BARRIER_PUSH_SEED_ROWS:
+        seeds.insert(0, {"mode": "one_shot", "gemm": "cublas", "transport": "barrier_push", "comm_sms": comm})
+    return seeds
 
 
 def _starts(ctx: Context) -> list[dict[str, Value]]:

@@ -500,14 +500,18 @@ def test_space_defaults_seeds_and_rules():
         problem = Problem.of(shape, dtype="bfloat16", world_size=W)
         assert space.default(problem, limits) == {"mode": "baseline", "collective": "nccl"}
         seeds = space.seeds(problem, limits)
-        # one-shot's and two-shot's LL up to 32 rows, two-shot's barrier exchange everywhere; every seed valid here
-        assert len(seeds) == (0 if W == 1 else 9 if shape["M"] <= 32 else 7), shape
-        assert [s["mode"] for s in seeds[:1]] == ([] if W == 1 else ["one_shot" if shape["M"] < 32 else "two_shot"])
-        # the barrier exchange leads from 32 to 1024 rows and closes the list elsewhere
-        barrier = [i for i, s in enumerate(seeds) if s["transport"] == "barrier"]
-        assert barrier == ([] if W == 1 else [0] if 32 <= shape["M"] <= 1024 else [len(seeds) - 1]), shape
-        # LL words lead where the handoff is latency (up to 32 rows); none where bytes dominate (from 256 rows)
-        assert [s["transport"] == "ll" for s in seeds[:1]] == ([] if W == 1 else [shape["M"] <= 32])
+        # one-shot pushed before one meeting, and one-shot's and two-shot's LL, up to 32 rows; two-shot's barrier
+        # exchange everywhere; every seed valid here
+        assert len(seeds) == (0 if W == 1 else 10 if shape["M"] <= 32 else 7), shape
+        assert [s["mode"] for s in seeds[:1]] == ([] if W == 1 else ["one_shot" if shape["M"] <= 32 else "two_shot"])
+        # one-shot pushed before one meeting leads up to 32 rows, and is not offered above
+        pushed = [i for i, s in enumerate(seeds) if s["transport"] == "barrier_push"]
+        assert pushed == ([0] if W > 1 and shape["M"] <= 32 else []), shape
+        # the barrier exchange leads from 32 to 1024 rows (after the pushed one at 32) and closes the list elsewhere
+        barrier = [i - len(pushed) for i, s in enumerate(seeds) if s["transport"] == "barrier"]
+        assert barrier == ([] if W == 1 else [0] if 32 <= shape["M"] <= 1024 else [len(seeds) - 1 - len(pushed)])
+        # LL words come first where the handoff is latency (up to 32 rows); none where bytes dominate (from 256 rows)
+        assert [s["transport"] == "ll" for s in seeds[1:2]] == ([] if W == 1 else [shape["M"] < 32])
         assert all(shape["M"] <= 32 for s in seeds if s.get("transport") == "ll")
 
     # from 32 rows at W >= 4 (two-shot moves 2/W of one-shot's bytes) the exchanges alternate, two-shot's cuBLAS form
@@ -516,16 +520,17 @@ def test_space_defaults_seeds_and_rules():
         problem = Problem.of({"M": M, "N": 8192, "K": 8190 if W == 3 else 8192}, dtype="bfloat16", world_size=W)
         return [(s["mode"], s["gemm"], s["transport"]) for s in space.seeds(problem, limits)]
 
-    assert modes(32, 4) == [("two_shot", "cublas", "barrier"), ("one_shot", "triton", "ll"),
+    assert modes(32, 4) == [("one_shot", "cublas", "barrier_push"), ("two_shot", "cublas", "barrier"),
+                            ("one_shot", "triton", "ll"),
                             ("two_shot", "cublas", "push"), ("one_shot", "triton", "push"),
                             ("two_shot", "cublas", "ll"), ("one_shot", "cublas", "push"),
                             ("two_shot", "triton", "push"), ("one_shot", "triton", "pull"),
                             ("two_shot", "triton", "pull")]  # fmt: skip
     assert [m for m, _, _ in modes(64, 8)] == ["two_shot"] + ["one_shot", "two_shot"] * 3
-    assert modes(8, 2)[4:6] == [("two_shot", "triton", "push"), ("two_shot", "triton", "ll")]
+    assert modes(8, 2)[5:7] == [("two_shot", "triton", "push"), ("two_shot", "triton", "ll")]
     assert [m for m, _, _ in modes(128, 4)][:3] == ["two_shot", "one_shot", "two_shot"]
     for M, W in ((8, 4), (64, 2), (128, 3)):  # one-shot first, after the barrier exchange
-        flagged = [m for m, _, t in modes(M, W) if t != "barrier"]
+        flagged = [m for m, _, t in modes(M, W) if t not in ("barrier", "barrier_push")]
         assert flagged == sorted(flagged), (M, W)
     assert modes(256, 4)[0] == ("two_shot", "cublas", "barrier")
     assert modes(4096, 4)[0] == ("two_shot", "triton", "push") and modes(4096, 4)[-1][2] == "barrier"

@@ -89,8 +89,12 @@ def _check(facts: list[dict]) -> None:
     meets = [f for f in facts if f["kernel"] in ("gemm_ar_meet_kernel", "gemm_rs_meet_kernel", "ag_gemm_meet_kernel")
              and (f["config"] or {}).get("transport") != "barrier_push"]  # fmt: skip
     assert len(meets) == 4
-    pushed = [f for f in facts if f["kernel"] in ("gemm_rs_push_meet_kernel", "ag_gemm_inbox_meet_kernel")
-              or (f["config"] or {}).get("transport") == "barrier_push"]  # fmt: skip  (one meeting)
+    pushed = [
+        f
+        for f in facts
+        if f["kernel"] in ("gemm_rs_push_meet_kernel", "ag_gemm_inbox_meet_kernel")
+        or (f["config"] or {}).get("transport") == "barrier_push"
+    ]  # fmt: skip  (one meeting)
     assert len(pushed) == 3
     for f in pushed:
         assert [sem for sem, _ in f["sys_cas"]].count("release") >= 1 and all(h for _, h in f["sys_cas"]), f["config"]
