@@ -267,9 +267,10 @@ def test_the_space_s_seeds_come_after_the_warm_configs_then_every_mode_left_and_
     problem = space.make_problem("64x8192x8192", dtype="bf16", world_size=2)
     seeds = space.seeds(problem, limits)
     configs = initial_configs(space, problem, limits, warm=[seeds[1]])
-    assert [s.role for s in configs] == ["baseline", "default", "warm", "seed", "seed", "mode", "mode"]
-    # a warm config is not tried again as a seed
-    assert [s.config for s in configs[2:5]] == [seeds[1], seeds[0], seeds[2]]
+    assert [s.role for s in configs] == ["baseline", "default", "warm", "seed", "seed", "mode", "mode", "mode"]
+    # a warm config is not tried again as a seed, nor the first seed, which is the default (the barrier launch)
+    assert configs[1].config == seeds[0]
+    assert [s.config for s in configs[2:5]] == [seeds[1], seeds[2], seeds[3]]
     modes = [s.config["mode"] for s in configs]
     assert sorted(set(modes)) == sorted(space.modes)  # every mode, push twice (the warm LL seed and the flagged one)
     assert len({json.dumps(s.config, sort_keys=True) for s in configs}) == len(configs)
