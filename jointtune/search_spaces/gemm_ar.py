@@ -23,7 +23,8 @@ writes the partial straight into symmetric memory, and one launch meets the peer
 reads every rank's rows over NVLink, sums them (two-shot: pushes the sums back into the peers' partials) and meets
 them again, with no tiles, flags or inboxes (the pattern of torch's symmetric-memory all-reduce: on 4x H100 a plain
 Triton two-shot of it ran within 0.1-1.7 µs of torch's where our flagged exchange lost 9-12 µs at 64-128 rows,
-bench/ops/two_shot_probe.py); `tiles_per_flag` is the flag
+bench/ops/two_shot_probe.py); or `barrier_push` (one-shot, cuBLAS only): the launch pushes the partial into every
+rank's inbox half (by the device epoch), meets once and sums its own inbox; `tiles_per_flag` is the flag
 granularity of push and pull (consecutive tiles of the partial per flag); `comm_sms` the
 programs given to the exchange: beside the tile GEMM, programs that only sum (0: the GEMM programs sum after their
 last tile); after cuBLAS, the programs of the exchange launch. Tiles are ag_gemm's; `SPLIT_K` splits the local k loop

@@ -16,8 +16,10 @@ and one more grid-wide wait per call (a flag round trip, the dominant cost at de
 its row reads every tile of it once and normalises in place; two-shot's owners already hold whole rows.
 
 The config's `mode` (see `search_spaces.gemm_ar` and `plans`): `one_shot`, `two_shot` (each with the tile GEMM in
-the same launch, or cuBLAS before it; push or pull, or LL words that carry their flag) or `baseline`
-(cuBLAS + the all-reduce variant, then torch).
+the same launch, or cuBLAS before it; push or pull, or LL words that carry their flag; or, after cuBLAS, `barrier`:
+one launch whose programs meet their namesakes on every peer around the exchange (`meet`), and for one-shot
+`barrier_push`: pushed into inbox halves before a single meeting) or `baseline` (cuBLAS + the all-reduce variant, then
+torch).
 Every call of one (world, shapes, dtype, epilogue, config) runs a plan built once, and nothing a later call needs
 comes from the host: the op is correct under CUDA-graph capture and replay (capture after one eager call).
 

@@ -18,6 +18,9 @@ bf16 GEMM output is) and summed in float32. The config's `mode` picks how partia
   bits between identical calls: the tuner offers it only where the caller allows non-determinism.
 - pull_cublas: cuBLAS computes the whole partial into symmetric memory; one launch pulls this rank's rows
   from every peer and sums them (two launches per call, as GEMM + NCCL, with a lighter collective).
+- barrier: cuBLAS computes the whole partial; one launch whose programs meet their namesakes on every peer
+  (`runtime.meet`) pushes each owner's rows into its inbox half (by the device epoch) before one meeting and sums the
+  own inbox, or pulls and sums the own rows between two meetings.
 - ce: cuBLAS or the tile GEMM computes each destination's rows chunk by chunk; the copy engine sends each
   chunk into the owner's inbox on a side stream; the owner's reduce programs sum.
 - baseline: cuBLAS, then NCCL reduce_scatter (kept in the space: tuning never loses to it).
