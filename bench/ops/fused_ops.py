@@ -350,9 +350,14 @@ def rank_side(args: argparse.Namespace) -> None:
         tag = shape
         anchors(rig, bench, items, tag, limits)
         for mode in modes:
-            given = [c for c in json.loads(args.configs or "[]") if c.get("mode") == mode]
+            given = [c for c in _given_configs(args.configs) if c["mode"] == mode]
             drawn = harness.space_candidates(space, problem, limits, mode, args.per_mode, seed=1)
             extra = [space.validate(c, problem, limits) for c in given if not space.violations(c, problem, limits)]
+            if world.rank == 0 and len(extra) < len(given):
+                for c in given:
+                    broken = space.violations(c, problem, limits)
+                    if broken:
+                        print(f"  {shape}: --configs {json.dumps(c)} skipped: {broken[0]}", flush=True)
             for cfg in drawn + [c for c in extra if c not in drawn]:
                 item_id = f"{tag}|{json.dumps(cfg, sort_keys=True)}"
                 if world.rank == 0:
@@ -422,8 +427,24 @@ def summarize(data: dict) -> dict:
     return shapes
 
 
+def _given_configs(text: str) -> list[dict]:
+    """`--configs`: a JSON list of config objects, each with a `mode` (SystemExit naming the option otherwise)."""
+    try:
+        configs = json.loads(text or "[]")
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"--configs: not JSON ({exc}); allowed: a JSON list of config objects") from None
+    if not isinstance(configs, list) or not all(isinstance(c, dict) and "mode" in c for c in configs):
+        raise SystemExit('--configs: must be a JSON list of config objects, each with a "mode"')
+    unique: list[dict] = []
+    for c in configs:
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
 def main() -> None:
     args = _arguments().parse_args()
+    _given_configs(args.configs)  # a bad list stops the run before any rank starts
     if args.rank_side:
         rank_side(args)
         return

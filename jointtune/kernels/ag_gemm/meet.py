@@ -81,15 +81,17 @@ def ag_gemm_inbox_meet_kernel(
 ):
     # landing="inbox": the program's blocks of this rank's rows go into its own gathered buffer (local, read only by
     # its own cuBLAS, later on the stream) and into slot `rank` of every peer's inbox half; one meeting; then it copies
-    # the same blocks of every peer's rows from its own inbox into its gathered buffer. The half alternates by the
-    # call's epoch, so a peer writes call e + 2 into a half only after meeting this rank in call e + 1, which this
-    # rank's program entered after its whole call-e launch (stream order): after its copies of call e.
+    # the same blocks of every peer's rows from its own inbox into its gathered buffer. The half is the call's epoch's
+    # parity, and the epoch counter is the world's (every fused call opens one): a peer writes a half again only after
+    # a call with the next epoch, in which it waited on this rank (a meeting, or a flag of a call that waits on every
+    # peer), and this rank reached that call only after its copies of this one (stream order).
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
     if EPOCH == 1:
         open_call(state_ptr)
     size = (tl.zeros((), tl.int64) + R) * K  # one rank's rows, flattened (rank is a plain int in the interpreter)
+    slot64 = tl.zeros((), tl.int64) + slot  # W slots of a half can pass 2**31 elements
     if PUSH:
         own = (tl.zeros((), tl.int64) + rank) * R * K
         for i in range(pid, tl.cdiv(size, BLOCK), programs):
@@ -98,7 +100,7 @@ def ag_gemm_inbox_meet_kernel(
             rows = tl.load(a_ptr + at, mask=mask)
             for j in tl.static_range(1, WORLD):
                 q = (rank + j) % WORLD
-                dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot
+                dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot64
                 tl.store(dst + at, rows, mask=mask)
             tl.store(gat_ptr + own + at, rows, mask=mask)
     if MEET:
@@ -109,7 +111,7 @@ def ag_gemm_inbox_meet_kernel(
             mask = at < size
             for j in tl.static_range(1, WORLD):
                 p = (rank + j) % WORLD
-                rows = tl.load(inbox_ptr + half + p * slot + at, mask=mask)
+                rows = tl.load(inbox_ptr + half + p * slot64 + at, mask=mask)
                 tl.store(gat_ptr + p * size + at, rows, mask=mask)
     if EPOCH == 1:
         publish_call(state_ptr, epoch, programs)

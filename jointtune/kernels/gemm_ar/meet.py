@@ -32,10 +32,10 @@ from jointtune.kernels.runtime.signals import call_epoch_and_half, open_call, pu
 
 
 @triton.jit
-def _source(buf_ptr, deltas_ptr, inbox_ptr, half, slot, q, PUSHED: tl.constexpr):
+def _source(buf_ptr, deltas_ptr, inbox_ptr, half, slot64, q, PUSHED: tl.constexpr):
     # where rank q's partial is read: its slot of this rank's inbox half (pushed), or its own buffer over NVLink
     if PUSHED:
-        return inbox_ptr + half + q * slot
+        return inbox_ptr + half + q * slot64
     return buf_ptr + (tl.load(deltas_ptr + q) // 16) * 16
 
 
@@ -78,6 +78,7 @@ def gemm_ar_meet_kernel(
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)  # (0, 0) unless PUSHED
+    slot64 = tl.zeros((), tl.int64) + slot  # W slots of a half can pass 2**31 elements
     if EPOCH == 1:
         open_call(state_ptr)
     row_lo = rank * 0  # tensors either way: `.to` below
@@ -95,7 +96,7 @@ def gemm_ar_meet_kernel(
                     vals = tl.load(buf_ptr + at, mask=mask)
                     for j in tl.static_range(WORLD):
                         q = (rank + 1 + j) % WORLD
-                        dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot
+                        dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot64
                         tl.store(dst + at, vals, mask=mask)
         else:
             size = (tl.zeros((), tl.int64) + M) * N
@@ -105,7 +106,7 @@ def gemm_ar_meet_kernel(
                 vals = tl.load(buf_ptr + at, mask=mask)
                 for j in tl.static_range(WORLD):
                     q = (rank + 1 + j) % WORLD
-                    dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot
+                    dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot64
                     tl.store(dst + at, vals, mask=mask)
     if MEET:
         meet(sig_ptr, sig_deltas_ptr, pid, rank, WORLD, WORLD_P2)
@@ -119,8 +120,8 @@ def gemm_ar_meet_kernel(
                     mask = c0 + tl.arange(0, RED_N) < N
                     total = tl.zeros((RED_N,), dtype=tl.float32)
                     for q in tl.static_range(WORLD):  # rank order: the same bits on every rank
-                        total += tl.load(_source(buf_ptr, deltas_ptr, inbox_ptr, half, slot, q, PUSHED) + at, mask=mask,
-                                         other=0.0).to(tl.float32)  # fmt: skip
+                        src = _source(buf_ptr, deltas_ptr, inbox_ptr, half, slot64, q, PUSHED)
+                        total += tl.load(src + at, mask=mask, other=0.0).to(tl.float32)
                     if RESIDUAL:
                         total += tl.load(res_ptr + at, mask=mask, other=0.0).to(tl.float32)
                     h = total.to(hout_ptr.dtype.element_ty)
@@ -150,8 +151,8 @@ def gemm_ar_meet_kernel(
                 mask = at < hi
                 total = tl.zeros((BLOCK,), dtype=tl.float32)
                 for q in tl.static_range(WORLD):  # rank order: the same bits on every rank
-                    total += tl.load(_source(buf_ptr, deltas_ptr, inbox_ptr, half, slot, q, PUSHED) + at, mask=mask,
-                                     other=0.0).to(tl.float32)  # fmt: skip
+                    src = _source(buf_ptr, deltas_ptr, inbox_ptr, half, slot64, q, PUSHED)
+                    total += tl.load(src + at, mask=mask, other=0.0).to(tl.float32)
                 if RESIDUAL:
                     total += tl.load(res_ptr + at, mask=mask, other=0.0).to(tl.float32)
                 val = total.to(out_ptr.dtype.element_ty)

@@ -202,6 +202,8 @@ class MeetPlan:
     def __init__(self, world: World, s: ArShape, cfg: GemmArConfig, eps: float) -> None:
         M, N, W = s.M, s.N, s.W
         two_shot, pushed = cfg.mode == "two_shot", cfg.transport == "barrier_push"
+        if two_shot and pushed:  # the space refuses it too (barrier_push_one_shot): this plan has no pushed two-shot
+            raise SpaceError('transport: "barrier_push" is not allowed with mode="two_shot"; allowed: mode="one_shot"')
         stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
         dummy = world.int_table((0,))
         slot = slot_elems(M, N)

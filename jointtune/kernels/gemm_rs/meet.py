@@ -80,15 +80,17 @@ def gemm_rs_push_meet_kernel(
 ):
     # transport="push": the program's blocks of every owner's rows go from this rank's partial (cuBLAS's, local) into
     # slot `rank` of the owner's inbox half (the own rows into its own inbox too); one meeting; then the program sums
-    # the same blocks of its own rows from the W slots of its own inbox, in rank order. The half alternates by the
-    # call's epoch, so a peer writes call e + 2 into a half only after meeting this rank in call e + 1, which this
-    # rank's program entered after its whole call-e launch (stream order): after its reads of call e.
+    # the same blocks of its own rows from the W slots of its own inbox, in rank order. The half is the call's epoch's
+    # parity, and the epoch counter is the world's (every fused call opens one): a peer writes a half again only after
+    # a call with the next epoch, in which it waited on this rank (a meeting, or a flag of a call that waits on every
+    # peer), and this rank reached that call only after its reads of this one (stream order).
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     epoch, half = call_epoch_and_half(state_ptr, half_stride, EPOCH)
     if EPOCH == 1:
         open_call(state_ptr)
     size = (tl.zeros((), tl.int64) + R) * N  # one owner's rows, flattened (rank is a plain int in the interpreter)
+    slot64 = tl.zeros((), tl.int64) + slot  # W slots of a half can pass 2**31 elements
     if PUSH:
         for i in range(pid, tl.cdiv(size, BLOCK), programs):
             at = i * BLOCK + tl.arange(0, BLOCK)
@@ -96,7 +98,7 @@ def gemm_rs_push_meet_kernel(
             for j in tl.static_range(WORLD):  # the next rank's rows first, the own rows last
                 q = (rank + 1 + j) % WORLD
                 rows = tl.load(part_ptr + q * size + at, mask=mask)
-                dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot
+                dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot64
                 tl.store(dst + at, rows, mask=mask)
     if MEET:
         meet(sig_ptr, sig_deltas_ptr, pid, rank, WORLD, WORLD_P2)
@@ -106,7 +108,7 @@ def gemm_rs_push_meet_kernel(
             mask = at < size
             total = tl.zeros((BLOCK,), dtype=tl.float32)
             for p in tl.static_range(WORLD):  # rank order: the bits every mode gives
-                total += tl.load(inbox_ptr + half + p * slot + at, mask=mask, other=0.0).to(tl.float32)
+                total += tl.load(inbox_ptr + half + p * slot64 + at, mask=mask, other=0.0).to(tl.float32)
             tl.store(out_ptr + at, total.to(out_ptr.dtype.element_ty), mask=mask)
     if EPOCH == 1:
         publish_call(state_ptr, epoch, programs)

@@ -4,9 +4,12 @@
 Program p of a launch meets program p of the same launch on every other rank: it sets its signal at each rank (0 -> 1
 at system scope, with release, waiting while the previous one is still unread) and takes each rank's signal to it
 (1 -> 0, with acquire, once it is in). A meeting orders every thread's stores before it (on any rank) before every
-thread's loads after it (on any rank) for the programs that met, and leaves every signal at 0: nothing lives across
-calls, so a captured call replays correctly and no epoch or buffer half is needed. A launch meets twice at most, at
-slots `pid` and `SLOTS + pid`: a signal buffer holds `2 * SLOTS * world_size` int32s (`signal_buffer`).
+thread's loads after it (on any rank) for the programs that met, and leaves every signal at 0: a meeting keeps nothing
+across calls, so a captured call replays correctly. An exchange that meets before and after it needs no epoch or
+buffer half either; one that meets once (the pushed forms) writes into buffer halves by the device epoch. A launch
+meets twice at most, at slots `pid` and `SLOTS + pid`: a signal buffer holds `2 * SLOTS * world_size` int32s
+(`signal_buffer`). A signal left at 1 by a launch killed mid-meeting would let a later meeting pass alone: a world
+whose launch was killed is not reused (as after any collective that did not finish).
 
 Meeting only namesakes, not the whole grid, is enough when every program's work is the same function of its id on
 every rank (item i goes to program i % programs), so every exchange that uses it launches the same grid on every rank.
