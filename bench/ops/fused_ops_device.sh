@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 prefill4 probe arbarrier4 arbarrier2 rsbar4 rsbar2 agbar4 agbar2 arpush4 sideprobe tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
+#   flashlong2 prefill4 probe arbarrier4 arbarrier2 rsbar4 rsbar2 agbar4 agbar2 arpush4 large36 sideprobe tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -127,6 +127,17 @@ for phase in "$@"; do
         --configs "$AR_PUSHES" --stress 50 --item-timeout 40
       fo 170 4 gemm_ar_rmsnorm "$AR_FEW" gemm_ar_rmsnorm_push_w4_o.json --modes one_shot,two_shot,baseline \
         --per-mode 1 --configs "$AR_PUSHES" --stress 50 --item-timeout 40 ;;
+    large36)  # issue 36's "large shapes unchanged": AG+GEMM and GEMM+RS at the large shapes (every mode, one candidate
+      # each), on ./before (the tree before the barrier launches: `mkdir before && git archive 5c0295e jointtune |
+      # tar -x -C before`, carried untracked) and then on this tree, W=4
+      for tree in before .; do
+        [ -d "$tree/jointtune" ] || continue
+        name=$([ "$tree" = . ] && echo after || echo before)
+        PYTHONPATH=$PWD/$tree:$PYTHONPATH fo 200 4 ag_gemm "$LARGE" ag_gemm_large36_${name}_w4.json --per-mode 1 \
+          --stress 0 --item-timeout 40
+        PYTHONPATH=$PWD/$tree:$PYTHONPATH fo 200 4 gemm_rs "$LARGE" gemm_rs_large36_${name}_w4.json --per-mode 1 \
+          --stress 0 --item-timeout 40
+      done ;;
     sideprobe)  # does cuBLAS finish beside a kernel that waits for a flag its stream sets after it? (GPU 0)
       CUDA_VISIBLE_DEVICES=0 timeout 120 python3 bench/ops/side_stream_probe.py --out "$WORK/side_stream_probe.json" \
         > "$WORK/side_stream_probe.log" 2>&1
