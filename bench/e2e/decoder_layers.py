@@ -107,7 +107,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bundle", help="tuned records (jointtune tune --model ... --export): imported into a fresh store")
     ap.add_argument("--db", help="a store of tuned records to use instead of --bundle")
     ap.add_argument("--attn", default="auto", choices=("auto", "sdpa", "flash_decode"))
-    ap.add_argument("--paths", default="jointtune,torch,async_tp")
+    ap.add_argument("--paths", default="jointtune,torch,async_tp",
+                    help="of jointtune, jointtune_compiled (our stack under torch.compile(fullgraph=True), as "
+                    "async-TP's step is compiled: its elementwise work fused), torch, async_tp")  # fmt: skip
+    ap.add_argument("--compile-backend", default="inductor", help="jointtune_compiled's torch.compile backend")
     ap.add_argument("--no-breakdown", action="store_true")
     ap.add_argument("--kernels", action="store_true", help="each path's step profiled: its GPU kernels and their µs")
     ap.add_argument("--no-compile-check", action="store_true")
@@ -246,6 +249,7 @@ class Bench:
         self.paths = set(args.paths.split(","))
         self.variants = ["nccl"] + (["one_shot"] if world.kind == "cuda" and world.world_size > 1 else [])
         self.async_tp = None
+        self.compiled: Any = None
 
     # ---- one cell ---------------------------------------------------------------------------
     def run_cell(self, cell: Cell) -> dict[str, Any]:
@@ -316,7 +320,9 @@ class Bench:
         out["jointtune_layout"] = min(jt, key=jt.get).split("/")[1] if jt else None
         out["torch_standard_us"] = min(std.values()) if std else None
         out["async_tp_us"] = out["paths"].get("async_tp")
-        for key in ("jointtune", "torch_standard", "async_tp"):
+        compiled = {k: v for k, v in out["paths"].items() if k.startswith("jointtune_compiled/")}
+        out["jointtune_compiled_us"] = min(compiled.values()) if compiled else None
+        for key in ("jointtune", "jointtune_compiled", "torch_standard", "async_tp"):
             us = out[f"{key}_us"]
             out[f"{key}_tokens_per_s"] = None if not us else T / us * 1e6
         if not self.args.no_breakdown:
@@ -335,6 +341,17 @@ class Bench:
         if "jointtune" in self.paths:
             for layout in (["sp"] if T % W == 0 and W > 1 else []) + ["standard"]:
                 runs[f"jointtune/{layout}"] = lambda layout=layout: self.stack(xs, caches, layout=layout, **step)[0]
+        if "jointtune_compiled" in self.paths:
+            if self.compiled is None:
+                # one compiled step per (layout, phase, shape): more than dynamo's default limit of 8 over a run's
+                # cells, past which it would run the rest eagerly (without saying so in the timings)
+                torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
+                self.compiled = torch.compile(self.stack, fullgraph=True, dynamic=False,
+                                              backend=self.args.compile_backend)  # fmt: skip
+            for layout in (["sp"] if T % W == 0 and W > 1 else []) + ["standard"]:
+                runs[f"jointtune_compiled/{layout}"] = lambda layout=layout: self.compiled(
+                    xs, caches, layout=layout, **step
+                )[0]
         if "torch" in self.paths:
             for variant in self.variants:
                 torch_layers = [TorchStandardLayer(layer, AllReduce(self.world, variant)) for layer in self.layers]

@@ -12,6 +12,7 @@
 #   prefill4           prefill of 4096 tokens, TP=4
 #   bench2             TP=2: the decode cells on GPUs 0,1 and the prefill on GPUs 2,3, at once
 #   compile4 | compile2  torch.compile(fullgraph=True) of the stack, a decode step in each layout
+#   prefillcompiled4   prefilltuned4 with our stack also timed under torch.compile (path jointtune_compiled)
 #   kernels4           decode cells at 4K KV, TP=4, from $BUNDLE (default: the committed barrier decode_mini one), each
 #                      path's step profiled kernel by kernel (--kernels: step_kernels.py), no breakdown; BATCHES and
 #                      PATHS (decoder_layers.py's --batches, --paths) narrow it, LIMIT (s) bounds it
@@ -82,7 +83,7 @@ prefill_tuned() { # W GPUS PORT: tune $MODEL's prefill shapes (4096 tokens, both
   echo "exit $? after: tune --model $MODEL --tp $1 --tokens 4096 (124: stopped at its limit; run the phase again, it resumes)"
   tail -n 30 "$log"; pack
   CUDA_VISIBLE_DEVICES=$2 STORE="sqlite:///$db" e2e 270 "$1" prefill_tuned "$3" --prefill 4096 --batches '' \
-    --no-compile-check
+    --no-compile-check ${PREFILL_PATHS:+--paths $PREFILL_PATHS}
 }
 for phase in "$@"; do
   case $phase in
@@ -113,9 +114,12 @@ for phase in "$@"; do
       mini "$MODEL" 2 0,1 29713 ;;
     prefilltuned2) prefill_tuned 2 0,1 29714 ;;
     prefilltuned4) prefill_tuned 4 0,1,2,3 29715 ;;
+    prefillcompiled4)  # the same, with our stack also under torch.compile (its elementwise work fused, as async-TP's
+      # step is): does compiling close the prefill's 0.94x to async-TP?
+      PREFILL_PATHS=jointtune,jointtune_compiled,torch,async_tp prefill_tuned 4 0,1,2,3 29717 ;;
     compile2mini)  # torch.compile(fullgraph=True) of $MODEL's TP=2 stack from its decode_mini store, on GPUs 0,1
       mini "$MODEL" 2 0,1 29712 compile 300 --prefill 0 --batches '' --paths jointtune
       ;;
-    *) echo "unknown phase $phase (tune4 tune2 decode4 prefill4 bench2 compile4 compile2 kernels4 mini4 mini2 rest2 decode2mini prefilltuned2 prefilltuned4 compile2mini)" ;;
+    *) echo "unknown phase $phase (tune4 tune2 decode4 prefill4 bench2 compile4 compile2 kernels4 mini4 mini2 rest2 decode2mini prefilltuned2 prefilltuned4 prefillcompiled4 compile2mini)" ;;
   esac
 done

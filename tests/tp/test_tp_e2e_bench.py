@@ -25,7 +25,8 @@ def test_the_benchmark_runs_every_path_on_simulated_ranks_and_writes_its_result(
     out = tmp_path / "e2e.json"
     args = ["--cpu", "--world-size", "2", "--model", "tiny", "--layers", "1", "--prefill", "8", "--batches", "2",
             "--kv-lens", "16", "--iters", "1", "--warmup", "0", "--no-compile-check", "--out", str(out),
-            "--db", fast_store(tmp_path / "jt.db", (2,), BASELINE_AR)]  # fmt: skip
+            "--db", fast_store(tmp_path / "jt.db", (2,), BASELINE_AR),
+            "--paths", "jointtune,jointtune_compiled,torch", "--compile-backend", "aot_eager"]  # fmt: skip
     done = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=240,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -36,7 +37,11 @@ def test_the_benchmark_runs_every_path_on_simulated_ranks_and_writes_its_result(
     prefill, decode = result["cells"]
     assert (prefill["cell"], decode["cell"]) == ("prefill 8", "decode b2 kv16")
     for cell in (prefill, decode):
-        assert set(cell["paths"]) == {"jointtune/sp", "jointtune/standard", "torch/nccl"}
+        # the compiled stack too (aot_eager here: the CPU has no inductor toolchain to spare), in both layouts
+        assert set(cell["paths"]) == {"jointtune/sp", "jointtune/standard", "jointtune_compiled/sp",
+                                      "jointtune_compiled/standard", "torch/nccl"}  # fmt: skip
+        compiled = [cell["paths"][f"jointtune_compiled/{layout}"] for layout in ("sp", "standard")]
+        assert cell["jointtune_compiled_us"] == min(compiled)
         assert all(err < 2e-2 for err in cell["errors"].values()), cell["errors"]  # every path against the reference
         assert 0 < cell["single_gpu_bf16_error"] < 2e-2  # the unsharded bf16 model's own distance from float32
         breakdown = cell["breakdown"]
