@@ -345,7 +345,9 @@ class Bench:
             if self.compiled is None:
                 # one compiled step per (layout, phase, shape): more than dynamo's default limit of 8 over a run's
                 # cells, past which it would run the rest eagerly (without saying so in the timings)
-                torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
+                for limit in ("recompile_limit", "cache_size_limit"):  # the name torch 2.6+ uses, and the old one
+                    if hasattr(torch._dynamo.config, limit):
+                        setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
                 self.compiled = torch.compile(self.stack, fullgraph=True, dynamic=False,
                                               backend=self.args.compile_backend)  # fmt: skip
             for layout in (["sp"] if T % W == 0 and W > 1 else []) + ["standard"]:
