@@ -343,6 +343,7 @@ def rank_side(args: argparse.Namespace) -> None:
     })  # fmt: skip
     spin_up(2.0)
     modes = [m for m in space.modes if not args.modes or m in args.modes.split(",")]
+    given_configs = _given_configs(args.configs)
     measured: list[dict] = []
     for shape in args.shapes.split(","):
         problem = space.make_problem(shape, dtype="bf16", world_size=world.world_size)
@@ -350,14 +351,14 @@ def rank_side(args: argparse.Namespace) -> None:
         tag = shape
         anchors(rig, bench, items, tag, limits)
         for mode in modes:
-            given = [c for c in _given_configs(args.configs) if c["mode"] == mode]
             drawn = harness.space_candidates(space, problem, limits, mode, args.per_mode, seed=1)
-            extra = [space.validate(c, problem, limits) for c in given if not space.violations(c, problem, limits)]
-            if world.rank == 0 and len(extra) < len(given):
-                for c in given:
-                    broken = space.violations(c, problem, limits)
-                    if broken:
-                        print(f"  {shape}: --configs {json.dumps(c)} skipped: {broken[0]}", flush=True)
+            extra = []
+            for c in (c for c in given_configs if c["mode"] == mode):
+                broken = space.violations(c, problem, limits)
+                if not broken:
+                    extra.append(space.validate(c, problem, limits))
+                elif world.rank == 0:
+                    print(f"  {shape}: --configs {json.dumps(c)} skipped: {broken[0]}", flush=True)
             for cfg in drawn + [c for c in extra if c not in drawn]:
                 item_id = f"{tag}|{json.dumps(cfg, sort_keys=True)}"
                 if world.rank == 0:

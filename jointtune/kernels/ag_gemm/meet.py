@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels.runtime.meet import MEET_SLOTS, meet
+from jointtune.kernels.runtime.meet import MEET_SLOTS, inbox_slot, meet
 from jointtune.kernels.runtime.signals import call_epoch_and_half, open_call, publish_call
 
 
@@ -100,8 +100,7 @@ def ag_gemm_inbox_meet_kernel(
             rows = tl.load(a_ptr + at, mask=mask)
             for j in tl.static_range(1, WORLD):
                 q = (rank + j) % WORLD
-                dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot64
-                tl.store(dst + at, rows, mask=mask)
+                tl.store(inbox_slot(inbox_ptr, inbox_deltas_ptr, q, half, slot64, rank) + at, rows, mask=mask)
             tl.store(gat_ptr + own + at, rows, mask=mask)
     if MEET:
         meet(sig_ptr, sig_deltas_ptr, pid, rank, WORLD, WORLD_P2)

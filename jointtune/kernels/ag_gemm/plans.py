@@ -31,14 +31,20 @@ from typing import Any
 import torch
 import triton
 
-from jointtune.errors import SpaceError
 from jointtune.kernels.ag_gemm.args import AgGemmConfig, Shape, gemm_args, push_args
 from jointtune.kernels.ag_gemm.kernel import ag_gemm_kernel
 from jointtune.kernels.ag_gemm.meet import ag_gemm_inbox_meet_kernel, ag_gemm_meet_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.gemm import split_k_workspace
 from jointtune.kernels.runtime.launch import Launch
-from jointtune.kernels.runtime.meet import SLOTS, exact_deltas, signal_buffer, world_p2
+from jointtune.kernels.runtime.meet import (
+    MEET_BLOCK,
+    MEET_WARPS,
+    exact_deltas,
+    launch_programs,
+    signal_buffer,
+    world_p2,
+)
 from jointtune.kernels.runtime.signals import (
     allgather_push_kernel,
     open_call_kernel,
@@ -57,11 +63,6 @@ from jointtune.kernels.runtime.symm import (
     slot_elems,
 )
 from jointtune.kernels.runtime.world import World
-
-#: the barrier launch: warps a program, and values a thread per block (16 bytes of 16-bit values, as GEMM+RS's and
-#: GEMM + all-reduce's barrier launches)
-MEET_WARPS, MEET_VALUES = 8, 8
-MEET_BLOCK = 32 * MEET_WARPS * MEET_VALUES
 
 # --------------------------------------------------------------------------------------------- modes
 
@@ -457,10 +458,7 @@ class MeetPlan:
 def meet_programs(cfg: AgGemmConfig, s: Shape) -> int:
     """The barrier launch's programs: `barrier_sms`, but none without a block of this rank's rows (every rank
     launches as many: namesakes must exist to meet)."""
-    if cfg.barrier_sms > SLOTS:
-        raise SpaceError(f"barrier_sms: {cfg.barrier_sms} is not allowed; allowed: <= {SLOTS} (the launch's signal "
-                         "slots)")  # fmt: skip
-    return max(1, min(cfg.barrier_sms, cdiv(s.R * s.K, MEET_BLOCK)))
+    return launch_programs(cfg.barrier_sms, cdiv(s.R * s.K, MEET_BLOCK), "barrier_sms", "mode=barrier")
 
 
 def inbox_meet_args(R: int, K: int, W: int, *, a: Any, gathered: Any, inbox: Any, inbox_deltas: Any, signals: Any,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels.runtime.meet import MEET_SLOTS, meet
+from jointtune.kernels.runtime.meet import MEET_SLOTS, inbox_slot, meet
 from jointtune.kernels.runtime.signals import call_epoch_and_half, open_call, publish_call
 
 
@@ -96,8 +96,7 @@ def gemm_ar_meet_kernel(
                     vals = tl.load(buf_ptr + at, mask=mask)
                     for j in tl.static_range(WORLD):
                         q = (rank + 1 + j) % WORLD
-                        dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot64
-                        tl.store(dst + at, vals, mask=mask)
+                        tl.store(inbox_slot(inbox_ptr, inbox_deltas_ptr, q, half, slot64, rank) + at, vals, mask=mask)
         else:
             size = (tl.zeros((), tl.int64) + M) * N
             for i in range(pid, tl.cdiv(size, BLOCK), programs):
@@ -106,8 +105,7 @@ def gemm_ar_meet_kernel(
                 vals = tl.load(buf_ptr + at, mask=mask)
                 for j in tl.static_range(WORLD):
                     q = (rank + 1 + j) % WORLD
-                    dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot64
-                    tl.store(dst + at, vals, mask=mask)
+                    tl.store(inbox_slot(inbox_ptr, inbox_deltas_ptr, q, half, slot64, rank) + at, vals, mask=mask)
     if MEET:
         meet(sig_ptr, sig_deltas_ptr, pid, rank, WORLD, WORLD_P2)
     if REDUCE:

@@ -31,16 +31,21 @@ from jointtune.kernels.gemm_ar.meet import gemm_ar_meet_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.launch import Launch
 from jointtune.kernels.runtime.ll import word_deltas
-from jointtune.kernels.runtime.meet import SLOTS, exact_deltas, signal_buffer, world_p2
+from jointtune.kernels.runtime.meet import (
+    MEET_BLOCK,
+    MEET_WARPS,
+    exact_deltas,
+    launch_programs,
+    signal_buffer,
+    world_p2,
+)
 from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, peer_deltas, slot_elems
 from jointtune.kernels.runtime.world import SymmetricBuffer, World
 
 Tensors = list[torch.Tensor]
-#: the barrier exchange: warps a program, and values a thread per block of the plain sum (one 16-byte vector of
-#: 16-bit values from each source: two_shot_probe.py's best block at 64 and 128 rows of 8192 was 2048 or 4096
-#: values); with the norm a row step is NORM_PER_THREAD values a thread, so 8 warps take a row of 8192 in one step
-#: (two owners' rows a program is all two-shot has at W=4 and 32-64 rows: each step is a dependent round trip)
-MEET_WARPS, MEET_VALUES = 8, 8
+# the barrier exchange runs `runtime.meet`'s launch shape (MEET_WARPS, MEET_BLOCK); with the norm a row step is
+# NORM_PER_THREAD values a thread, so 8 warps take a row of 8192 in one step (two owners' rows a program is all
+# two-shot has at W=4 and 32-64 rows: each step is a dependent round trip)
 
 
 def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -267,12 +272,9 @@ def meet_programs(cfg: GemmArConfig, s: ArShape) -> int:
 
     An item is a row with the norm, else a BLOCK-element block of the rows one rank sums (two-shot: the most any rank
     owns, `rows_per_owner`, so every rank launches as many: namesakes must exist to meet)."""
-    if cfg.comm_sms > SLOTS:
-        raise SpaceError(f"comm_sms: {cfg.comm_sms} is not allowed with transport=\"{cfg.transport}\"; allowed: <= "
-                         f"{SLOTS} (the exchange's signal slots)")  # fmt: skip
     rows = s.rows_per_owner if cfg.mode == "two_shot" else s.M
-    items = rows if s.norm else cdiv(rows * s.N, 32 * MEET_WARPS * MEET_VALUES)
-    return max(1, min(cfg.comm_sms, items))
+    items = rows if s.norm else cdiv(rows * s.N, MEET_BLOCK)
+    return launch_programs(cfg.comm_sms, items, "comm_sms", f'transport="{cfg.transport}"')
 
 
 def meet_args(cfg: GemmArConfig, s: ArShape, *, buf: Any, deltas: Any, rms: Any, rms_deltas: Any, signals: Any,
@@ -281,16 +283,15 @@ def meet_args(cfg: GemmArConfig, s: ArShape, *, buf: Any, deltas: Any, rms: Any,
               epoch: int) -> dict[str, Any]:  # fmt: skip
     """`gemm_ar_meet_kernel`'s arguments by name, with the launch options (the call's tensors as `stand_in`); the
     inbox, its deltas, the call state, slot and half stride are barrier_push's (stand-ins and zeros otherwise)."""
-    warps = MEET_WARPS
     return dict(
         buf_ptr=buf, deltas_ptr=deltas, rms_ptr=rms, rms_deltas_ptr=rms_deltas, sig_ptr=signals,
         sig_deltas_ptr=signal_deltas, res_ptr=stand_in, w_ptr=stand_in, out_ptr=stand_in, hout_ptr=stand_in, M=s.M,
         N=s.N, eps=float(eps), rank=rank, rows_per_owner=s.rows_per_owner, WORLD=s.W,
         WORLD_P2=world_p2(s.W), TWO_SHOT=cfg.mode == "two_shot", RESIDUAL=s.residual,
-        NORM=s.norm, BLOCK=32 * warps * MEET_VALUES,
-        RED_N=min(NORM_PER_THREAD * 32 * warps, max(16, triton.next_power_of_2(s.N))), REDUCE=reduce,
+        NORM=s.norm, BLOCK=MEET_BLOCK,
+        RED_N=min(NORM_PER_THREAD * 32 * MEET_WARPS, max(16, triton.next_power_of_2(s.N))), REDUCE=reduce,
         GATHER=gather, MEET=meet, inbox_ptr=inbox, inbox_deltas_ptr=inbox_deltas, state_ptr=state, slot=slot,
-        half_stride=half_stride, PUSHED=cfg.transport == "barrier_push", PUSH=push, EPOCH=epoch, num_warps=warps,
+        half_stride=half_stride, PUSHED=cfg.transport == "barrier_push", PUSH=push, EPOCH=epoch, num_warps=MEET_WARPS,
         num_stages=1,
     )  # fmt: skip
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from jointtune.kernels.runtime.meet import MEET_SLOTS, meet
+from jointtune.kernels.runtime.meet import MEET_SLOTS, inbox_slot, meet
 from jointtune.kernels.runtime.signals import call_epoch_and_half, open_call, publish_call
 
 
@@ -98,7 +98,7 @@ def gemm_rs_push_meet_kernel(
             for j in tl.static_range(WORLD):  # the next rank's rows first, the own rows last
                 q = (rank + 1 + j) % WORLD
                 rows = tl.load(part_ptr + q * size + at, mask=mask)
-                dst = inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot64
+                dst = inbox_slot(inbox_ptr, inbox_deltas_ptr, q, half, slot64, rank)
                 tl.store(dst + at, rows, mask=mask)
     if MEET:
         meet(sig_ptr, sig_deltas_ptr, pid, rank, WORLD, WORLD_P2)

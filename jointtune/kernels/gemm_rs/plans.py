@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-from jointtune.errors import SpaceError
 from jointtune.kernels.gemm_rs.args import EPI_ATOMIC, EPI_SIGNAL, EPI_STORE, GemmRsConfig, RsShape, kernel_args
 from jointtune.kernels.gemm_rs.args import tile_work as _work
 from jointtune.kernels.gemm_rs.kernel import gemm_rs_kernel, release_flag_kernel
@@ -41,14 +40,17 @@ from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.gemm import split_k_workspace
 from jointtune.kernels.runtime.launch import Launch
 from jointtune.kernels.runtime.ll import word_deltas
-from jointtune.kernels.runtime.meet import SLOTS, exact_deltas, signal_buffer, world_p2
+from jointtune.kernels.runtime.meet import (
+    MEET_BLOCK,
+    MEET_WARPS,
+    exact_deltas,
+    launch_programs,
+    signal_buffer,
+    world_p2,
+)
 from jointtune.kernels.runtime.signals import open_call_kernel
 from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, inbox, peer_deltas, slot_elems
 from jointtune.kernels.runtime.world import World
-
-#: the barrier launch: warps a program, and values a thread per block (16 bytes of 16-bit values from each source: as
-#: GEMM + all-reduce's barrier exchange, whose block measured best in bench/ops/two_shot_probe.py)
-MEET_WARPS, MEET_VALUES = 8, 8
 
 
 class BaselinePlan:
@@ -332,10 +334,7 @@ class MeetPlan:
 def meet_programs(cfg: GemmRsConfig, s: RsShape) -> int:
     """The barrier launch's programs: `reduce_sms`, but none without a block of this rank's rows to sum (every rank
     launches as many: namesakes must exist to meet)."""
-    if cfg.reduce_sms > SLOTS:
-        raise SpaceError(f"reduce_sms: {cfg.reduce_sms} is not allowed with mode=barrier; allowed: <= {SLOTS} (the "
-                         "launch's signal slots)")  # fmt: skip
-    return max(1, min(cfg.reduce_sms, cdiv(s.R * s.N, 32 * MEET_WARPS * MEET_VALUES)))
+    return launch_programs(cfg.reduce_sms, cdiv(s.R * s.N, MEET_BLOCK), "reduce_sms", "mode=barrier")
 
 
 def push_meet_args(s: RsShape, *, part: Any, inbox: Any, inbox_deltas: Any, signals: Any, signal_deltas: Any,
@@ -345,7 +344,7 @@ def push_meet_args(s: RsShape, *, part: Any, inbox: Any, inbox_deltas: Any, sign
     return dict(
         part_ptr=part, inbox_ptr=inbox, inbox_deltas_ptr=inbox_deltas, sig_ptr=signals, sig_deltas_ptr=signal_deltas,
         state_ptr=state, out_ptr=out, R=s.R, N=s.N, rank=rank, slot=slot, half_stride=half_stride, WORLD=s.W,
-        WORLD_P2=world_p2(s.W), BLOCK=32 * MEET_WARPS * MEET_VALUES, PUSH=push, SUM=total, MEET=meet, EPOCH=epoch,
+        WORLD_P2=world_p2(s.W), BLOCK=MEET_BLOCK, PUSH=push, SUM=total, MEET=meet, EPOCH=epoch,
         num_warps=MEET_WARPS, num_stages=1,
     )  # fmt: skip
 
@@ -355,7 +354,7 @@ def meet_args(s: RsShape, *, buf: Any, deltas: Any, signals: Any, signal_deltas:
     """`gemm_rs_meet_kernel`'s arguments by name, with the launch options."""
     return dict(
         buf_ptr=buf, deltas_ptr=deltas, sig_ptr=signals, sig_deltas_ptr=signal_deltas, out_ptr=out, R=s.R, N=s.N,
-        rank=rank, WORLD=s.W, WORLD_P2=world_p2(s.W), BLOCK=32 * MEET_WARPS * MEET_VALUES, MEET=meet,
+        rank=rank, WORLD=s.W, WORLD_P2=world_p2(s.W), BLOCK=MEET_BLOCK, MEET=meet,
         num_warps=MEET_WARPS, num_stages=1,
     )  # fmt: skip
 

@@ -21,11 +21,16 @@ import torch
 import triton
 import triton.language as tl
 
+from jointtune.errors import SpaceError
 from jointtune.kernels.runtime.world import SymmetricBuffer, World
 
 #: programs one launch may have: each owns two signal slots (two meetings) per source rank
 SLOTS = 256
 MEET_SLOTS = tl.constexpr(SLOTS)
+#: a meeting launch's program: warps, and values a thread per block (one 16-byte vector of 16-bit values from each
+#: source: bench/ops/two_shot_probe.py's best block at 64 and 128 rows of 8192 was 2048 or 4096 values)
+MEET_WARPS, MEET_VALUES = 8, 8
+MEET_BLOCK = 32 * MEET_WARPS * MEET_VALUES
 
 
 @triton.jit
@@ -63,6 +68,22 @@ def meet(sig_ptr, sig_deltas_ptr, slot, rank, WORLD: tl.constexpr, WORLD_P2: tl.
     tl.debug_barrier()  # every thread's reads after it
 
 
+@triton.jit
+def inbox_slot(inbox_ptr, inbox_deltas_ptr, q, half, slot64, rank):
+    """Slot `rank` of rank q's inbox half: where this rank's pushed rows for q land (the delta rounded to 16 elements,
+    as every slot is aligned: 16-byte stores)."""
+    return inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot64
+
+
+def launch_programs(wanted: int, items: int, field: str, mode: str) -> int:
+    """A meeting launch's programs: `wanted` (the config's `field`), but none without an item of its own (one that
+    would only meet); every rank launches as many, so namesakes exist to meet. SpaceError past the signal slots."""
+    if wanted > SLOTS:
+        raise SpaceError(f"{field}: {wanted} is not allowed with {mode}; allowed: <= {SLOTS} (the launch's signal "
+                         "slots)")  # fmt: skip
+    return max(1, min(wanted, items))
+
+
 def world_p2(world_size: int) -> int:
     """`meet`'s WORLD_P2: the lanes of a signal vector (a power of two, at least 2)."""
     return max(2, triton.next_power_of_2(world_size))
@@ -79,4 +100,17 @@ def exact_deltas(world: World, buf: SymmetricBuffer, i: int) -> torch.Tensor:
     return world.int_table(tuple((buf.peers[i][p].data_ptr() - own) // elem for p in range(world.world_size)))
 
 
-__all__ = ["MEET_SLOTS", "SLOTS", "exact_deltas", "meet", "signal_buffer", "triton", "world_p2"]
+__all__ = [
+    "MEET_BLOCK",
+    "MEET_SLOTS",
+    "MEET_VALUES",
+    "MEET_WARPS",
+    "SLOTS",
+    "exact_deltas",
+    "inbox_slot",
+    "launch_programs",
+    "meet",
+    "signal_buffer",
+    "triton",
+    "world_p2",
+]
