@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 prefill4 probe arbarrier4 arbarrier2 rsbar4 rsbar2 agbar4 agbar2 arpush4 large36 sideprobe tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
+#   flashlong2 prefill4 probe arbarrier4 arbarrier2 rsbar4 rsbar2 agbar4 agbar2 arpush4 large36 l2probe sideprobe tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -138,6 +138,10 @@ for phase in "$@"; do
         PYTHONPATH=$PWD/$tree:$PYTHONPATH fo 200 4 gemm_rs "$LARGE" gemm_rs_large36_${name}_w4.json --per-mode 1 \
           --stress 0 --item-timeout 40
       done ;;
+    l2probe)  # can the barrier gather's wait pull the GEMM's weight into L2 for the cuBLAS after it? (GPU 0)
+      CUDA_VISIBLE_DEVICES=0 timeout 120 python3 bench/ops/l2_prefetch_probe.py --out "$WORK/l2_prefetch_probe.json" \
+        > "$WORK/l2_prefetch_probe.log" 2>&1
+      echo "exit $? after: l2_prefetch_probe"; cat "$WORK/l2_prefetch_probe.log"; pack ;;
     sideprobe)  # does cuBLAS finish beside a kernel that waits for a flag its stream sets after it? (GPU 0)
       CUDA_VISIBLE_DEVICES=0 timeout 120 python3 bench/ops/side_stream_probe.py --out "$WORK/side_stream_probe.json" \
         > "$WORK/side_stream_probe.log" 2>&1
