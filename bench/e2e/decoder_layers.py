@@ -370,18 +370,21 @@ class Bench:
         return runs
 
     def _async_tp_run(self, x: torch.Tensor, caches: list[Any], step: dict[str, Any]) -> Any:
-        import torch.distributed._functional_collectives as funcol
+        """async-TP's step with the boundary every path has: all T rows in on every rank, this rank's T/W rows taken
+        (a view, as `TPDecoder` takes them), and every rank's rows all-gathered at the end (`TPDecoder` gathers its
+        sequence-parallel stack's rows the same way, so both pay that one all-gather a step)."""
+        import torch.distributed as dist
 
         group, W, r = self.world.group, self.world.world_size, self.world.rank
         if self.async_tp is None:
             self.async_tp = compile_async_tp(group)
-        rows = x[r * x.shape[0] // W : (r + 1) * x.shape[0] // W].contiguous()
+        rows = x[r * x.shape[0] // W : (r + 1) * x.shape[0] // W]
 
         def run() -> torch.Tensor:
             mine = self.async_tp(self.layers, group, rows, caches, **step)
-            if torch.cuda.is_current_stream_capturing():
-                return mine  # timed: the step alone
-            return funcol.wait_tensor(funcol.all_gather_tensor(mine, 0, group))  # checked: every rank's rows
+            out = torch.empty((mine.shape[0] * W, *mine.shape[1:]), dtype=mine.dtype, device=mine.device)
+            dist.all_gather_into_tensor(out, mine.contiguous(), group=group)
+            return out
 
         return run
 

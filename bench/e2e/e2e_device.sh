@@ -13,6 +13,7 @@
 #   bench2             TP=2: the decode cells on GPUs 0,1 and the prefill on GPUs 2,3, at once
 #   compile4 | compile2  torch.compile(fullgraph=True) of the stack, a decode step in each layout
 #   prefillcompiled4   prefilltuned4 with our stack also timed under torch.compile (path jointtune_compiled)
+#   prefillkernels4    prefilltuned4's prefill cell with each step profiled kernel by kernel (--kernels), no breakdown
 #   kernels4           decode cells at 4K KV, TP=4, from $BUNDLE (default: the committed barrier decode_mini one), each
 #                      path's step profiled kernel by kernel (--kernels: step_kernels.py), no breakdown; BATCHES and
 #                      PATHS (decoder_layers.py's --batches, --paths) narrow it, LIMIT (s) bounds it
@@ -82,8 +83,8 @@ prefill_tuned() { # W GPUS PORT: tune $MODEL's prefill shapes (4096 tokens, both
     --kv-lens 4096 --timing graph --trials 8 --db "sqlite:///$db" > "$log" 2>&1
   echo "exit $? after: tune --model $MODEL --tp $1 --tokens 4096 (124: stopped at its limit; run the phase again, it resumes)"
   tail -n 30 "$log"; pack
-  CUDA_VISIBLE_DEVICES=$2 STORE="sqlite:///$db" e2e 270 "$1" prefill_tuned "$3" --prefill 4096 --batches '' \
-    --no-compile-check ${PREFILL_PATHS:+--paths $PREFILL_PATHS}
+  CUDA_VISIBLE_DEVICES=$2 STORE="sqlite:///$db" e2e 270 "$1" "${PREFILL_NAME:-prefill_tuned}" "$3" --prefill 4096 \
+    --batches '' --no-compile-check ${PREFILL_PATHS:+--paths $PREFILL_PATHS} ${PREFILL_ARGS}
 }
 for phase in "$@"; do
   case $phase in
@@ -117,9 +118,14 @@ for phase in "$@"; do
     prefillcompiled4)  # the same, with our stack also under torch.compile (its elementwise work fused, as async-TP's
       # step is): does compiling close the prefill's 0.94x to async-TP?
       PREFILL_PATHS=jointtune,jointtune_compiled,torch,async_tp prefill_tuned 4 0,1,2,3 29717 ;;
+    prefillkernels4)  # the prefill cell's steps kernel by kernel (--kernels, no breakdown): where our sequence-
+      # parallel step spends the ~250 µs a layer the breakdown finds outside its timed ops (2026-11-27), beside the
+      # torch layer's and async-TP's steps
+      PREFILL_NAME=prefill_kernels PREFILL_PATHS=jointtune,torch,async_tp PREFILL_ARGS="--kernels --no-breakdown" \
+        prefill_tuned 4 0,1,2,3 29718 ;;
     compile2mini)  # torch.compile(fullgraph=True) of $MODEL's TP=2 stack from its decode_mini store, on GPUs 0,1
       mini "$MODEL" 2 0,1 29712 compile 300 --prefill 0 --batches '' --paths jointtune
       ;;
-    *) echo "unknown phase $phase (tune4 tune2 decode4 prefill4 bench2 compile4 compile2 kernels4 mini4 mini2 rest2 decode2mini prefilltuned2 prefilltuned4 prefillcompiled4 compile2mini)" ;;
+    *) echo "unknown phase $phase (tune4 tune2 decode4 prefill4 bench2 compile4 compile2 kernels4 mini4 mini2 rest2 decode2mini prefilltuned2 prefilltuned4 prefillcompiled4 prefillkernels4 compile2mini)" ;;
   esac
 done
