@@ -19,8 +19,10 @@ Per shape, each an item on the record before the next starts:
   copy into an op's outputs, which our baseline mode makes).
 Every candidate is checked against the float32 reference eagerly and after graph replays with fresh inputs copied
 into the captured tensors, then timed three ways (max over ranks, medians): GPU time behind a hold and a device
-barrier (`common.cuda.Bench`), eager wall time of back-to-back calls, and CUDA-graph replays. A graph-replay stress
-run of the best config per mode (mixed shapes, fresh data before every replay, eager calls between) ends each run.
+barrier (`common.cuda.Bench`), eager wall time of back-to-back calls, and CUDA-graph replays (with `--cold`, a
+fourth: the graph with a read of twice L2 before each call, that read's own time taken off, `graph_cold_ms`). A
+graph-replay stress run of the best config per mode (mixed shapes, fresh data before every replay, eager calls
+between) ends each run.
 Shapes: MxNxK for the GEMM families, BxHxH_KVxSxD for flash_decode (any GQA group).
 """
 
@@ -40,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: `common`
 from common import harness
 
 TOL = 2e-2
+REGIMES = ("graph_ms", "graph_cold_ms", "eager_ms", "median_ms")  # what summarize() ranks by, each on its own
 UNFUSED_ANCHOR = "unfused_sdpa:"  # an anchor that is a user's whole unfused path: it competes as the best unfused
 UNFUSED_USER = "unfused_user:"  # the same for GEMM + all-reduce (ops/user_paths.py's MmAllReduceNorm)
 EPS = 1e-6  # the RMSNorm epsilon GEMM + all-reduce's inputs carry (the family's reference uses it)
@@ -57,6 +60,9 @@ def _arguments() -> argparse.ArgumentParser:
     ap.add_argument("--configs", default="", help="a JSON list of configs timed too, each at every shape that takes "
                     "it and whose mode is timed (a knob sweep the space's seeds don't reach)")  # fmt: skip
     ap.add_argument("--stress", type=int, default=300, help="graph replays in the closing stress run (0: none)")
+    ap.add_argument("--cold", action="store_true", help="also time every call in graph replay with its weight cold "
+                    "(graph_cold_ms: a read of twice L2 before each call, its own time taken off), as a model's "
+                    "layer reads it; a graph's back-to-back calls keep a 32 MB weight partly in L2")  # fmt: skip
     ap.add_argument("--item-timeout", type=float, default=150.0, help="seconds before an item counts as hung")
     ap.add_argument("--port", type=int, default=29500, help="torchrun's master port (two runs on one node: differ)")
     ap.add_argument("--out", required=True)
@@ -99,6 +105,7 @@ class Rig:
         self.live = fam.make_inputs(problem, world, seed=11)  # set 0's data; sets are only ever copied from
         self.current = 0
         self.placed: dict[str, list] = {}  # collective -> A placed where that variant reads it (ag_gemm)
+        self.flush = None  # `l2_flush()` with --cold: measure() adds graph_cold_ms
 
     def load(self, k: int) -> None:
         """Copy set k into the live tensors (and any placed copies): on the stream, no host sync."""
@@ -126,6 +133,38 @@ class Rig:
                     d.copy_(s)
             inputs = dataclasses.replace(self.live, a=self.placed[collective])
         return lambda: self.fam.run(inputs, config, self.world)
+
+
+def l2_flush():
+    """A call that reads twice L2's size (a sum into a scalar: no dirty lines of its own), so whatever runs after it
+    finds nothing of its operands in L2."""
+    import torch
+
+    size = 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    buf = torch.ones(size // 4, dtype=torch.float32, device="cuda")
+    sink = torch.empty((), dtype=torch.float32, device="cuda")
+
+    def flush() -> None:
+        torch.sum(buf, out=sink)
+
+    flush()  # its kernel loaded before any capture
+    torch.cuda.synchronize()
+    return flush
+
+
+def cold_graph_ms(fn, flush, world) -> float:
+    """ms per call with its operands cold: a graph of CALLS calls, each after `flush`, less a graph of the flushes
+    alone (the two timed in turn, three times, the best of each; max over ranks)."""
+    both, _ = _graph(lambda: (flush(), fn())[1], CALLS)
+    alone, _ = _graph(flush, CALLS)
+    from common.measure import graph_ms
+
+    t_both = t_alone = float("inf")
+    for _ in range(3):
+        t_both = min(t_both, graph_ms(both, world, 20, CALLS))
+        t_alone = min(t_alone, graph_ms(alone, world, 20, CALLS))
+    del both, alone
+    return _max(t_both - t_alone)
 
 
 def _graph(fn, calls: int):
@@ -167,6 +206,8 @@ def measure(rig: Rig, fn, bench, *, check: bool = True, graphable: bool = True) 
         graph, _ = _graph(fn, CALLS)
         entry["graph_ms"] = _max(min(graph_ms(graph, rig.world, 20, CALLS) for _ in range(3)))
         del graph
+        if rig.flush is not None:
+            entry["graph_cold_ms"] = cold_graph_ms(fn, rig.flush, rig.world)
     rig.load(0)
     return entry
 
@@ -339,15 +380,17 @@ def rank_side(args: argparse.Namespace) -> None:
                      "nccl": ".".join(map(str, torch.cuda.nccl.version())), "python": platform.python_version()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "method": {"calls_per_graph": CALLS, "gpu_iters": 15, "eager_calls": 30, "graph_replays": 20,
-                   "per_mode": args.per_mode, "tolerance": TOL},
+                   "per_mode": args.per_mode, "tolerance": TOL, "cold": args.cold},
     })  # fmt: skip
     spin_up(2.0)
     modes = [m for m in space.modes if not args.modes or m in args.modes.split(",")]
     given_configs = _given_configs(args.configs)
+    flush = l2_flush() if args.cold else None
     measured: list[dict] = []
     for shape in args.shapes.split(","):
         problem = space.make_problem(shape, dtype="bf16", world_size=world.world_size)
         rig = Rig(fam, problem, world)
+        rig.flush = flush
         tag = shape
         anchors(rig, bench, items, tag, limits)
         for mode in modes:
@@ -391,7 +434,7 @@ def summarize(data: dict) -> dict:
             continue
         cfg = json.loads(what)
         ok = "error" not in it and it.get("eager_error", 1) <= TOL and it.get("graph_error", 1) <= TOL
-        for regime in ("graph_ms", "eager_ms", "median_ms"):
+        for regime in REGIMES:
             if ok and regime in it:
                 name = cfg["mode"] if cfg["mode"] != "baseline" else f"baseline:{cfg.get('collective', 'nccl')}"
                 best = entry["modes"].setdefault(regime, {})
@@ -461,12 +504,13 @@ def main() -> None:
     data["summary"] = summarize(data)
     harness.write_json(Path(args.out), data)
     for shape, entry in data["summary"].items():
-        g = entry["best"].get("graph_ms", {})
-        if g:
-            ours = f"{g['best_ours_ms'] * 1e3:.1f}" if g["best_ours_ms"] else "-"
-            print(f"{shape}: graph best ours {g['best_ours']} {ours} us, best unfused {g['best_unfused']} "
-                  f"{g['best_unfused_ms'] * 1e3:.1f} us, x{g['speedup_vs_best_unfused'] or 0:.3f}; torch fused "
-                  f"{g['torch_fused_ms']}", flush=True)  # fmt: skip
+        for regime, label in (("graph_ms", "graph"), ("graph_cold_ms", "graph cold")):
+            g = entry["best"].get(regime, {})
+            if g:
+                ours = f"{g['best_ours_ms'] * 1e3:.1f}" if g["best_ours_ms"] else "-"
+                print(f"{shape}: {label} best ours {g['best_ours']} {ours} us, best unfused {g['best_unfused']} "
+                      f"{g['best_unfused_ms'] * 1e3:.1f} us, x{g['speedup_vs_best_unfused'] or 0:.3f}; torch fused "
+                      f"{g['torch_fused_ms']}", flush=True)  # fmt: skip
     stress_item = next((it for it in data["items"] if it["id"] == "stress"), None)
     if stress_item:
         print("stress:", {k: v for k, v in stress_item.get("stress", stress_item).items() if k != "cases"}, flush=True)

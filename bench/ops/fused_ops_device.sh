@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 prefill4 probe arbarrier4 arbarrier2 rsbar4 rsbar2 agbar4 agbar2 arpush4 large36 l2probe sideprobe tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
+#   flashlong2 prefill4 probe arbarrier4 arbarrier2 rsbar4 rsbar2 agbar4 agbar2 arpush4 large36 cold4 l2probe sideprobe tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -11,7 +11,7 @@ pack() { flock "$WORK/.lock" tar czf "$OUT/fused_ops.tgz" --exclude=.lock -C "$W
 fo() { # SECONDS NPROC FAMILY SHAPES OUT [more args]
   timeout "$1" python3 bench/ops/fused_ops.py --ranks "$2" --family "$3" --shapes "$4" --out "$WORK/$5" "${@:6}" \
     > "$WORK/$5.log" 2>&1
-  echo "exit $? after: fused_ops $3 w$2 $4"; grep -E "graph best|^stress|^driver" "$WORK/$5.log"; pack
+  echo "exit $? after: fused_ops $3 w$2 $4"; grep -E "graph (cold )?best|^stress|^driver" "$WORK/$5.log"; pack
 }
 tn() { # SECONDS NAME KERNEL SHAPE W TRIALS DB [more args]: one `jointtune tune` (graph policy) into $WORK/DB, its log
   # $WORK/NAME.log; prints its exit and how the shape went, then packs
@@ -138,6 +138,15 @@ for phase in "$@"; do
         PYTHONPATH=$PWD/$tree:$PYTHONPATH fo 200 4 gemm_rs "$LARGE" gemm_rs_large36_${name}_w4.json --per-mode 1 \
           --stress 0 --item-timeout 40
       done ;;
+    cold4)  # the weight cold (--cold: each call of a graph after a read of twice L2, that read's time taken off), as
+      # a model's layer reads it, beside the usual warm graph: issue 36's decode cells (each mode's first seed and
+      # default) and GEMM + all-reduce's RMSNorm form at o_proj rows, W=4
+      fo 200 4 gemm_rs "$DECODE" gemm_rs_cold_w4.json --modes barrier,push,baseline --per-mode 1 --stress 0 \
+        --item-timeout 60 --cold
+      fo 170 4 ag_gemm "$DECODE" ag_gemm_cold_w4.json --modes barrier,baseline --per-mode 1 --stress 0 \
+        --item-timeout 60 --cold
+      fo 170 4 gemm_ar_rmsnorm "$AR_FEW" gemm_ar_rmsnorm_cold_w4_o.json --modes one_shot,two_shot,baseline \
+        --per-mode 1 --stress 0 --item-timeout 40 --cold ;;
     l2probe)  # can the barrier gather's wait pull the GEMM's weight into L2 for the cuBLAS after it? (GPU 0)
       CUDA_VISIBLE_DEVICES=0 timeout 120 python3 bench/ops/l2_prefetch_probe.py --out "$WORK/l2_prefetch_probe.json" \
         > "$WORK/l2_prefetch_probe.log" 2>&1

@@ -77,3 +77,30 @@ def test_the_users_own_path_competes_as_the_best_unfused() -> None:
     wrong = item("anchor:unfused_user:nccl", 0.010, error=0.5)
     best = fused_ops.summarize({"items": [base, ours, wrong]})["8x64x64"]["best"]["graph_ms"]
     assert best["best_unfused"] == "baseline:nccl"
+
+
+def test_the_cold_weight_regime_is_ranked_on_its_own() -> None:
+    """fused_ops.summarize with --cold's `graph_cold_ms`: each regime has its own best path and ratio, so a fused call
+    that wins with its weight warm in L2 and loses with it cold is reported both ways; items without the field (a run
+    without --cold) leave the regime out."""
+    from ops import fused_ops
+
+    def item(what: str, warm: float, cold: float | None) -> dict:
+        timed = {"graph_ms": warm} if cold is None else {"graph_ms": warm, "graph_cold_ms": cold}
+        return {"id": f"64x64x64|{what}", **timed, "eager_error": 1e-3, "graph_error": 1e-3}
+
+    base = item('{"collective": "nccl", "mode": "baseline"}', 0.022, 0.027)
+    ours = item('{"mode": "barrier"}', 0.019, 0.028)
+    best = fused_ops.summarize({"items": [base, ours]})["64x64x64"]["best"]
+    assert best["graph_ms"]["speedup_vs_best_unfused"] == pytest.approx(22 / 19)
+    assert best["graph_cold_ms"]["best_unfused"] == "baseline:nccl"
+    assert best["graph_cold_ms"]["speedup_vs_best_unfused"] == pytest.approx(27 / 28)
+    warm_only = fused_ops.summarize(
+        {
+            "items": [
+                item('{"mode": "barrier"}', 0.019, None),
+                item('{"collective": "nccl", "mode": "baseline"}', 0.022, None),
+            ]
+        }
+    )
+    assert "graph_cold_ms" not in warm_only["64x64x64"]["best"]
