@@ -84,8 +84,8 @@ prefill_tuned() { # W GPUS PORT: tune $MODEL's prefill shapes (4096 tokens, both
     --kv-lens 4096 --timing graph --trials 8 --db "sqlite:///$db" > "$log" 2>&1
   echo "exit $? after: tune --model $MODEL --tp $1 --tokens 4096 (124: stopped at its limit; run the phase again, it resumes)"
   tail -n 30 "$log"; pack
-  CUDA_VISIBLE_DEVICES=$2 STORE="sqlite:///$db" e2e 270 "$1" "${PREFILL_NAME:-prefill_tuned}" "$3" --prefill 4096 \
-    --batches '' --no-compile-check ${PREFILL_PATHS:+--paths $PREFILL_PATHS} ${PREFILL_ARGS}
+  CUDA_VISIBLE_DEVICES=$2 STORE="sqlite:///$db" e2e 270 "$1" prefill_tuned "$3" --prefill 4096 --batches '' \
+    --no-compile-check ${PREFILL_PATHS:+--paths $PREFILL_PATHS}
 }
 for phase in "$@"; do
   case $phase in
