@@ -13,9 +13,9 @@
 #   bench2             TP=2: the decode cells on GPUs 0,1 and the prefill on GPUs 2,3, at once
 #   compile4 | compile2  torch.compile(fullgraph=True) of the stack, a decode step in each layout
 #   prefillcompiled4   prefilltuned4 with our stack also timed under torch.compile (path jointtune_compiled)
-#   prefillkernels4    the prefill cell at TP=4 from $BUNDLE (default: the committed recheck store's, prefill shapes
-#                      included), each path's step profiled kernel by kernel (--kernels), no breakdown
-#   kernels4           decode cells at 4K KV, TP=4, from $BUNDLE (default: the committed recheck decode_mini one), each
+#   prefillkernels4    prefilltuned4's prefill cell with each path's step profiled kernel by kernel (--kernels), no
+#                      breakdown
+#   kernels4           decode cells at 4K KV, TP=4, from mini4's store (swept first where missing) or $BUNDLE, each
 #                      path's step profiled kernel by kernel (--kernels: step_kernels.py), no breakdown; BATCHES and
 #                      PATHS (decoder_layers.py's --batches, --paths) narrow it, LIMIT (s) bounds it
 #   mini4              the standard layout's row-parallel shapes only (bench/e2e/decode_mini/MODEL_tpW.yaml, 8-12 trials a
@@ -84,8 +84,8 @@ prefill_tuned() { # W GPUS PORT: tune $MODEL's prefill shapes (4096 tokens, both
     --kv-lens 4096 --timing graph --trials 8 --db "sqlite:///$db" > "$log" 2>&1
   echo "exit $? after: tune --model $MODEL --tp $1 --tokens 4096 (124: stopped at its limit; run the phase again, it resumes)"
   tail -n 30 "$log"; pack
-  CUDA_VISIBLE_DEVICES=$2 STORE="sqlite:///$db" e2e 270 "$1" prefill_tuned "$3" --prefill 4096 --batches '' \
-    --no-compile-check ${PREFILL_PATHS:+--paths $PREFILL_PATHS}
+  CUDA_VISIBLE_DEVICES=$2 STORE="sqlite:///$db" e2e 270 "$1" "${PREFILL_NAME:-prefill_tuned}" "$3" --prefill 4096 \
+    --batches '' --no-compile-check ${PREFILL_PATHS:+--paths $PREFILL_PATHS} ${PREFILL_ARGS}
 }
 for phase in "$@"; do
   case $phase in
@@ -100,9 +100,11 @@ for phase in "$@"; do
       wait ;;
     compile4) e2e 300 4 compile 29706 --prefill 0 --batches '' --paths jointtune ;;
     compile2) CUDA_VISIBLE_DEVICES=0,1 e2e 300 2 compile 29707 --prefill 0 --batches '' --paths jointtune ;;
-    kernels4) BUNDLE=${BUNDLE:-bench/results/tuned_llama-3-70b_tp4_decode_mini_prefill_recheck_h100_2026-11-27.json} \
-      e2e ${LIMIT:-345} 4 decode_kernels 29716 --prefill 0 --batches ${BATCHES:-1,8,32} --kv-lens 4096 --no-compile-check \
-      --no-breakdown --kernels --paths ${PATHS:-jointtune,torch,async_tp} ;;
+    kernels4)  # from the decode_mini store of this tree's kernels (swept first where missing, as mini4), or $BUNDLE
+      cells=(--prefill 0 --batches "${BATCHES:-1,8,32}" --kv-lens 4096 --no-compile-check --no-breakdown --kernels
+        --paths "${PATHS:-jointtune,torch,async_tp}")
+      if [ -n "$BUNDLE" ]; then e2e "${LIMIT:-345}" 4 decode_kernels 29716 "${cells[@]}"
+      else mini llama-3-70b 4 0,1,2,3 29716 decode_kernels "${LIMIT:-345}" "${cells[@]}"; fi ;;
     mini4) mini llama-3-70b 4 0,1,2,3 29708 ;;
     mini2)
       mini llama-3-70b 2 0,1 29709 &
@@ -121,11 +123,10 @@ for phase in "$@"; do
       PREFILL_PATHS=jointtune,jointtune_compiled,torch,async_tp prefill_tuned 4 0,1,2,3 29717 ;;
     prefillkernels4)  # the prefill cell's steps kernel by kernel (--kernels, no breakdown): where our sequence-
       # parallel step spends the ~250 µs a layer the breakdown finds outside its timed ops (2026-11-27), beside the
-      # torch layer's and async-TP's steps; from $BUNDLE (default: the store prefillcompiled4 tuned, prefill shapes
-      # included), so nothing is tuned first
-      BUNDLE=${BUNDLE:-bench/results/tuned_llama-3-70b_tp4_decode_mini_prefill_recheck_h100_2026-11-27.json} \
-        e2e ${LIMIT:-300} 4 prefill_kernels 29718 --prefill 4096 --batches '' --no-compile-check --no-breakdown \
-        --kernels --paths ${PATHS:-jointtune,torch,async_tp} ;;
+      # torch layer's and async-TP's steps; the prefill shapes tuned into the TP=4 decode_mini store first, as
+      # prefilltuned4 does (resumes; after kernels4 or mini4 in the same call the store is there)
+      PREFILL_NAME=prefill_kernels PREFILL_PATHS=jointtune,torch,async_tp PREFILL_ARGS="--kernels --no-breakdown" \
+        prefill_tuned 4 0,1,2,3 29718 ;;
     compile2mini)  # torch.compile(fullgraph=True) of $MODEL's TP=2 stack from its decode_mini store, on GPUs 0,1
       mini "$MODEL" 2 0,1 29712 compile 300 --prefill 0 --batches '' --paths jointtune
       ;;

@@ -42,6 +42,7 @@ from jointtune.kernels.runtime.meet import (
     MEET_WARPS,
     exact_deltas,
     launch_programs,
+    pushed_steps,
     signal_buffer,
     world_p2,
 )
@@ -52,7 +53,6 @@ from jointtune.kernels.runtime.signals import (
     wait_chunks_kernel,
 )
 from jointtune.kernels.runtime.symm import (
-    ALIGN,
     Inbox,
     call_state,
     cdiv,
@@ -417,20 +417,17 @@ class MeetPlan:
         stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
         if cfg.landing == "inbox":
             self.gathered = [torch.empty((s.M, s.K), dtype=s.dtype, device=world.device) for _ in world.local_ranks]
-            slot = slot_elems(s.R, s.K)
-            box = world.symmetric("ag_gemm.meet_inbox", (2 * s.W * slot,), s.dtype)
+            box = inbox(world, "ag_gemm.meet", s.R, s.K, s.dtype, halves=2)
             state = call_state(world)
-            # (PUSH, COPY, MEET, EPOCH) of each launch per rank: one where ranks run at once; on a sequential world
-            # every rank's push before any rank's copy
-            steps = [(True, True, True, 1)] if world.concurrent else [(True, False, False, 1), (False, True, False, 2)]
+            steps = pushed_steps(world)  # the consuming step copies the peers' rows into the gathered buffer
             self.phases: list[list[Launch]] = [[] for _ in steps]
             for i, r in enumerate(world.local_ranks):
                 for n, (push, copy, meet, epoch) in enumerate(steps):
                     args = inbox_meet_args(
-                        s.R, s.K, s.W, a=stand_in, gathered=self.gathered[i], inbox=box.tensors[i],
-                        inbox_deltas=peer_deltas(world, box, i), signals=signals.tensors[i],
-                        signal_deltas=exact_deltas(world, signals, i), state=state.counters[i], rank=r, slot=slot,
-                        half_stride=box.numel // 2 // ALIGN * ALIGN, push=push, copy=copy, meet=meet, epoch=epoch,
+                        s.R, s.K, s.W, a=stand_in, gathered=self.gathered[i], inbox=box.base(i),
+                        inbox_deltas=box.deltas[i], signals=signals.tensors[i],
+                        signal_deltas=exact_deltas(world, signals, i), state=state.counters[i], rank=r, slot=box.slot,
+                        half_stride=box.half_stride, push=push, copy=copy, meet=meet, epoch=epoch,
                     )  # fmt: skip
                     self.phases[n].append(Launch(ag_gemm_inbox_meet_kernel, programs, args, slots=("a_ptr",)))
             return

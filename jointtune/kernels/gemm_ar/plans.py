@@ -36,10 +36,11 @@ from jointtune.kernels.runtime.meet import (
     MEET_WARPS,
     exact_deltas,
     launch_programs,
+    pushed_steps,
     signal_buffer,
     world_p2,
 )
-from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, peer_deltas, slot_elems
+from jointtune.kernels.runtime.symm import ALIGN, call_state, cdiv, flags, inbox, peer_deltas, slot_elems
 from jointtune.kernels.runtime.world import SymmetricBuffer, World
 
 Tensors = list[torch.Tensor]
@@ -205,20 +206,19 @@ class MeetPlan:
     rank's inbox half (by the device epoch), meets once, and sums its own inbox."""
 
     def __init__(self, world: World, s: ArShape, cfg: GemmArConfig, eps: float) -> None:
-        M, N, W = s.M, s.N, s.W
+        M, N = s.M, s.N
         two_shot, pushed = cfg.mode == "two_shot", cfg.transport == "barrier_push"
         if two_shot and pushed:  # the space refuses it too (barrier_push_one_shot): this plan has no pushed two-shot
             raise SpaceError('transport: "barrier_push" is not allowed with mode="two_shot"; allowed: mode="one_shot"')
         stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
         dummy = world.int_table((0,))
-        slot = slot_elems(M, N)
         if pushed:
             self.partials = [torch.empty((M, N), dtype=s.dtype, device=world.device) for _ in world.local_ranks]
-            box = world.symmetric("gemm_ar.meet_inbox", (2 * W * slot,), s.dtype)
+            box = inbox(world, "gemm_ar.meet", M, N, s.dtype, halves=2)
             state = call_state(world)
             data = None
         else:
-            data = world.symmetric("gemm_ar.meet_partial", (slot,), s.dtype)
+            data = world.symmetric("gemm_ar.meet_partial", (slot_elems(M, N),), s.dtype)
             self.partials = [data.view(i, (M, N)) for i in range(len(world.local_ranks))]
         rms = world.symmetric("gemm_ar.meet_rms", (slot_elems(M, 1),), torch.float32) if two_shot and s.norm \
             else None  # fmt: skip
@@ -226,12 +226,8 @@ class MeetPlan:
         programs = meet_programs(cfg, s)
         # (PUSH, REDUCE, GATHER, MEET, EPOCH) of each launch per rank; a sequential world runs every rank's push (or
         # reduce) launch before any rank's reduce (or gather) launch, and meets no one
-        if pushed:
-            steps = (
-                [(True, True, False, True, 1)]
-                if world.concurrent
-                else [(True, False, False, False, 1), (False, True, False, False, 2)]
-            )
+        if pushed:  # the consuming step reduces the own inbox
+            steps = [(push, reduce, False, meet, epoch) for push, reduce, meet, epoch in pushed_steps(world)]
         else:
             steps = [(False, True, two_shot, True, 0)]
             if not world.concurrent:
@@ -246,10 +242,10 @@ class MeetPlan:
                     rms=rms.tensors[i] if rms else stand_in.float(),
                     rms_deltas=peer_deltas(world, rms, i) if rms else dummy, signals=signals.tensors[i],
                     signal_deltas=exact_deltas(world, signals, i), stand_in=stand_in, rank=r, reduce=reduce,
-                    gather=gathers, meet=meet, eps=eps, inbox=box.tensors[i] if pushed else stand_in,
-                    inbox_deltas=peer_deltas(world, box, i) if pushed else dummy,
-                    state=state.counters[i] if pushed else dummy, slot=slot if pushed else 0,
-                    half_stride=box.numel // 2 // ALIGN * ALIGN if pushed else 0, push=push, epoch=epoch,
+                    gather=gathers, meet=meet, eps=eps, inbox=box.base(i) if pushed else stand_in,
+                    inbox_deltas=box.deltas[i] if pushed else dummy,
+                    state=state.counters[i] if pushed else dummy, slot=box.slot if pushed else 0,
+                    half_stride=box.half_stride if pushed else 0, push=push, epoch=epoch,
                 )  # fmt: skip
                 self.phases[n].append(Launch(gemm_ar_meet_kernel, programs, args, slots=self.slots))
 

@@ -45,6 +45,7 @@ from jointtune.kernels.runtime.meet import (
     MEET_WARPS,
     exact_deltas,
     launch_programs,
+    pushed_steps,
     signal_buffer,
     world_p2,
 )
@@ -296,22 +297,19 @@ class MeetPlan:
         signals = signal_buffer(world, "gemm_rs.meet_signals")
         programs = meet_programs(cfg, s)
         stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
-        # (PUSH, SUM, MEET, EPOCH) of each push launch per rank: one launch where ranks run at once; on a sequential
-        # world every rank's push before any rank's sum
-        steps = [(True, True, True, 1)] if world.concurrent else [(True, False, False, 1), (False, True, False, 2)]
+        steps = pushed_steps(world)  # the consuming step sums the own inbox
         self.phases: list[list[Launch]] = [[] for _ in (steps if self.push else [None])]
         if self.push:
             self.partials = [torch.empty((s.M, s.N), dtype=s.dtype, device=world.device) for _ in world.local_ranks]
-            slot = slot_elems(s.R, s.N)
-            box = world.symmetric("gemm_rs.meet_inbox", (2 * s.W * slot,), s.dtype)
+            box = inbox(world, "gemm_rs.meet", s.R, s.N, s.dtype, halves=2)
             state = call_state(world)
             for i, r in enumerate(world.local_ranks):
                 for n, (push, total, meet, epoch) in enumerate(steps):
                     args = push_meet_args(
-                        s, part=self.partials[i], inbox=box.tensors[i], inbox_deltas=peer_deltas(world, box, i),
+                        s, part=self.partials[i], inbox=box.base(i), inbox_deltas=box.deltas[i],
                         signals=signals.tensors[i], signal_deltas=exact_deltas(world, signals, i),
-                        state=state.counters[i], out=stand_in, rank=r, slot=slot,
-                        half_stride=box.numel // 2 // ALIGN * ALIGN, push=push, total=total, meet=meet, epoch=epoch,
+                        state=state.counters[i], out=stand_in, rank=r, slot=box.slot, half_stride=box.half_stride,
+                        push=push, total=total, meet=meet, epoch=epoch,
                     )  # fmt: skip
                     self.phases[n].append(Launch(gemm_rs_push_meet_kernel, programs, args, slots=("out_ptr",)))
             return

@@ -75,6 +75,15 @@ def inbox_slot(inbox_ptr, inbox_deltas_ptr, q, half, slot64, rank):
     return inbox_ptr + (tl.load(inbox_deltas_ptr + q) // 16) * 16 + half + rank * slot64
 
 
+def pushed_steps(world: World) -> list[tuple[bool, bool, bool, int]]:
+    """(PUSH, CONSUME, MEET, EPOCH) of each launch a pushed exchange issues per rank: one launch that pushes, meets
+    once and consumes its inbox where the ranks run at once; on a sequential world (one process drives every rank)
+    a push launch on every rank, then a consuming one on every rank, meeting no one."""
+    if world.concurrent:
+        return [(True, True, True, 1)]
+    return [(True, False, False, 1), (False, True, False, 2)]
+
+
 def launch_programs(wanted: int, items: int, field: str, mode: str) -> int:
     """A meeting launch's programs: `wanted` (the config's `field`), but none without an item of its own (one that
     would only meet); every rank launches as many, so namesakes exist to meet. SpaceError past the signal slots."""
@@ -110,6 +119,7 @@ __all__ = [
     "inbox_slot",
     "launch_programs",
     "meet",
+    "pushed_steps",
     "signal_buffer",
     "triton",
     "world_p2",
