@@ -66,9 +66,38 @@ def step_kernels(fns: Mapping[str, Callable[[], Any] | None], world: Any, *,
                          round(sum(sum(v) for _, v in rest) / replays, 2), None])  # fmt: skip
         out[name] = {"busy_us": round(busy, 2), "span_us": round(span, 2), "kernels": round(len(kernels) / replays, 2),
                      "busy_us_max": round(slowest_rank(world, busy), 2),
-                     "span_us_max": round(slowest_rank(world, span), 2), "top": rows}  # fmt: skip
+                     "span_us_max": round(slowest_rank(world, span), 2), "top": rows,
+                     **_timeline(graph, world)}  # fmt: skip
         del graph
     return out
+
+
+def _timeline(graph: Any, world: Any) -> dict[str, Any]:
+    """One more replay, profiled alone: its kernels in start order as [name, stream, start µs from the first kernel,
+    µs], and the time no kernel ran on any stream (`idle_us`: the span less the union of the kernels' intervals).
+    Sums say how long each kernel took; the order and the idle time say which of them the step waited on."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    barrier(world)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    barrier(world)
+    kernels = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+    if not kernels:
+        return {}
+    t0 = kernels[0].time_range.start
+    rows = [[e.name[:80], getattr(e, "device_resource_id", None), round(e.time_range.start - t0, 2),
+             round(e.time_range.end - e.time_range.start, 2)] for e in kernels]  # fmt: skip
+    covered, reach = 0.0, t0
+    for e in kernels:  # the union of [start, end) over every stream, in start order
+        start, end = max(e.time_range.start, reach), e.time_range.end
+        if end > start:
+            covered += end - start
+            reach = end
+    span = max(e.time_range.end for e in kernels) - t0
+    return {"timeline": rows, "timeline_span_us": round(span, 2), "idle_us": round(span - covered, 2)}
 
 
 __all__ = ["step_kernels"]

@@ -30,8 +30,9 @@ RS_BARRIERS=$(python3 -c 'import json; print(json.dumps([{"mode": "barrier", "tr
 # GEMM + all-reduce: one-shot pushed before one meeting at 32, 64, 128 programs, and two-shot's barrier exchange
 AR_PUSHES='[{"mode": "one_shot", "gemm": "cublas", "transport": "barrier_push", "comm_sms": 32}, {"mode": "one_shot", "gemm": "cublas", "transport": "barrier_push", "comm_sms": 64}, {"mode": "one_shot", "gemm": "cublas", "transport": "barrier_push", "comm_sms": 128}, {"mode": "two_shot", "gemm": "cublas", "transport": "barrier", "comm_sms": 64}]'
 AR_FEW=8x8192x8192,32x8192x8192,64x8192x8192,128x8192x8192
-# AG+GEMM's barrier launch: both landings (the inbox at 32, 64 and 128 programs)
-AG_BARRIERS='[{"mode": "barrier", "landing": "direct", "barrier_sms": 64}, {"mode": "barrier", "landing": "inbox", "barrier_sms": 32}, {"mode": "barrier", "landing": "inbox", "barrier_sms": 64}, {"mode": "barrier", "landing": "inbox", "barrier_sms": 128}]'
+# AG+GEMM's barrier launch: the direct landing at 64 programs, the inbox at 64 and 128
+# and the landing as tagged words (LL, no meeting) at 32, 64 and 128 programs
+AG_BARRIERS='[{"mode": "barrier", "landing": "direct", "barrier_sms": 64}, {"mode": "barrier", "landing": "inbox", "barrier_sms": 64}, {"mode": "barrier", "landing": "inbox", "barrier_sms": 128}, {"mode": "barrier", "landing": "ll", "barrier_sms": 32}, {"mode": "barrier", "landing": "ll", "barrier_sms": 64}, {"mode": "barrier", "landing": "ll", "barrier_sms": 128}]'
 # issue 31's remaining GEMM cells (M 16, 32 and 1024 at the three (N, K)) and Flash-Decode's long caches with the user's
 # SDPA path as an anchor (two 32K shapes again, to set that anchor beside the earlier runs)
 SMALL=16x8192x8192,32x8192x8192,16x6144x4096,32x6144x4096,16x4096x14336,32x4096x14336,1024x6144x4096,1024x4096x14336
@@ -109,7 +110,7 @@ for phase in "$@"; do
       wait ;;
     agbar4)  # AG+GEMM's barrier launch (issue 36) at W=4: the decode shapes and 16, 32 rows, both landings, against
       # the unfused paths (`AG_MODES` adds modes: push_cublas,push ran beside it in the first such run), replay stress
-      fo 200 4 ag_gemm "$DECODE,$RS_FEW" ag_gemm_barrier_w4.json --modes "barrier,baseline${AG_MODES:+,$AG_MODES}" \
+      fo 260 4 ag_gemm "$DECODE,$RS_FEW" ag_gemm_barrier_w4.json --modes "barrier,baseline${AG_MODES:+,$AG_MODES}" \
         --per-mode 1 --configs "$AG_BARRIERS" --stress 100 --item-timeout 60 ;;
     agbar2)  # the same at W=2, the shapes split between GPUs 0,1 and 2,3 (side by side: their NVLink traffic never
       # shares a GPU)

@@ -14,7 +14,9 @@ Dims M, N, K are global; R = M / W rows per rank, N_r = N / W columns per rank. 
             each way, `kernels.runtime.meet`), then one cuBLAS GEMM of all M rows: push_cublas's gathered order
             without flags or entry handshake (as GEMM+RS's barrier mode). `landing=direct`: straight into every
             rank's gathered buffer, between two meetings; `inbox`: into inbox halves alternating by the call's
-            epoch, before one meeting, then copied locally into the gathered buffer;
+            epoch, before one meeting, then copied locally into the gathered buffer; `ll`: into inbox halves as
+            64-bit words of two values and the call's tag (`kernels.runtime.ll`), which the rank polls into its
+            gathered buffer: no meeting, twice the bytes;
   ce        the copy engine gathers A in `ce_chunks` chunks per peer shard; a Triton tile GEMM or
             cuBLAS (`ce_consumer`) consumes each chunk after it lands;
   baseline  an all-gather, then one cuBLAS GEMM: the unfused path, its `collective` NCCL's default or symmetric
@@ -50,6 +52,13 @@ CHUNK_MAX = 8192
 LOCAL_FIRST_FROM_ROWS = 2048
 #: rows per rank up to which the default is the barrier launch (measured to 128 rows a rank: 256 at W=2)
 BARRIER_MAX_ROWS = 128
+#: values a rank sends per call ((W - 1) x R x K, 8 bytes a pair as LL words) up to which the barrier launch's default
+#: landing is LL words, and up to which the seeds try them. On 4x H100 (graph replay) LL beat the inbox by 0.8-2.0 µs
+#: up to 2**17 (16 rows of K=8192 at W=4, 16 and 32 rows at W=2), by 0-0.4 µs at 1.5-2 x 2**17 (32 rows at W=4, 64
+#: at W=2, 128 x 4096 at W=2), and lost by 2.5-20 µs from 3 x 2**17 (the doubled bytes, stored 8 bytes a thread;
+#: bench/results/ag_gemm_barrier_ll_w*_4xH100_2026-11-27.json)
+LL_DEFAULT_MAX_SENT = 1 << 17
+LL_SEED_MAX_SENT = 1 << 18
 
 
 def _default(ctx: Context) -> dict[str, Value]:
@@ -58,7 +67,8 @@ def _default(ctx: Context) -> dict[str, Value]:
     Up to BARRIER_MAX_ROWS rows per rank: the barrier launch, its rows landing in inbox halves, on 64 programs (4x
     H100, graph replay: 1.02-1.10x the best unfused path at W=4 and 1.06-1.21x at W=2 at 16-256 rows of the decode
     shapes, where push_cublas took 0.80-0.94x at W=4 in the run before;
-    bench/results/ag_gemm_barrier_*_4xH100_2026-11-27.json).
+    bench/results/ag_gemm_barrier_*_4xH100_2026-11-27.json), or as LL words where a rank sends few enough values
+    (`LL_DEFAULT_MAX_SENT`).
     Below 2048 rows per rank: `comm_sms` programs push every row and one cuBLAS GEMM reads B once (2x H200: 1.18-1.20x
     NCCL + cuBLAS at M=128, 1.13x at M=1024, and the cheapest call to issue; bench/results/ag_gemm_*_push-cublas*).
     From 2048 rows: the copy engine pushes two chunks per rank while cuBLAS multiplies the local rows (within 1% of
@@ -69,7 +79,7 @@ def _default(ctx: Context) -> dict[str, Value]:
     if ctx["W"] == 1 or ctx["num_sms"] < 4:
         return {"mode": "baseline"}
     if R <= BARRIER_MAX_ROWS:
-        return _barrier(ctx)
+        return _barrier(ctx, "ll" if _sent(ctx) <= LL_DEFAULT_MAX_SENT else "inbox")
     if R < LOCAL_FIRST_FROM_ROWS:
         sms = 1 << (min(32, ctx["num_sms"] // 4).bit_length() - 1)  # a power of two <= num_sms // 4
         return {"mode": "push_cublas", "push_by": "sm", "gemm_order": "gathered", "comm_sms": sms}
@@ -80,13 +90,19 @@ def _default(ctx: Context) -> dict[str, Value]:
 
 
 def _seeds(ctx: Context) -> list[dict[str, Value]]:
-    """The barrier launch first, up to 1024 rows (`_default`). Up to 128 rows: the Triton modes with one row tile over
-    all M rows (B read once; at one rank push took 1.13-1.19x cuBLAS with it, 1.69x faster than with 64-row tiles:
-    bench/results/ag_gemm_small_m_w1_1xH200_2026-11-24.json), split over K where its column tiles (N / W of them)
-    leave SMs idle (`row_tile`)."""
+    """The barrier launch first, up to 1024 rows, its landing as the default's, then the other of inbox and LL words
+    where few enough values travel for LL to be close (`LL_SEED_MAX_SENT`). Up to 128 rows: the Triton modes with one
+    row tile over all M rows (B read once; at one rank push took 1.13-1.19x cuBLAS with it, 1.69x faster than with
+    64-row tiles: bench/results/ag_gemm_small_m_w1_1xH200_2026-11-24.json), split over K where its column tiles (N / W
+    of them) leave SMs idle (`row_tile`)."""
     if ctx["W"] == 1:
         return []
-    barrier = [_barrier(ctx)] if ctx["M"] <= 1024 else []
+    barrier = []
+    if ctx["M"] <= 1024:
+        first = "ll" if _sent(ctx) <= LL_DEFAULT_MAX_SENT else "inbox"
+        barrier = [_barrier(ctx, first)]
+        if _sent(ctx) <= LL_SEED_MAX_SENT:
+            barrier.append(_barrier(ctx, "inbox" if first == "ll" else "ll"))
     if ctx["M"] > 128:
         return barrier
     tile = row_tile(ctx["M"], ctx, cols="N_r", depth="K")
@@ -97,13 +113,19 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
     ]
 
 
-def _barrier(ctx: Context) -> dict[str, Value]:
-    """The barrier launch landing in inbox halves on 64 programs (at most half the SMs): on 4x H100 the inbox beat the
-    direct landing by 0.3-1.8 µs at every decode shape, W=2 and W=4, with 64 and 128 programs within 1 µs and 32
-    behind at 128-256 rows (bench/results/ag_gemm_barrier_inbox_w*_4xH100_2026-11-27.json)."""
+def _sent(ctx: Context) -> int:
+    """Values of A a rank sends to its peers per call."""
+    return (ctx["W"] - 1) * ctx["R"] * ctx["K"]
+
+
+def _barrier(ctx: Context, landing: str = "inbox") -> dict[str, Value]:
+    """The barrier launch on 64 programs (at most half the SMs), landing in inbox halves or as LL words: on 4x H100
+    the inbox beat the direct landing by 0.3-1.8 µs at every decode shape, W=2 and W=4, with 64 and 128 programs
+    within 1 µs and 32 behind at 128-256 rows (bench/results/ag_gemm_barrier_inbox_w*_4xH100_2026-11-27.json); LL
+    words: `LL_DEFAULT_MAX_SENT`."""
     return {
         "mode": "barrier",
-        "landing": "inbox",
+        "landing": landing,
         "barrier_sms": 1 << (min(64, max(1, ctx["num_sms"] // 2)).bit_length() - 1),
     }
 
@@ -141,8 +163,8 @@ def default_chunk_m(R: int) -> int | None:
 AG_GEMM = family_space(
     "ag_gemm",
     dims=("M", "N", "K"),
-    revision=6,  # 2: SPLIT_K (split-K tiles) and its depth rule; 3: push_cublas; 4: one 16-row chunk below 16 rows;
-    # 5: the baseline's collective; 6: mode barrier, barrier_sms
+    revision=7,  # 2: SPLIT_K (split-K tiles) and its depth rule; 3: push_cublas; 4: one 16-row chunk below 16 rows;
+    # 5: the baseline's collective; 6: mode barrier, barrier_sms; 7: landing ll
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         mode_param("how A's shards reach the GEMM: fused pull/push, pushed to cuBLAS, copy engine, or NCCL", MODES),
@@ -170,10 +192,11 @@ AG_GEMM = family_space(
         ),
         categorical(
             "landing",
-            ("direct", "inbox"),
+            ("direct", "inbox", "ll"),
             when=when(mode="barrier"),
-            doc="where the barrier launch's pushed rows land: in the buffer cuBLAS reads (two meetings), or in an "
-            "inbox half by the call's epoch (one meeting, then a local copy)",
+            doc="where the barrier launch's pushed rows land: in the buffer cuBLAS reads (two meetings), in an "
+            "inbox half by the call's epoch (one meeting, then a local copy), or in an inbox half as words tagged "
+            "with the call (no meeting: the rank polls them, then copies)",
         ),
         pow2(
             "barrier_sms",

@@ -32,6 +32,9 @@ CONFIGS = {
     # into inbox halves by the epoch, one meeting, a local copy
     "barrier_inbox": dict(mode="barrier", landing="inbox", barrier_sms=2),
     "barrier_inbox_wide": dict(mode="barrier", landing="inbox", barrier_sms=128),
+    # into inbox halves as words tagged with the call, polled, no meeting (odd R x K: the last word half empty)
+    "barrier_ll": dict(mode="barrier", landing="ll", barrier_sms=2),
+    "barrier_ll_wide": dict(mode="barrier", landing="ll", barrier_sms=128),
 }
 TOL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
 #: (W, R, K, N_r): rows a multiple of 16 (chunks of 16 divide them), and ragged (one chunk of 16 per rank)

@@ -58,6 +58,7 @@ CONFIGS = [
     dict(family="gemm_rs", mode="barrier", transport="pull", reduce_sms=64),
     dict(family="ag_gemm", mode="barrier", landing="direct", barrier_sms=64),
     dict(family="ag_gemm", mode="barrier", landing="inbox", barrier_sms=32),
+    dict(family="ag_gemm", mode="barrier", landing="ll", barrier_sms=64),
     dict(family="gemm_rs", mode="barrier", transport="push", reduce_sms=32),
     # Flash-Decode: every mode (its decode, combine and one-launch kernels, and the push of wait mode), GQA groups
     # of 8 and 1 head per program, both dtypes, head dims 64 and 128

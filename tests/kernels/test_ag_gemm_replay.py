@@ -35,10 +35,11 @@ CONFIGS = {
     "push_cublas_ce_gathered": dict(mode="push_cublas", push_by="ce", gemm_order="gathered"),
     "barrier": dict(mode="barrier", landing="direct", barrier_sms=4),
     "barrier_inbox": dict(mode="barrier", landing="inbox", barrier_sms=4),
+    "barrier_ll": dict(mode="barrier", landing="ll", barrier_sms=4),
 }
 FLAGGED = {"push", "push_split_k", "push_cublas_sm", "push_cublas_ce", "push_cublas_sm_gathered",
            "push_cublas_ce_gathered"}  # fmt: skip
-EPOCHED = {"barrier_inbox"}
+EPOCHED = {"barrier_inbox", "barrier_ll"}
 TOL = 1.5e-2
 
 
@@ -127,7 +128,7 @@ def test_two_graphs_of_other_shapes_and_configs_alternate(W):
     world = create_world("local", world_size=W)
     pairs = [("push_cublas_sm_gathered", "push"), ("push_cublas_ce", "push_cublas_sm_gathered"),
              ("push_cublas_sm", "push_cublas_ce_gathered"), ("pull", "ce_triton"), ("barrier_inbox", "barrier"),
-             ("push", "barrier_inbox")]  # fmt: skip
+             ("push", "barrier_inbox"), ("barrier_ll", "barrier_inbox"), ("push_cublas_sm", "barrier_ll")]  # fmt: skip
     for first, second in pairs:
         one, two = Call(world, 32, 48, 32, seed=4), Call(world, 16, 40, 48, seed=5)
         g1, g2 = _captured(one, CONFIGS[first]), _captured(two, CONFIGS[second])

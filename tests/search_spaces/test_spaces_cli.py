@@ -64,7 +64,7 @@ def test_list_and_show(invoke, kernelless) -> None:
     assert rows[0] == {
         "name": "ag_gemm",
         "version": get_space("ag_gemm").version,
-        "revision": 6,
+        "revision": 7,
         "dims": ["M", "N", "K"],
         "params": 17,
         "kernels": ["ag_gemm"],

@@ -42,7 +42,7 @@ def test_ag_gemm_params_are_exactly_the_kernel_contract() -> None:
         "num_stages": (2, 3, 4, 5, 6),
         "SPLIT_K": (1, 2, 4, 8),
         "comm_sms": (1, 2, 4, 8, 16, 32),
-        "landing": ("direct", "inbox"),
+        "landing": ("direct", "inbox", "ll"),
         "barrier_sms": (1, 2, 4, 8, 16, 32, 64, 128),
         "chunk_m": (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
     }
@@ -116,8 +116,8 @@ def test_version_is_pinned_so_a_changed_space_is_noticed() -> None:
     # then update the pinned value. Stored records are keyed by these versions.
     assert {name: get_space(name).version for name in ("ag_gemm", "gemm_rs", "flash_decode", "gemm_ar")} == {
         # revision 5 (the baseline's collective) changed it from 1276c44a5e54; revision 6 (mode barrier, barrier_sms)
-        # from 92a31e42db9c
-        "ag_gemm": "ae63f5f583a7",
+        # from 92a31e42db9c; revision 7 (landing ll) from ae63f5f583a7
+        "ag_gemm": "ec5b5faee18f",
         # revision 3 (the kernel's modes: atomic, pull_cublas, reduce_sms, tile_order; chunk_fits_rows,
         # reduce_sms_budget, atomic_tile; no comm_sms) changed it from 1fd89d6bea81; revision 4 (no atomic_tile)
         # from f8b5ac3391ee; revision 5 (reduce_by) from 7685ce476574; revision 6 (the baseline's collective) from
@@ -575,7 +575,7 @@ def test_anchor_counts_are_fast_and_add_up() -> None:
         "pull": tiles,
         "push": tiles * 6 * 9,
         "push_cublas": push_cublas,
-        "barrier": 16,  # barrier_sms 1..128, two landings
+        "barrier": 24,  # barrier_sms 1..128, three landings
         "ce": 4 * (tiles + 1),
         "baseline": 3,
     }
@@ -625,10 +625,17 @@ def test_seeds_are_valid_configs_of_their_regime_and_leave_the_version_alone() -
     assert ag.seeds(ag.make_problem("1024x8192x8192", dtype="bf16", world_size=2), HOPPER) == [
         {"mode": "barrier", "landing": "inbox", "barrier_sms": 64}
     ]
+    # LL words where a rank sends few values: the default's landing first, then the other (measured: the space's doc)
+    landings = {(M, W): [s["landing"] for s in ag.seeds(ag.make_problem(f"{M}x8192x8192", dtype="bf16",
+                                                                       world_size=W), HOPPER) if s["mode"] == "barrier"]
+                for M, W in ((16, 4), (32, 4), (64, 4), (32, 2), (64, 2), (128, 2))}  # fmt: skip
+    assert landings == {(16, 4): ["ll", "inbox"], (32, 4): ["inbox", "ll"], (64, 4): ["inbox"],
+                        (32, 2): ["ll", "inbox"], (64, 2): ["inbox", "ll"], (128, 2): ["inbox"]}  # fmt: skip
     # split over K only where the column tiles leave three quarters of the SMs idle: AG+GEMM's 2048 columns per rank
     # at W=4 (32 tiles of 64 on 132 SMs) split 4; its 4096 at W=2 and GEMM+RS's 8192 not at all
     for W, split in ((4, 4), (2, 1)):
-        seeds = ag.seeds(ag.make_problem("64x8192x8192", dtype="bf16", world_size=W), HOPPER)[1:]  # after the barrier
+        seeds = [s for s in ag.seeds(ag.make_problem("64x8192x8192", dtype="bf16", world_size=W), HOPPER)
+                 if s["mode"] != "barrier"]  # fmt: skip
         assert [(s["mode"], s["SPLIT_K"]) for s in seeds] == [("push", split), ("pull", split)], W
     assert {s["SPLIT_K"] for s in rs.seeds(decode, HOPPER)[1:]} == {1}
     assert get_space("flash_decode").seeds(anchor_problems(["flash_decode"])[0][1], HOPPER) == []

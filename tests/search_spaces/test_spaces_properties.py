@@ -208,9 +208,10 @@ def test_default_is_always_valid(named, limits: DeviceLimits) -> None:
         rows, w = problem.dim("M") // problem.world_size, problem.world_size
         if w == 1 or limits.num_sms < 4:
             assert default == {"mode": "baseline", "collective": "nccl"}
-        elif rows <= 128:  # the barrier launch, landing in inbox halves, on 64 programs (at most half the SMs)
+        elif rows <= 128:  # the barrier launch on 64 programs (at most half the SMs), LL words where few values travel
             sms = min(64, 1 << (limits.num_sms // 2).bit_length() - 1)
-            assert default == {"mode": "barrier", "landing": "inbox", "barrier_sms": sms}
+            landing = "ll" if (w - 1) * rows * problem.dim("K") <= 1 << 17 else "inbox"
+            assert default == {"mode": "barrier", "landing": landing, "barrier_sms": sms}
         elif rows < 2048:
             assert default["mode"] == "push_cublas" and default["gemm_order"] == "gathered"
             assert default["comm_sms"] == min(32, 1 << (limits.num_sms // 4).bit_length() - 1)

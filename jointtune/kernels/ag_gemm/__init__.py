@@ -10,7 +10,8 @@ as `torch.ops.symm_mem.fused_all_gather_matmul` gives). The config's `mode` pick
   in one GEMM after the gather.
 - barrier: one launch pushes this rank's rows to every rank, its programs meeting their namesakes on every peer
   (`runtime.meet`: into inbox halves by the device epoch before one meeting, then a local copy; or straight into the
-  buffer cuBLAS reads, between two meetings), then one cuBLAS GEMM of all rows.
+  buffer cuBLAS reads, between two meetings; or, meeting no one, as words that carry the call's tag, `runtime.ll`),
+  then one cuBLAS GEMM of all rows.
 - ce: the copy engine pulls peers' rows on a side stream, chunk by chunk; per chunk a Triton tile
   GEMM or cuBLAS consumes it as soon as its event fires. Local rows are multiplied first.
 - baseline: NCCL all-gather, then torch.matmul (kept in the space: tuning never loses to it).

@@ -130,9 +130,14 @@ def standin_launches(cfg: AgGemmConfig, *, M: int, N: int, K: int, world_size: i
     i64, i32, f32 = (torch.zeros(1, dtype=d, device=device) for d in (torch.int64, torch.int32, torch.float32))
     slot = slot_elems(R, K)
     if cfg.mode == "barrier":
+        from jointtune.kernels.ag_gemm.ll_gather import ag_gemm_ll_gather_kernel
         from jointtune.kernels.ag_gemm.meet import ag_gemm_inbox_meet_kernel, ag_gemm_meet_kernel
-        from jointtune.kernels.ag_gemm.plans import inbox_meet_args, meet_args
+        from jointtune.kernels.ag_gemm.plans import inbox_meet_args, ll_gather_args, meet_args
 
+        if cfg.landing == "ll":
+            args = ll_gather_args(R, K, W, a=t, gathered=t, inbox=i64, inbox_deltas=i64, state=i64, rank=0, slot=16,
+                                  half_stride=16, push=True, copy=True, epoch=1)  # fmt: skip
+            return [_split(ag_gemm_ll_gather_kernel, args)]
         if cfg.landing == "inbox":
             args = inbox_meet_args(R, K, W, a=t, gathered=t, inbox=t, inbox_deltas=i64, signals=i32, signal_deltas=i64,
                                    state=i64, rank=0, slot=16, half_stride=16, push=True, copy=True, meet=True,

@@ -11,7 +11,9 @@ call binds the caller's A, B and C and issues them. How each mode keeps a captur
 - push: Triton all the way; inbox halves alternate by the device epoch (`signals`), flags carry it.
 - barrier (`MeetPlan`): one launch pushes this rank's rows into every rank's gathered buffer between two meetings of
   namesake programs (`runtime.meet`; no cross-call state but signals left at 0), or into inbox halves by the device
-  epoch before one meeting, then copies them into a local gathered buffer; then cuBLAS reads all M rows.
+  epoch before one meeting, then copies them into a local gathered buffer, or (`landing="ll"`) into inbox halves as
+  words that carry the call's tag, which the rank polls into its gathered buffer (no meeting); then cuBLAS reads all
+  M rows.
 - push_cublas: cuBLAS reads the inbox (and the copy engine writes it) at fixed addresses, so the inbox
   has one half and the call opens with the entry handshake: a rank writes into a peer only after the
   peer entered the same call, i.e. finished reading the last one. With SMs pushing all rows for one GEMM
@@ -33,10 +35,12 @@ import triton
 
 from jointtune.kernels.ag_gemm.args import AgGemmConfig, Shape, gemm_args, push_args
 from jointtune.kernels.ag_gemm.kernel import ag_gemm_kernel
+from jointtune.kernels.ag_gemm.ll_gather import ag_gemm_ll_gather_kernel
 from jointtune.kernels.ag_gemm.meet import ag_gemm_inbox_meet_kernel, ag_gemm_meet_kernel
 from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.gemm import split_k_workspace
 from jointtune.kernels.runtime.launch import Launch
+from jointtune.kernels.runtime.ll import word_deltas
 from jointtune.kernels.runtime.meet import (
     MEET_BLOCK,
     MEET_WARPS,
@@ -53,6 +57,7 @@ from jointtune.kernels.runtime.signals import (
     wait_chunks_kernel,
 )
 from jointtune.kernels.runtime.symm import (
+    ALIGN,
     Inbox,
     call_state,
     cdiv,
@@ -406,8 +411,9 @@ class PushOpenedPlan:
 
 class MeetPlan:
     """barrier: one launch gathers this rank's rows into every rank's gathered buffer, between two meetings of namesake
-    programs (`landing="direct"`) or through inbox halves by the device epoch, one meeting and a local copy
-    (`landing="inbox"`), then cuBLAS multiplies all M rows."""
+    programs (`landing="direct"`), through inbox halves by the device epoch, one meeting and a local copy
+    (`landing="inbox"`), or as tagged words into inbox halves that the rank polls, meeting no one (`landing="ll"`),
+    then cuBLAS multiplies all M rows."""
 
     def __init__(self, s: Shape, cfg: AgGemmConfig, want_gathered: bool) -> None:
         world = s.world
@@ -415,6 +421,26 @@ class MeetPlan:
         signals = signal_buffer(world, "ag_gemm.meet_signals")
         programs = meet_programs(cfg, s)
         stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
+        if cfg.landing == "ll":
+            self.gathered = [torch.empty((s.M, s.K), dtype=s.dtype, device=world.device) for _ in world.local_ranks]
+            # words of two values and the call's tag (`runtime.ll`), zeroed once: no word carries a call's tag
+            # before that call writes it
+            slot = slot_elems(cdiv(s.R * s.K, 2), 1)
+            words = world.symmetric("ag_gemm.ll_inbox", (2 * s.W * slot,), torch.int64, zero=True)
+            half_stride = words.numel // 2 // ALIGN * ALIGN
+            state = call_state(world)
+            steps = pushed_steps(world)  # the consuming step polls the peers' words into the gathered buffer
+            self.phases = [[] for _ in steps]
+            for i, r in enumerate(world.local_ranks):
+                deltas = word_deltas(world, words, i)
+                for n, (push, copy, _meet, epoch) in enumerate(steps):  # tags, not meetings, say when rows landed
+                    args = ll_gather_args(
+                        s.R, s.K, s.W, a=stand_in, gathered=self.gathered[i], inbox=words.tensors[i],
+                        inbox_deltas=deltas, state=state.counters[i], rank=r, slot=slot, half_stride=half_stride,
+                        push=push, copy=copy, epoch=epoch,
+                    )  # fmt: skip
+                    self.phases[n].append(Launch(ag_gemm_ll_gather_kernel, programs, args, slots=("a_ptr",)))
+            return
         if cfg.landing == "inbox":
             self.gathered = [torch.empty((s.M, s.K), dtype=s.dtype, device=world.device) for _ in world.local_ranks]
             box = inbox(world, "ag_gemm.meet", s.R, s.K, s.dtype, halves=2)
@@ -467,6 +493,18 @@ def inbox_meet_args(R: int, K: int, W: int, *, a: Any, gathered: Any, inbox: Any
         a_ptr=a, gat_ptr=gathered, inbox_ptr=inbox, inbox_deltas_ptr=inbox_deltas, sig_ptr=signals,
         sig_deltas_ptr=signal_deltas, state_ptr=state, R=R, K=K, rank=rank, slot=slot, half_stride=half_stride,
         WORLD=W, WORLD_P2=world_p2(W), BLOCK=MEET_BLOCK, PUSH=push, COPY=copy, MEET=meet, EPOCH=epoch,
+        num_warps=MEET_WARPS, num_stages=1,
+    )  # fmt: skip
+
+
+def ll_gather_args(R: int, K: int, W: int, *, a: Any, gathered: Any, inbox: Any, inbox_deltas: Any, state: Any,
+                   rank: int, slot: int, half_stride: int, push: bool, copy: bool,
+                   epoch: int) -> dict[str, Any]:  # fmt: skip
+    """`ag_gemm_ll_gather_kernel`'s arguments by name (R rows of A a rank, K deep, W ranks; `slot` in words), with the
+    launch options (a meeting launch's shape: its blocks split as the other landings')."""
+    return dict(
+        a_ptr=a, gat_ptr=gathered, inbox_ptr=inbox, inbox_deltas_ptr=inbox_deltas, state_ptr=state, R=R, K=K, rank=rank,
+        slot=slot, half_stride=half_stride, WORLD=W, BLOCK=MEET_BLOCK, PUSH=push, COPY=copy, EPOCH=epoch,
         num_warps=MEET_WARPS, num_stages=1,
     )  # fmt: skip
 
