@@ -55,7 +55,7 @@ BARRIER_MAX_ROWS = 128
 #: values a rank sends per call ((W - 1) x R x K, 8 bytes a pair as LL words) up to which the barrier launch's default
 #: landing is LL words, and up to which the seeds try them. On 4x H100 (graph replay) LL beat the inbox by 0.8-2.0 µs
 #: up to 2**17 (16 rows of K=8192 at W=4, 16 and 32 rows at W=2), by 0-0.4 µs at 1.5-2 x 2**17 (32 rows at W=4, 64
-#: at W=2, 128 x 4096 at W=2), and lost by 2.5-20 µs from 3 x 2**17 (the doubled bytes, stored 8 bytes a thread;
+#: at W=2, 128 x 6144 x 4096 at W=2), and lost by 1.6-14 µs from 3 x 2**17 (the doubled bytes, stored 8 bytes a thread;
 #: bench/results/ag_gemm_barrier_ll_w*_4xH100_2026-11-27.json)
 LL_DEFAULT_MAX_SENT = 1 << 17
 LL_SEED_MAX_SENT = 1 << 18
