@@ -54,9 +54,9 @@ LOCAL_FIRST_FROM_ROWS = 2048
 BARRIER_MAX_ROWS = 128
 #: values a rank sends per call ((W - 1) x R x K, 8 bytes a pair as LL words) up to which the barrier launch's default
 #: landing is LL words, and up to which the seeds try them. On 4x H100 (graph replay) LL beat the inbox by 0.8-2.0 µs
-#: up to 2**17 (16 rows of K=8192 at W=4, 16 and 32 rows at W=2), by 0-0.4 µs at 1.5-2 x 2**17 (32 rows at W=4, 64
-#: at W=2, 128 x 6144 x 4096 at W=2), and lost by 1.6-14 µs from 3 x 2**17 (the doubled bytes, stored 8 bytes a thread;
-#: bench/results/ag_gemm_barrier_ll_w*_4xH100_2026-11-27.json)
+#: up to 2**17 (16 rows of K=8192 at W=4, 16 and 32 rows at W=2), was within 0.4 µs of it either way at 1.5-2 x 2**17
+#: (0.4 ahead at 32 rows of W=4 and 64 of W=2, even at 128 x 6144 x 4096 on W=2), and lost by 1.6-14 µs from
+#: 3 x 2**17 (the doubled bytes; bench/results/ag_gemm_barrier_ll_w*_4xH100_2026-11-27.json)
 LL_DEFAULT_MAX_SENT = 1 << 17
 LL_SEED_MAX_SENT = 1 << 18
 
@@ -90,8 +90,9 @@ def _default(ctx: Context) -> dict[str, Value]:
 
 
 def _seeds(ctx: Context) -> list[dict[str, Value]]:
-    """The barrier launch first, up to 1024 rows, its landing as the default's, then the other of inbox and LL words
-    where few enough values travel for LL to be close (`LL_SEED_MAX_SENT`). Up to 128 rows: the Triton modes with one
+    """The barrier launch first, up to 1024 rows: landing as LL words where a rank sends at most `LL_DEFAULT_MAX_SENT`
+    values (as the default does up to BARRIER_MAX_ROWS rows a rank), else in the inbox; then the other landing where
+    few enough values travel for LL to be close (`LL_SEED_MAX_SENT`). Up to 128 rows: the Triton modes with one
     row tile over all M rows (B read once; at one rank push took 1.13-1.19x cuBLAS with it, 1.69x faster than with
     64-row tiles: bench/results/ag_gemm_small_m_w1_1xH200_2026-11-24.json), split over K where its column tiles (N / W
     of them) leave SMs idle (`row_tile`)."""

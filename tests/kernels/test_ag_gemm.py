@@ -173,8 +173,8 @@ def test_barrier_at_three_ranks(R, K):
     """W = 3, rows whose blocks start unaligned in the gathered buffer (R * K not a multiple of 16), eager calls
     alternating with the copy engine's and NCCL's paths, the gathered A returned."""
     world = create_world("local", world_size=3)
-    names = ("barrier", "barrier_inbox", "push_cublas_ce_gathered", "barrier_wide", "barrier_inbox_wide", "baseline",
-             "barrier_inbox", "barrier")  # fmt: skip
+    names = ("barrier", "barrier_inbox", "push_cublas_ce_gathered", "barrier_wide", "barrier_ll", "barrier_inbox_wide",
+             "baseline", "barrier_ll_wide", "barrier_inbox", "barrier")  # fmt: skip
     for seed, name in enumerate(names):
         a, b = _inputs(3, R, K, 24, torch.bfloat16, seed=seed)
         results = ag_gemm(a, b, world=world, config=CONFIGS[name], return_gathered=True)
@@ -183,12 +183,28 @@ def test_barrier_at_three_ranks(R, K):
             assert _rel(c, ref) < TOL[torch.bfloat16], name
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("W", [2, 3, 4])
+def test_ll_landing_over_several_blocks_with_an_odd_tail(W, dtype):
+    """LL words over blocks split between programs (2: each takes several; 128: trimmed to one a block) with an odd
+    R x K (the last word half empty), calls alternating inbox halves and the other landings between: the gathered A
+    comes back bit for bit."""
+    R, K = 37, 129  # 4773 values a rank: three blocks of MEET_BLOCK, the last one ragged
+    world = create_world("local", world_size=W)
+    for seed, name in enumerate(("barrier_ll", "barrier_ll_wide", "barrier_inbox", "barrier_ll", "barrier")):
+        a, b = _inputs(W, R, K, 24, dtype, seed=seed)
+        results = ag_gemm(a, b, world=world, config=CONFIGS[name], return_gathered=True)
+        for (c, gathered), ref in zip(results, reference(a, b)):
+            assert torch.equal(gathered, torch.cat(a)), name
+            assert _rel(c, ref) < TOL[dtype], name
+
+
 def test_regrown_buffers_leave_older_plans_working():
     """A larger call grows the inbox; the plan built on the smaller one keeps its buffer and stays right."""
     W, K, N_r = 2, 32, 16
     world = create_world("local", world_size=W)
     for R in (16, 48, 16, 48):
-        for name in ("push_cublas_ce", "push_cublas_sm_gathered", "push"):
+        for name in ("push_cublas_ce", "push_cublas_sm_gathered", "push", "barrier_ll"):
             cfg = _config(name, R)
             a, b = _inputs(W, R, K, N_r, torch.bfloat16, seed=R)
             for o, ref in zip(ag_gemm(a, b, world=world, config=cfg), reference(a, b)):

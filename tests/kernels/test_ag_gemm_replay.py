@@ -40,6 +40,7 @@ CONFIGS = {
 FLAGGED = {"push", "push_split_k", "push_cublas_sm", "push_cublas_ce", "push_cublas_sm_gathered",
            "push_cublas_ce_gathered"}  # fmt: skip
 EPOCHED = {"barrier_inbox", "barrier_ll"}
+LL = {"barrier_ll"}
 TOL = 1.5e-2
 
 
@@ -75,6 +76,13 @@ def _flag_high(world):
                default=0)  # fmt: skip
 
 
+def _ll_high(world):
+    """The newest tag AG+GEMM's LL words carry (their high 32 bits): a replay that wrote an earlier call's tag would
+    not move it."""
+    return max((int((t >> 32).max()) for (n, _), buf in world._buffers.items() if n == "ag_gemm.ll_inbox"
+                for t in buf.tensors), default=0)  # fmt: skip
+
+
 def _captured(call, config):
     call(config)  # warm-up: the plan is built (and kernels compiled) before capture, as on a GPU
     call.fresh()
@@ -86,9 +94,11 @@ def _captured(call, config):
 
 def _replay(graph, call, name):
     call.fresh()
-    high, epoch = _flag_high(call.world), call_state(call.world).epoch()
+    high, ll_high, epoch = _flag_high(call.world), _ll_high(call.world), call_state(call.world).epoch()
     graph.replay()
     assert call.error() < TOL, f"{name}: wrong result after a replay"
+    if name in LL:
+        assert _ll_high(call.world) > ll_high, f"{name}: a replay's words kept an earlier call's tag"
     if name in FLAGGED:
         assert _flag_high(call.world) > high, f"{name}: a replay's flags kept an earlier call's epoch"
     if name in EPOCHED:  # no flags, but inbox halves: a replay opens a call of its own, so it lands in the other half

@@ -1,10 +1,12 @@
 """`mode="barrier", landing="ll"`: the gather with flags carried in the data (`runtime.ll`), then one cuBLAS GEMM.
 
-The barrier landings pay a meeting (a signal each way, 5-8 µs over NVLink at decode sizes) before the gathered rows
-may be read. Here a program packs its blocks of this rank's rows into 64-bit words of two values and the call's tag
+The barrier landings pay a meeting (a signal each way between namesake programs) before the gathered rows may be
+read. Here a program packs its blocks of this rank's rows into 64-bit words of two values and the call's tag
 and stores them into slot `rank` of every peer's word inbox half (halves alternate by the call's epoch), writes the
 same blocks into its own gathered buffer, then polls the same blocks of every peer's slot in its own inbox until each
 word carries the tag, and unpacks them into the gathered buffer: no fence, no signal, no meeting; twice the bytes.
+On 4x H100 that is ahead of the inbox landing only while few values travel (bench/README.md: 0.8-2.0 µs up to 2**17
+values sent a rank, behind from 3 x 2**17), which is where the space's default takes it.
 
 Why a half is free to be written: a peer writes half h again at epoch e + 2 only after its call at e + 1, which waited
 on every rank's words (or flags) of that call; this rank wrote those in a launch that ran after its own call e had

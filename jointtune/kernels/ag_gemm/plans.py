@@ -423,8 +423,8 @@ class MeetPlan:
         stand_in = torch.empty(1, dtype=s.dtype, device=world.device)
         if cfg.landing == "ll":
             self.gathered = [torch.empty((s.M, s.K), dtype=s.dtype, device=world.device) for _ in world.local_ranks]
-            # words of two values and the call's tag (`runtime.ll`), zeroed once: no word carries a call's tag
-            # before that call writes it
+            # words of two values and the call's tag (`runtime.ll`), zeroed once: a word never written carries tag
+            # 0, which only the epochs k * 2**32 expect (the one case `runtime.ll` can't tell apart)
             slot = slot_elems(cdiv(s.R * s.K, 2), 1)
             words = world.symmetric("ag_gemm.ll_inbox", (2 * s.W * slot,), torch.int64, zero=True)
             half_stride = words.numel // 2 // ALIGN * ALIGN
