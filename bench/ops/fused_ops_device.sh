@@ -108,7 +108,7 @@ for phase in "$@"; do
         > "$WORK/gemm_ar_check_w2.log" 2>&1
       echo "exit $? after: gemm_ar_check w2"; grep -E '^summary|"ok": false' "$WORK/gemm_ar_check_w2.log" | head -20; pack
       wait ;;
-    agbar4)  # AG+GEMM's barrier launch (issue 36) at W=4: the decode shapes and 16, 32 rows, both landings, against
+    agbar4)  # AG+GEMM's barrier launch (issue 36) at W=4: the decode shapes and 16, 32 rows, every landing, against
       # the unfused paths (`AG_MODES` adds modes: push_cublas,push ran beside it in the first such run), replay stress
       fo 260 4 ag_gemm "$DECODE,$RS_FEW" ag_gemm_barrier_w4.json --modes "barrier,baseline${AG_MODES:+,$AG_MODES}" \
         --per-mode 1 --configs "$AG_BARRIERS" --stress 100 --item-timeout 60 ;;
