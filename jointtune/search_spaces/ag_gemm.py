@@ -79,7 +79,7 @@ def _default(ctx: Context) -> dict[str, Value]:
     if ctx["W"] == 1 or ctx["num_sms"] < 4:
         return {"mode": "baseline"}
     if R <= BARRIER_MAX_ROWS:
-        return _barrier(ctx, "ll" if _sent(ctx) <= LL_DEFAULT_MAX_SENT else "inbox")
+        return _barrier(ctx, _landing(ctx))
     if R < LOCAL_FIRST_FROM_ROWS:
         sms = 1 << (min(32, ctx["num_sms"] // 4).bit_length() - 1)  # a power of two <= num_sms // 4
         return {"mode": "push_cublas", "push_by": "sm", "gemm_order": "gathered", "comm_sms": sms}
@@ -100,7 +100,7 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
         return []
     barrier = []
     if ctx["M"] <= 1024:
-        first = "ll" if _sent(ctx) <= LL_DEFAULT_MAX_SENT else "inbox"
+        first = _landing(ctx)
         barrier = [_barrier(ctx, first)]
         if _sent(ctx) <= LL_SEED_MAX_SENT:
             barrier.append(_barrier(ctx, "inbox" if first == "ll" else "ll"))
@@ -117,6 +117,11 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
 def _sent(ctx: Context) -> int:
     """Values of A a rank sends to its peers per call."""
     return (ctx["W"] - 1) * ctx["R"] * ctx["K"]
+
+
+def _landing(ctx: Context) -> str:
+    """The barrier launch's measured-best landing: LL words up to `LL_DEFAULT_MAX_SENT` values sent, else the inbox."""
+    return "ll" if _sent(ctx) <= LL_DEFAULT_MAX_SENT else "inbox"
 
 
 def _barrier(ctx: Context, landing: str = "inbox") -> dict[str, Value]:
