@@ -3,7 +3,7 @@
 # by side on disjoint pairs: their NVLink traffic never shares a GPU). Results land in $WORK and are packed into
 # $OUT/fused_ops.tgz after every step, so a call stopped at its limit still returns what finished.
 # Usage: bash bench/ops/fused_ops_device.sh PHASE...  (decode4 decode2 flash4 flash2 large4 large2 small4 small2 flashlong4
-#   flashlong2 prefill4 probe arbarrier4 arbarrier2 rsbar4 rsbar2 agbar4 agbar2 agstream2 agstream4 agstream1 arpush4 large36 cold4 l2probe sideprobe tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
+#   flashlong2 prefill4 probe arbarrier4 arbarrier2 rsbar4 rsbar2 agbar4 agbar2 arpush4 large36 cold4 l2probe sideprobe tune smoke archeck aranat ar4 arn4 ar4ll ar2 ar2o ar2dq arn2o artune arlong4 dtune2 fence4 fence2)
 source "$(dirname "${BASH_SOURCE[0]}")/../common/device_env.sh"
 WORK=${WORK:-/tmp/fused_ops}
 mkdir -p "$WORK"
@@ -33,15 +33,6 @@ AR_FEW=8x8192x8192,32x8192x8192,64x8192x8192,128x8192x8192
 # AG+GEMM's barrier launch: the direct landing at 64 programs, the inbox at 64 and 128
 # and the landing as tagged words (LL, no meeting) at 32, 64 and 128 programs
 AG_BARRIERS='[{"mode": "barrier", "landing": "direct", "barrier_sms": 64}, {"mode": "barrier", "landing": "inbox", "barrier_sms": 64}, {"mode": "barrier", "landing": "inbox", "barrier_sms": 128}, {"mode": "barrier", "landing": "ll", "barrier_sms": 32}, {"mode": "barrier", "landing": "ll", "barrier_sms": 64}, {"mode": "barrier", "landing": "ll", "barrier_sms": 128}]'
-# AG+GEMM streamed along K (mode stream) with one 128-row tile: split-K 2 or 4, column tiles of 64 or 128, 64- or
-# 128-deep steps, first chunks of 256-1024 columns; a first chunk as deep as the split (4096 at split 2: own rows
-# first over all of B) is the ablation
-AG_STREAMS=$(python3 -c 'import json
-t = dict(mode="stream", BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=8, num_stages=4, SPLIT_K=2)
-v = [dict(chunk_k=256), dict(chunk_k=512), dict(chunk_k=1024), dict(chunk_k=4096), dict(SPLIT_K=4, chunk_k=512),
-     dict(BLOCK_K=64, num_stages=6, chunk_k=512), dict(SPLIT_K=4, BLOCK_N=128, num_stages=3, chunk_k=512)]
-print(json.dumps([dict(t, **x) for x in v]))')
-M128=128x8192x8192,128x6144x4096,128x4096x14336
 # issue 31's remaining GEMM cells (M 16, 32 and 1024 at the three (N, K)) and Flash-Decode's long caches with the user's
 # SDPA path as an anchor (two 32K shapes again, to set that anchor beside the earlier runs)
 SMALL=16x8192x8192,32x8192x8192,16x6144x4096,32x6144x4096,16x4096x14336,32x4096x14336,1024x6144x4096,1024x4096x14336
@@ -130,26 +121,6 @@ for phase in "$@"; do
         --modes "barrier,baseline${AG_MODES:+,$AG_MODES}" --per-mode 1 --configs "$AG_BARRIERS" --stress 100 \
         --item-timeout 60 --port 29512 &
       wait ;;
-    agstream2)  # AG+GEMM streamed along K (issue 36) at W=2 on GPUs 0,1: every decode shape and 16, 32 rows with the
-      # space's stream seed beside the barrier launch and the unfused paths, replay stress; then the 128-row shapes
-      # over the stream variants (AG_STREAMS)
-      CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$DECODE,$RS_FEW" ag_gemm_stream_w2.json \
-        --modes stream,barrier,baseline --per-mode 1 --stress 100 --item-timeout 60 --port 29511
-      CUDA_VISIBLE_DEVICES=0,1 fo 200 2 ag_gemm "$M128" ag_gemm_stream_variants_w2.json --modes stream,baseline \
-        --per-mode 1 --configs "$AG_STREAMS" --stress 0 --item-timeout 60 --port 29512 ;;
-    agstream1)  # the stream launch's k loop at one rank (no peers, no waits: the steps alone) beside the tile GEMM
-      # (pull) with the same tiles, at the per-rank GEMMs of 128 x 8192 x 8192 at W=2 and W=4
-      CUDA_VISIBLE_DEVICES=0 fo 120 1 ag_gemm 128x4096x8192,128x2048x8192 ag_gemm_stream_w1.json \
-        --modes stream,pull,baseline --per-mode 1 --configs "$(python3 -c 'import json
-t = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=8, num_stages=4)
-print(json.dumps([dict(t, mode="pull", SPLIT_K=s) for s in (2, 4)]
-                 + [dict(t, mode="stream", SPLIT_K=s, chunk_k=c) for s in (2, 4) for c in (512, 1024)]))')" \
-        --stress 0 --item-timeout 60 --port 29513 ;;
-    agstream4)  # the same at W=4
-      fo 200 4 ag_gemm "$DECODE,$RS_FEW" ag_gemm_stream_w4.json --modes stream,barrier,baseline --per-mode 1 \
-        --stress 100 --item-timeout 60
-      fo 200 4 ag_gemm "$M128" ag_gemm_stream_variants_w4.json --modes stream,baseline --per-mode 1 \
-        --configs "$AG_STREAMS" --stress 0 --item-timeout 60 ;;
     arpush4)  # GEMM + all-reduce's one-shot pushed into inbox halves before one meeting (transport barrier_push), at
       # Llama-3-70B's o_proj shapes at W=4 (8-128 rows), plain then RMSNorm, beside two-shot's barrier exchange and the
       # seeds of each mode, against the user's unfused paths

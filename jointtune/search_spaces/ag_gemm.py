@@ -17,10 +17,6 @@ Dims M, N, K are global; R = M / W rows per rank, N_r = N / W columns per rank. 
             epoch, before one meeting, then copied locally into the gathered buffer; `ll`: into inbox halves as
             64-bit words of two values and the call's tag (`kernels.runtime.ll`), which the rank polls into its
             gathered buffer: no meeting, twice the bytes;
-  stream    one launch: every program pushes its share of A's rows along K into every peer's inbox (two chunks a
-            split of the k loop: its first `chunk_k` columns and the rest, a flag each), then runs the tile GEMM over
-            all M rows: the own rows of the first chunk while the peers' travel, then theirs, then the rest (at
-            decode sizes the GEMM reads all of B whatever the rows: a cut along M overlaps nothing);
   ce        the copy engine gathers A in `ce_chunks` chunks per peer shard; a Triton tile GEMM or
             cuBLAS (`ce_consumer`) consumes each chunk after it lands;
   baseline  an all-gather, then one cuBLAS GEMM: the unfused path, its `collective` NCCL's default or symmetric
@@ -32,13 +28,10 @@ The ag_gemm kernel is written against exactly these names, values and meanings.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from jointtune.search_spaces._collectives import ALL_GATHER, collective_param
 from jointtune.search_spaces._family import family_space
 from jointtune.search_spaces._gemm import (
     BIG_TILE,
-    TILES_WHEN,
     ce_params,
     comm_constraints,
     mode_param,
@@ -48,18 +41,13 @@ from jointtune.search_spaces._gemm import (
     tile_constraints,
     tile_params,
 )
-from jointtune.search_spaces._params import Constraint, Context, Value, categorical, cdiv, next_pow2, pow2, when
+from jointtune.search_spaces._params import Context, Value, categorical, next_pow2, pow2, when
 
 _check_problem, _derive = sharded_problem("ag_gemm", ("M", "N"), {"R": "M", "N_r": "N"})
 
-MODES = ("pull", "push", "push_cublas", "barrier", "stream", "ce", "baseline")
+MODES = ("pull", "push", "push_cublas", "barrier", "ce", "baseline")
 _PUSH_CUBLAS = when(mode="push_cublas")
-_STREAM = when(mode="stream")
 CHUNK_MAX = 8192
-#: the largest stream chunk (columns of A); a chunk as deep as K is one flag for all of A
-CHUNK_K_MAX = 32768
-#: bytes of B the stream launch's first chunks span by default, all splits together (`_stream`)
-STREAM_FIRST_B = 8 << 20
 #: from this many rows per rank the default overlaps the local rows' GEMM with the push
 LOCAL_FIRST_FROM_ROWS = 2048
 #: rows per rank up to which the default is the barrier launch (measured to 128 rows a rank: 256 at W=2)
@@ -116,8 +104,6 @@ def _seeds(ctx: Context) -> list[dict[str, Value]]:
         barrier = [_barrier(ctx, first)]
         if _sent(ctx) <= LL_SEED_MAX_SENT:
             barrier.append(_barrier(ctx, "inbox" if first == "ll" else "ll"))
-    if ctx["M"] <= 256:
-        barrier.append(_stream(ctx))
     if ctx["M"] > 128:
         return barrier
     tile = row_tile(ctx["M"], ctx, cols="N_r", depth="K")
@@ -165,47 +151,8 @@ def _starts(ctx: Context) -> list[dict[str, Value]]:
         {"mode": "push_cublas", "push_by": "sm", "gemm_order": "gathered", "comm_sms": sms},
         {"mode": "push_cublas", "push_by": "ce", "gemm_order": "local_first", "chunk_m": chunk},
         _barrier(ctx),
-        _stream(ctx),
         {"mode": "ce", "ce_consumer": "cublas", "ce_chunks": 1 if R < LOCAL_FIRST_FROM_ROWS else 2},
     ]
-
-
-def _stream(ctx: Context) -> dict[str, Value]:
-    """The stream launch: up to 256 rows one row tile over all of them (B read once), larger the big tile, split over
-    K until the work items fill the SMs (every program must be resident, and a second wave would double the GEMM; on
-    one H200, 128 x 4096 x 8192: 64 programs without a split 37.3 µs, 128 split in two 28.6). The first chunk of a
-    split is read twice from B (own rows, then the peers'): `STREAM_FIRST_B` bytes of B over all splits, enough to
-    cover a push's round trip and small enough to stay in L2, at most half the split."""
-    if ctx["M"] <= 128:
-        tile = row_tile(ctx["M"])
-    elif ctx["M"] <= 256:  # still one row tile (B read once), 64-deep steps to keep its stages in shared memory
-        tile = dict(row_tile(128), BLOCK_M=256, BLOCK_K=64)
-    else:
-        tile = dict(BIG_TILE, GROUP_M=8 if cdiv(ctx["M"], int(BIG_TILE["BLOCK_M"])) >= 8 else 1)
-    tiles = cdiv(ctx["M"], int(tile["BLOCK_M"])) * cdiv(ctx["N_r"], int(tile["BLOCK_N"]))
-    # split-K while the doubled work items still fit the SMs and each split keeps two chunks of two k-steps
-    while (
-        int(tile["SPLIT_K"]) < 8
-        and tiles * int(tile["SPLIT_K"]) * 2 <= ctx["num_sms"]
-        and cdiv(ctx["K"], int(tile["SPLIT_K"]) * 2) >= 4 * int(tile["BLOCK_K"])
-    ):
-        tile["SPLIT_K"] = int(tile["SPLIT_K"]) * 2
-    split = int(tile["SPLIT_K"])
-    chunk = 1 << max(0, (STREAM_FIRST_B // (ctx["N_r"] * ctx["dtype_bytes"] * split)).bit_length() - 1)
-    half = 1 << max(0, (cdiv(ctx["K"], split) // 2).bit_length() - 1)  # at most half a split: the rest streams
-    chunk = max(int(tile["BLOCK_K"]), min(chunk, half, CHUNK_K_MAX))
-    return {"mode": "stream", "chunk_k": chunk, **tile}
-
-
-def _chunk_k_fits(cfg: Mapping[str, Value], ctx: Context) -> str | None:
-    chunk, bk = int(cfg["chunk_k"]), int(cfg["BLOCK_K"])
-    top = max(bk, next_pow2(ctx["K"]))
-    if bk <= chunk <= top:
-        return None
-    return (
-        f"chunk_k: {chunk} is not allowed with BLOCK_K={bk} for K={ctx['K']}; allowed: a power of two from BLOCK_K "
-        f"(a chunk is whole k-steps) to max(BLOCK_K, next_pow2(K)) = {top}"
-    )
 
 
 def default_chunk_m(R: int) -> int | None:
@@ -222,8 +169,8 @@ def default_chunk_m(R: int) -> int | None:
 AG_GEMM = family_space(
     "ag_gemm",
     dims=("M", "N", "K"),
-    revision=8,  # 2: SPLIT_K (split-K tiles) and its depth rule; 3: push_cublas; 4: one 16-row chunk below 16 rows;
-    # 5: the baseline's collective; 6: mode barrier, barrier_sms; 7: landing ll; 8: mode stream, chunk_k
+    revision=7,  # 2: SPLIT_K (split-K tiles) and its depth rule; 3: push_cublas; 4: one 16-row chunk below 16 rows;
+    # 5: the baseline's collective; 6: mode barrier, barrier_sms; 7: landing ll
     doc=__doc__.split("\n\n")[0] if __doc__ else "",
     params=[
         mode_param("how A's shards reach the GEMM: fused pull/push, pushed to cuBLAS, copy engine, or NCCL", MODES),
@@ -241,7 +188,7 @@ AG_GEMM = family_space(
             doc="push_cublas: local rows while chunks travel, then per chunk; or one GEMM after the gather",
         ),
         collective_param(ALL_GATHER, "all-gather"),
-        *tile_params(TILES_WHEN | _STREAM),
+        *tile_params(),
         pow2(
             "comm_sms",
             1,
@@ -271,21 +218,10 @@ AG_GEMM = family_space(
             when=when(mode="push") | when(mode="push_cublas", gemm_order="local_first"),
             doc="rows of A per pushed chunk (one flag each)",
         ),
-        pow2(
-            "chunk_k",
-            32,
-            CHUNK_K_MAX,
-            when=_STREAM,
-            doc="stream mode: columns of each split's first chunk of A (its own rows are multiplied while the peers' "
-            "travel; a flag for it and one for the rest of the split)",
-        ),
     ],
     constraints=[
         *tile_constraints("N_r", "N / world_size", "K", "global depth"),
         *comm_constraints(),
-        Constraint(
-            "chunk_k_fits", ("chunk_k", "BLOCK_K"), "BLOCK_K <= chunk_k <= max(BLOCK_K, next_pow2(K))", _chunk_k_fits
-        ),
     ],
     derive=_derive,
     check_problem=_check_problem,

@@ -59,11 +59,6 @@ CONFIGS = [
     dict(family="ag_gemm", mode="barrier", landing="direct", barrier_sms=64),
     dict(family="ag_gemm", mode="barrier", landing="inbox", barrier_sms=32),
     dict(family="ag_gemm", mode="barrier", landing="ll", barrier_sms=64),
-    # AG+GEMM streamed along K: split-K over one row tile (W = 4), and a 256-row tile without splits (W = 2)
-    dict(family="ag_gemm", shape=dict(M=128, N=8192, K=8192), world_size=4, mode="stream", chunk_k=512,
-         SPLIT_K=4, **dict(TILE, BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_stages=4)),
-    dict(family="ag_gemm", shape=dict(M=256, N=8192, K=8192), world_size=2, mode="stream", chunk_k=1024,
-         SPLIT_K=1, **dict(TILE, BLOCK_M=256, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_stages=4)),
     dict(family="gemm_rs", mode="barrier", transport="push", reduce_sms=32),
     # Flash-Decode: every mode (its decode, combine and one-launch kernels, and the push of wait mode), GQA groups
     # of 8 and 1 head per program, both dtypes, head dims 64 and 128

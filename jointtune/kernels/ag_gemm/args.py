@@ -18,7 +18,7 @@ from jointtune.kernels.runtime.world import World
 #: what a knob the config's mode doesn't read holds (the knobs are the ag_gemm space's)
 _DEFAULTS = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, SPLIT_K=1, num_warps=4, num_stages=3, comm_sms=0,
                  chunk_m=0, ce_consumer="triton", ce_chunks=1, push_by="sm", gemm_order="local_first",
-                 barrier_sms=1, landing="direct", chunk_k=32)  # fmt: skip
+                 barrier_sms=1, landing="direct")  # fmt: skip
 
 
 class AgGemmConfig(LaunchConfig, space="ag_gemm", defaults=_DEFAULTS):

@@ -145,19 +145,6 @@ def standin_launches(cfg: AgGemmConfig, *, M: int, N: int, K: int, world_size: i
             return [_split(ag_gemm_inbox_meet_kernel, args)]
         args = meet_args(R, K, W, a=t, gathered=t, deltas=i64, signals=i32, signal_deltas=i64, rank=0, meet=True)
         return [_split(ag_gemm_meet_kernel, args)]
-    if cfg.mode == "stream":
-        from jointtune.kernels.ag_gemm.plans import stream_args, stream_programs
-        from jointtune.kernels.ag_gemm.stream import ag_gemm_stream_kernel
-
-        b = torch.empty_strided((1, 1), (N_r, 1), dtype=dtype, device=device)
-        c = torch.empty_strided((1, 1), (N_r, 1), dtype=dtype, device=device)
-        tiles = -(-M // cfg.BLOCK_M) * -(-N_r // cfg.BLOCK_N)
-        programs = stream_programs(cfg, tiles, 132)
-        args = stream_args(cfg, W, a=t, b=b, c=c, inbox=t, inbox_deltas=i64, flags=i64, flag_ptrs=i64, done=i32,
-                           ws=f32 if cfg.SPLIT_K > 1 else None, counts=i32 if cfg.SPLIT_K > 1 else None, state=i64,
-                           K=K, N_r=N_r, R=R, slot=slot, half_stride=W * slot, rank=0, num_programs=programs,
-                           own=False, push=True, gemm=True, epoch=1)  # fmt: skip
-        return [_split(ag_gemm_stream_kernel, args)]
     if cfg.mode == "push_cublas":
         if cfg.push_by != "sm":
             return []

@@ -37,8 +37,7 @@ from jointtune.kernels.ag_gemm.args import AgGemmConfig, Shape, gemm_args, push_
 from jointtune.kernels.ag_gemm.kernel import ag_gemm_kernel
 from jointtune.kernels.ag_gemm.ll_gather import ag_gemm_ll_gather_kernel
 from jointtune.kernels.ag_gemm.meet import ag_gemm_inbox_meet_kernel, ag_gemm_meet_kernel
-from jointtune.kernels.ag_gemm.stream import ag_gemm_stream_kernel
-from jointtune.kernels.runtime.device import interpreted, num_sms
+from jointtune.kernels.runtime.device import num_sms
 from jointtune.kernels.runtime.gemm import split_k_workspace
 from jointtune.kernels.runtime.launch import Launch
 from jointtune.kernels.runtime.ll import word_deltas
@@ -51,7 +50,6 @@ from jointtune.kernels.runtime.meet import (
     signal_buffer,
     world_p2,
 )
-from jointtune.kernels.runtime.push import CP_K, CP_M
 from jointtune.kernels.runtime.signals import (
     allgather_push_kernel,
     open_call_kernel,
@@ -411,75 +409,6 @@ class PushOpenedPlan:
         return gathered
 
 
-class StreamPlan:
-    """stream: every program of one launch pushes its share of A's rows, chunk by chunk along K, into every peer's
-    inbox (the epoch's half), then runs the tile GEMM over all M rows: each split of its k loop the own rows' first
-    chunk while the peers' travel, then the peers' first chunk, then the rest of the split (`stream`)."""
-
-    def __init__(self, s: Shape, cfg: AgGemmConfig, want_gathered: bool) -> None:
-        world = s.world
-        self.s, self.want_gathered = s, want_gathered
-        self.box = inbox(world, "ag_gemm.stream", s.R, s.K, s.dtype, halves=2)
-        n_chunks = 2 * cfg.SPLIT_K  # a split's first chunk and its rest (`stream`)
-        fl = flags(world, "ag_gemm.stream", n_chunks)
-        self.state = call_state(world)
-        tiles = cdiv(s.M, cfg.BLOCK_M) * cdiv(s.N_r, cfg.BLOCK_N)
-        grid = stream_programs(cfg, tiles, num_sms(world.device))
-        done = world.scratch("ag_gemm.stream_done", n_chunks, torch.int32)
-        # a world whose ranks launch one after another runs every rank's pushes before any GEMM: (PUSH, GEMM, EPOCH)
-        # of each launch per rank
-        phases = [(True, True, 1)] if world.concurrent else [(True, False, 1), (False, True, 2)]
-        self.phases: list[list[Launch]] = [[] for _ in phases]
-        for i, r in enumerate(world.local_ranks):
-            ws, counts = split_k_workspace(world, "ag_gemm", cfg, tiles, i)
-            for n, (push, gemm, epoch) in enumerate(phases):
-                b, c = _stand_bc(s)
-                args = stream_args(cfg, s.W, a=b, b=b, c=c, inbox=self.box.base(i), inbox_deltas=self.box.deltas[i],
-                                   flags=fl.local(i), flag_ptrs=fl.ptrs(i), done=done[i], ws=ws, counts=counts,
-                                   state=self.state.counters[i], K=s.K, N_r=s.N_r, R=s.R, slot=self.box.slot,
-                                   half_stride=self.box.half_stride, rank=r, num_programs=grid, own=want_gathered,
-                                   push=push, gemm=gemm, epoch=epoch)  # fmt: skip
-                self.phases[n].append(Launch(ag_gemm_stream_kernel, grid, args, slots=("a_ptr", "b_ptr", "c_ptr")))
-        hs = self.box.half_stride
-        self.halves = [self.box.base(i)[: 2 * hs].view(2, hs) for i in range(len(world.local_ranks))]
-
-    def __call__(self, a: list[torch.Tensor], b: list[torch.Tensor], c: list[torch.Tensor]) -> list[torch.Tensor]:
-        for phase in self.phases:
-            for launch, ai, bi, ci in zip(phase, a, b, c):
-                launch(ai, bi, ci)
-        if not self.want_gathered:
-            return []
-        s, slot = self.s, self.box.slot
-        out = []
-        for i, halves in enumerate(self.halves):  # the epoch's half, picked on the device (the call closed)
-            half = torch.index_select(halves, 0, torch.remainder(self.state.counters[i][:1], 2))[0]
-            out.append(torch.cat([half[p * slot : p * slot + s.R * s.K].view(s.R, s.K) for p in range(s.W)]))
-        return out
-
-
-def stream_programs(cfg: AgGemmConfig, tiles: int, sms: int) -> int:
-    """The stream launch's programs: one per work item (tile and split), at most one per SM, so every program of the
-    launch is resident (a program waits on the pushes of every program of its peers)."""
-    return max(1, min(sms, tiles * cfg.SPLIT_K))
-
-
-def stream_args(cfg: AgGemmConfig, W: int, *, a: Any, b: Any, c: Any, inbox: Any, inbox_deltas: Any, flags: Any,
-                flag_ptrs: Any, done: Any, ws: Any, counts: Any, state: Any, K: int, N_r: int, R: int, slot: int,
-                half_stride: int, rank: int, num_programs: int, own: bool, push: bool, gemm: bool,
-                epoch: int) -> dict[str, Any]:  # fmt: skip
-    """`ag_gemm_stream_kernel`'s arguments by name, with the launch options (`ws`, `counts`: None without split-K)."""
-    return dict(
-        a_ptr=a, b_ptr=b, c_ptr=c, inbox_ptr=inbox, inbox_deltas_ptr=inbox_deltas, flags_ptr=flags,
-        flag_ptrs_ptr=flag_ptrs, done_ptr=done, ws_ptr=c if ws is None else ws,
-        counts_ptr=done if counts is None else counts, state_ptr=state, N=N_r, K=K, R=R, slot=slot,
-        half_stride=half_stride, rank=rank, num_programs=num_programs, stride_bk=b.stride(0), stride_bn=b.stride(1),
-        stride_cm=c.stride(0), stride_cn=c.stride(1), WORLD=W, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-        BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, SPLIT_K=cfg.SPLIT_K, FIRST_K=cfg.chunk_k, PIECE_M=CP_M, PIECE_K=CP_K,
-        OWN=own, PUSH=push, GEMM=gemm, UPCAST=interpreted(), EPOCH=epoch, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )  # fmt: skip
-
-
 class MeetPlan:
     """barrier: one launch gathers this rank's rows into every rank's gathered buffer, between two meetings of namesake
     programs (`landing="direct"`), through inbox halves by the device epoch, one meeting and a local copy
@@ -612,6 +541,4 @@ def build_plan(s: Shape, cfg: AgGemmConfig, owner: Any, owner_offset: int, want_
         return PushPlan(s, cfg, want_gathered)
     if cfg.mode == "barrier":
         return MeetPlan(s, cfg, want_gathered)
-    if cfg.mode == "stream":
-        return StreamPlan(s, cfg, want_gathered)
     return PushOpenedPlan(s, cfg, want_gathered)
