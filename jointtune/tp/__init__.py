@@ -21,6 +21,7 @@ import jointtune.kernels  # noqa: F401  (chooses Triton's interpreter where ther
 from jointtune.tp.attention import HeadParallelAttention
 from jointtune.tp.context import ContextParallelDecodeAttention
 from jointtune.tp.decoder import LlamaDecoderLayer, TPDecoder
+from jointtune.tp.fused_norm import add_rms_norm
 from jointtune.tp.kv_cache import KVCache
 from jointtune.tp.layout import LayoutRule, measure_layouts
 from jointtune.tp.linear import SP, STANDARD, ColumnParallelLinear, RowParallelLinear
@@ -46,6 +47,7 @@ __all__ = [
     "RowParallelLinear",
     "TPDecoder",
     "Tuning",
+    "add_rms_norm",
     "load_hf_state_dict",
     "load_model_config",
     "measure_layouts",

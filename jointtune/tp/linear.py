@@ -10,8 +10,8 @@ Two layouts of the activations between layers (`layout.py` chooses one per token
 
 The row-parallel layer takes the decoder's epilogue as part of the call: `residual` is added to the sum, and with
 `norm_weight` the sum is RMS-normalised too, returning (normed, new residual). In the standard layout that is the
-fused `gemm_ar_rmsnorm` kernel (records of its own: the epilogue changes the work); in `sp`, torch after `gemm_rs`,
-as the layer ran before.
+fused `gemm_ar_rmsnorm` kernel (records of its own: the epilogue changes the work); in `sp`, one pass over each
+rank's rows after `gemm_rs` (`fused_norm.add_rms_norm`: the add and the norm in one kernel).
 
 Weights are kept per local rank as the ops read them, row-major: a column-parallel shard is [in, out/W]
 (the transpose of the HF weight's rows of that rank), a row-parallel shard [in/W, out]. They are parameters that
@@ -39,6 +39,7 @@ from torch import nn
 from jointtune.errors import ShapeError
 from jointtune.tp._ranks import as_list, check_ranks, like, refuse_grad
 from jointtune.tp.functional import rms_norm
+from jointtune.tp.fused_norm import add_rms_norm
 from jointtune.tp.tuned import Tuning, tuned_op
 
 SP, STANDARD = "sp", "standard"
@@ -145,10 +146,12 @@ class RowParallelLinear(nn.Module):
                     check_ranks(name, given, self.world)
         if layout == SP:
             ys = self.op(xs, ws, world=self.world)
-            hs = ys if res is None else [r + y for r, y in zip(res, ys)]
             if norm is None:
-                return like(x, hs)
-            return like(x, [rms_norm(h, w, eps) for h, w in zip(hs, norm)]), like(x, hs)
+                return like(x, ys if res is None else [r + y for r, y in zip(res, ys)])
+            if res is None:
+                return like(x, [rms_norm(y, w, eps) for y, w in zip(ys, norm)]), like(x, ys)
+            normed, hs = zip(*(add_rms_norm(y, r, w, eps) for y, r, w in zip(ys, res, norm)))
+            return like(x, list(normed)), like(x, list(hs))
         check_layout(layout)
         if norm is None:
             return like(x, self.ar_op(xs, ws, res, world=self.world))
