@@ -4,9 +4,10 @@ rank holds in sp (tokens / TP) and the hidden sizes of the shipped models.
 
 Per shape: both paths on fresh random inputs, checked first (h bit for bit against torch's add, the norm's largest
 difference from `F.rms_norm` in units of the last place, both against a float32 reference), then timed eagerly and
-in CUDA-graph replay (a graph of `--calls` calls, median over replays after warm-up), µs per call. `ours_op` is the
-same kernel through its torch op (`torch.ops.jointtune.add_rms_norm`, what a compiled graph calls): its eager time
-shows what the op's dispatch adds on the host.
+in CUDA-graph replay (a graph of `--calls` calls, median over replays after warm-up), µs per call. `ours` is
+`jointtune.tp.add_rms_norm` as the layer calls it (the kernel, launched directly); `ours_op` the same kernel through
+its torch op (`torch.ops.jointtune.add_rms_norm`, what a compiled graph calls): its eager time shows what the op's
+dispatch adds on the host.
 
     python bench/e2e/add_rms_norm.py --out add_rms_norm.json
 """
@@ -17,6 +18,7 @@ import argparse
 import datetime as dt
 import functools
 import json
+import math
 import statistics
 import sys
 
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from jointtune.errors import ShapeError
 from jointtune.tp import add_rms_norm
 
 DEFAULT_SHAPES = "16x8192,128x8192,1024x8192,2048x8192,4096x8192,1024x5120,2048x5120"
@@ -93,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f"--shapes: {args.shapes!r} is not allowed; give ROWSxHIDDEN,... with positive integers", file=sys.stderr)
         return 2
+    for name, value in (("--calls", args.calls), ("--replays", args.replays)):
+        if value < 1:
+            print(f"{name}: {value} is not allowed; give an integer >= 1", file=sys.stderr)
+            return 2
+    if not math.isfinite(args.eps) or args.eps <= 0:
+        print(f"--eps: {args.eps} is not allowed; give a finite number > 0", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("add_rms_norm.py: needs a GPU (it times CUDA graphs)", file=sys.stderr)
         return 2
@@ -102,7 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         gen = torch.Generator(device="cuda").manual_seed(rows * n)
         y, r = (torch.randn(rows, n, device="cuda", generator=gen).to(dtype) for _ in range(2))
         w = (0.5 + torch.rand(n, device="cuda", generator=gen)).to(dtype)
-        ours, theirs = add_rms_norm(y, r, w, args.eps), _torch(y, r, w, args.eps)
+        try:  # the kernel itself (the op checks what it is given), whatever path the eager call would take
+            ours = torch.ops.jointtune.add_rms_norm(y, r, w, args.eps)
+        except ShapeError as exc:
+            print(f"--shapes: {rows}x{n}: {exc}", file=sys.stderr)
+            return 2
+        theirs = _torch(y, r, w, args.eps)
         h32 = r.float() + y.float()
         ref = F.rms_norm(h32, (n,), w.float(), args.eps)
         row = {

@@ -14,8 +14,9 @@ In the standard layout the residual adds and RMSNorms sit in the row-parallel op
   stack's last layer, and a layer called on its own, add the residual only (`gemm_ar` with a residual): what follows
   them (a final norm, an LM head, another module) is not theirs to fuse. So every layer of a stack but the first
   reads its input norm from the layer before, and the first computes it in torch.
-The sequence-parallel layout runs the same steps in torch after `gemm_rs` (the same ops and rounding as before the
-fusion: moving a norm from the start of one layer to the end of the previous one changes nothing there).
+The sequence-parallel layout runs the same steps after `gemm_rs`, the residual add and the norm in one pass
+(`fused_norm.add_rms_norm`; moving a norm from the start of one layer to the end of the previous one changes nothing
+there).
 
 `TPDecoder`: layers that all run the layout `LayoutRule` picks for the step's token count. It takes and returns
 the hidden state replicated on every rank (an embedding's output is; so is what the LM head reads): in `sp` each

@@ -2,16 +2,21 @@
 
 After GEMM+RS each rank holds its T/W rows of the row-parallel sum; the decoder adds the residual and normalises.
 In torch that is two kernels: the add (reads y and r, writes h) and `F.rms_norm` (reads h again, writes the norm).
-Here one Triton program per row reads y and r once, writes h and the norm: a quarter less memory traffic and one
-launch less. In the standard layout the same epilogue sits inside the fused GEMM + all-reduce (`gemm_ar_rmsnorm`).
+Here one Triton program per row reads y and r once and writes h and the norm: four row-sized transfers instead of
+five, and one launch less. In the standard layout the same epilogue sits inside the fused GEMM + all-reduce
+(`gemm_ar_rmsnorm`).
 
-Rounding is torch's: h is rounded to the activations' dtype (as `r + y` is), and the norm is taken from that rounded h
-in float32 and rounded once (as `F.rms_norm` with a weight of the activations' dtype is). A call it can't serve (other
-dtypes or layouts, a CPU tensor without Triton's interpreter) goes to those two torch ops.
+h is rounded to the activations' dtype as `r + y` is (bit for bit on GPUs). The norm is taken from that rounded h in
+float32 and rounded once, as `F.rms_norm` with a weight of the activations' dtype does; its sum runs in another order
+and its square root is the GPU's fast one, so it lands within one unit in the last place of torch's. A call it can't
+serve (other dtypes or layouts, a tensor on another device than the current CUDA one, inputs that need a gradient)
+goes to those two torch ops.
 
+The same kernel serves every call it takes, eager or captured, so a captured step gives what its eager warm-up gave.
 Under `torch.compile(fullgraph=True)` it is a torch op (`torch.ops.jointtune.add_rms_norm`) the graph keeps whole;
-eagerly the kernel is launched directly (the op's dispatch adds 13-14 µs of host time a call), and only where the
-rows are many enough to pay for Triton's launch (`EAGER_MIN_ELEMENTS`); captured in a CUDA graph, always.
+eagerly the kernel is launched directly (the op's dispatch adds 13-14 µs of host time a call). Eagerly, Triton's
+launch costs the host about 26 µs a call against about 17 for torch's pair (one H200's host): where the GPU work is
+smaller than that (a few hundred rows) an eager caller with nothing else queued waits on the host.
 """
 
 from __future__ import annotations
@@ -20,16 +25,14 @@ import torch
 import triton
 import triton.language as tl
 
+from jointtune.errors import ShapeError
 from jointtune.kernels.runtime.device import interpreted
 from jointtune.tp.functional import rms_norm
 
 #: the longest row one program holds (hidden sizes of the models we ship are 4096-8192)
 MAX_ROW = 1 << 16
-#: Eagerly, the elements from which the one launch beats torch's two: Triton's launch costs the host about 26 µs a
-#: call against 17 for torch's pair, so below this a call is host-bound (one H200, eager µs per call: 1024 x 5120 ours
-#: 26.9, torch 18.1; 1024 x 8192 28.2 and 29.4; 2048 x 8192 39.9 and 53.8; bench/results/add_rms_norm_1xH200_*).
-#: Captured in a CUDA graph only GPU time counts, and the one launch always wins (1.3-3.6x): it is taken at any size.
-EAGER_MIN_ELEMENTS = 1 << 23
+#: activation dtypes the kernel takes
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Triton runs in the CPU interpreter (fixed per process, before Triton's import): CPU tensors can take the kernel too
 _INTERPRETED = interpreted()
 
@@ -52,6 +55,7 @@ def _add_rms_norm_kernel(y_ptr, r_ptr, w_ptr, h_ptr, out_ptr, N, eps, stride_y, 
 
 def _launch(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
             eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    # inputs `_fusable` admits, nothing checked (the eager hot path)
     h = torch.empty_like(y)
     out = torch.empty_like(y)
     rows, n = y.shape
@@ -63,7 +67,13 @@ def _launch(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return out, h
 
 
-_add_rms_norm_op = torch.library.custom_op("jointtune::add_rms_norm", _launch, mutates_args=())
+@torch.library.custom_op("jointtune::add_rms_norm", mutates_args=())
+def _add_rms_norm_op(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    problem = _refusal(y, residual, weight)
+    if problem:
+        raise ShapeError(f"jointtune::add_rms_norm: {problem}")
+    return _launch(y, residual, weight, eps)
 
 
 @_add_rms_norm_op.register_fake
@@ -71,29 +81,48 @@ def _(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float)
     return torch.empty_like(y), torch.empty_like(y)
 
 
-def _fusable(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (
-        y.dim() == 2
-        and residual.shape == y.shape
-        and weight.shape == (y.shape[1],)
-        and y.dtype == residual.dtype == weight.dtype
-        and y.dtype in (torch.bfloat16, torch.float16, torch.float32)
-        and y.device == residual.device == weight.device
-        and (y.is_cuda or _INTERPRETED)
-        and 0 < y.shape[1] <= MAX_ROW
-        and y.stride(1) == residual.stride(1) == weight.stride(0) == 1
-    )
+def _refusal(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, current_device: bool = True) -> str:
+    """Why the kernel can't take these inputs (one clause naming the field), or "" when it can. `current_device`:
+    also that a CUDA tensor is on the current device (left to the op's own check while torch.compile traces)."""
+    if y.dim() != 2:
+        return f"y: {y.dim()} dims are not allowed; give [rows, hidden]"
+    rows, n = y.shape
+    if not 0 < n <= MAX_ROW:
+        return f"y: a row of {n} is not allowed; allowed: 1..{MAX_ROW} values"
+    if residual.shape != y.shape:
+        return f"residual: shape {list(residual.shape)} is not allowed; give y's, {[rows, n]}"
+    if weight.shape != (n,):
+        return f"weight: shape {list(weight.shape)} is not allowed; give [{n}]"
+    if y.dtype not in DTYPES or residual.dtype != y.dtype or weight.dtype != y.dtype:
+        names = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+        return f"dtype: y, residual, weight must share one of {names}"
+    if y.stride(1) != 1 or residual.stride(1) != 1 or weight.stride(0) != 1:
+        return "layout: y, residual and weight must have unit stride along the hidden dim"
+    if y.device != residual.device or y.device != weight.device:
+        return "device: y, residual and weight must be on one device"
+    if y.is_cuda:
+        if current_device and y.device.index != torch.cuda.current_device():
+            return f"device: {y.device} is not the current CUDA device (the kernel launches there)"
+    elif not (_INTERPRETED and y.device.type == "cpu"):
+        return f"device: {y.device} is not allowed; a CUDA tensor, or a CPU one under Triton's interpreter"
+    return ""
+
+
+def _fusable(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, compiling: bool) -> bool:
+    if torch.is_grad_enabled() and (y.requires_grad or residual.requires_grad or weight.requires_grad):
+        return False  # the kernel has no backward: torch's ops keep the graph
+    return not _refusal(y, residual, weight, current_device=not compiling)
 
 
 def add_rms_norm(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(RMSNorm(residual + y) * weight, residual + y), rounded as torch's add then `F.rms_norm` round them: one
     Triton pass where it can (module doc), else those two torch ops."""
-    if _fusable(y, residual, weight):
-        if torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if _fusable(y, residual, weight, compiling):
+        if compiling:
             return torch.ops.jointtune.add_rms_norm(y, residual, weight, eps)
-        if not y.is_cuda or y.numel() >= EAGER_MIN_ELEMENTS or torch.cuda.is_current_stream_capturing():
-            return _launch(y, residual, weight, eps)
+        return _launch(y, residual, weight, eps)
     h = residual + y
     return rms_norm(h, weight, eps), h
 

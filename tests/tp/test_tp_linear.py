@@ -50,7 +50,7 @@ def test_column_then_row_parallel_in_both_layouts_match_one_rank(W, tmp_path):
 @pytest.mark.parametrize("W", [2, 4])
 def test_row_parallel_residual_and_rmsnorm_epilogue_in_both_layouts(W, tmp_path):
     """h = x @ W^T + residual and RMSNorm(h) * weight: fused into GEMM + all-reduce in the standard layout (two-shot
-    here: each row's owner normalises it and hands out h and 1/rms), torch after GEMM+RS in sp."""
+    here: each row's owner normalises it and hands out h and 1/rms), one add + RMSNorm pass after GEMM+RS in sp."""
     world = create_world("local", world_size=W)
     T, K, N, eps = 8, 64, 32, 1e-5
     x, w, _ = _data(W + 7, T, K, N)
