@@ -116,8 +116,8 @@ def _fusable(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, comp
 
 def add_rms_norm(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(RMSNorm(residual + y) * weight, residual + y), rounded as torch's add then `F.rms_norm` round them: one
-    Triton pass where it can (module doc), else those two torch ops."""
+    """(RMSNorm(residual + y) * weight, residual + y): h rounded as torch's add rounds it, the norm within one unit in
+    the last place of `F.rms_norm`'s; one Triton pass where it can (module doc), else those two torch ops."""
     compiling = torch.compiler.is_compiling()
     if _fusable(y, residual, weight, compiling):
         if compiling:
