@@ -21,10 +21,16 @@ import json
 import math
 import statistics
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: `common` imports as a package
+
+# isort: split
 
 import torch
 import torch.nn.functional as F
 import triton
+from common.measure import capture
 
 from jointtune.errors import ShapeError
 from jointtune.tp import add_rms_norm
@@ -51,15 +57,7 @@ def _time(fn, calls: int, replays: int) -> tuple[float, float]:
         end.record()
         end.synchronize()
         eager.append(start.elapsed_time(end) * 1e3 / calls)
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        with torch.cuda.graph(graph, stream=side):
-            for _ in range(calls):
-                fn()
-    torch.cuda.current_stream().wait_stream(side)
+    graph = capture(fn, calls)
     for _ in range(3):
         graph.replay()
     replay = []
